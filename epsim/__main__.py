@@ -1,0 +1,5 @@
+import sys
+
+from epsim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,146 @@
+"""``epsim describe``: a model's size, and with a plan and hardware, what one GPU holds."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from model import accounting, load_model, make_plan
+from sim.hardware import load_profile
+
+from ..common import (
+    add_model_arg,
+    add_plan_args,
+    emit_json,
+    human_bytes,
+    human_count,
+    print_table,
+)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "describe", help="parameters, KV bytes, and per-GPU memory under a plan",
+        description="Describe a model: parameters, activated parameters, KV-cache bytes per "
+        "token; with a plan and --hardware, weight bytes per GPU and the KV tokens that fit.",
+    )
+    add_model_arg(p)
+    add_plan_args(p)
+    p.add_argument("--hardware", metavar="H", help="hardware profile name or path (e.g. mi300x)")
+    p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8",
+                   help="KV-cache dtype for the capacity figure (default fp8)")
+    p.add_argument("--mem-fraction", type=float, default=0.9,
+                   help="share of HBM for weights + activations + KV cache (default 0.9)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def describe(args: argparse.Namespace) -> dict[str, Any]:
+    model = load_model(args.model)
+    counts = accounting.param_counts(model)
+    out: dict[str, Any] = {
+        "model": model.name,
+        "family": model.family,
+        "total_params": counts.total,
+        "activated_params_per_token": counts.activated_per_token,
+        "params_by_component": {
+            "attention": counts.attention, "dense_mlp": counts.dense_mlp,
+            "routed_experts": counts.routed_experts, "shared_experts": counts.shared_experts,
+            "router": counts.router, "norms": counts.norms, "embedding": counts.embedding,
+            "lm_head": counts.lm_head,
+        },
+        "layers": model.num_layers,
+        "moe_layers": len(model.moe_layers),
+        "dense_layers": len(model.dense_layers),
+        "experts": model.moe.num_experts,
+        "top_k": model.moe.top_k,
+        "shared_experts": model.moe.num_shared_experts,
+        "attention": model.attention.kind,
+        "weight_dtype": model.weight_dtype,
+        "expert_weight_dtype": model.expert_weight_dtype,
+        "kv_bytes_per_token": {
+            dt: accounting.kv_bytes_per_token(model, dt) for dt in ("fp8", "bf16")
+        },
+        "kv_window_bytes_per_sequence": {
+            dt: accounting.kv_window_bytes_per_sequence(model, dt) for dt in ("fp8", "bf16")
+        },
+    }
+    wants_plan = any(getattr(args, k) is not None for k in ("dp", "tp", "ep")) or args.hardware
+    if not wants_plan:
+        return out
+    profile = load_profile(args.hardware) if args.hardware else None
+    gpus_per_node = args.gpus_per_node or (profile.gpus_per_node if profile else 8)
+    plan = make_plan(model, nodes=args.nodes, gpus_per_node=gpus_per_node, dp=args.dp,
+                     tp=args.tp, ep=args.ep, kv_dtype=args.kv_dtype,
+                     mem_fraction=args.mem_fraction)
+    weights = accounting.weight_bytes_per_rank(model, plan)
+    out["plan"] = {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node,
+                   "world_size": plan.world_size, "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
+                   "experts_per_rank": model.moe.num_experts // plan.ep,
+                   "kv_dtype": plan.kv_dtype}
+    per_rank: dict[str, Any] = {
+        "weight_bytes": weights["total"],
+        "weight_bytes_by_component": {k: v for k, v in weights.items() if k != "total"},
+        "kv_bytes_per_token": accounting.kv_bytes_per_token(model, plan.kv_dtype, plan.tp),
+    }
+    if profile is not None:
+        budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
+        per_rank.update({
+            "hardware": profile.name,
+            "hbm_bytes": profile.hbm_bytes,
+            "usable_bytes": budget.usable_bytes,
+            "activation_reserve_bytes": budget.activation_reserve_bytes,
+            "kv_bytes": budget.kv_bytes,
+            "kv_capacity_tokens": budget.kv_capacity_tokens,
+            "kv_capacity_tokens_by_dtype": {
+                dt: accounting.memory_budget(model, plan.with_(kv_dtype=dt),
+                                             profile.hbm_bytes).kv_capacity_tokens
+                for dt in ("fp8", "bf16")
+            },
+        })
+    out["per_rank"] = per_rank
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    info = describe(args)
+    if args.json:
+        emit_json(info)
+        return 0
+    kv = info["kv_bytes_per_token"]
+    rows = [
+        ("family", f"{info['family']} ({info['attention'].upper()} attention)"),
+        ("total parameters", human_count(info["total_params"])),
+        ("activated / token", human_count(info["activated_params_per_token"])),
+        ("layers", f"{info['layers']} ({info['moe_layers']} MoE, {info['dense_layers']} dense)"),
+        ("experts", f"{info['experts']} routed, top-{info['top_k']}, "
+                    f"{info['shared_experts']} shared"),
+        ("weights", f"{info['weight_dtype']} (experts {info['expert_weight_dtype']})"),
+        ("KV bytes / token", f"fp8 {kv['fp8']:.0f}, bf16 {kv['bf16']:.0f}"),
+    ]
+    if info["kv_window_bytes_per_sequence"]["fp8"]:
+        win = info["kv_window_bytes_per_sequence"]
+        rows.append(("KV window / seq", f"fp8 {human_bytes(win['fp8'])}, "
+                                        f"bf16 {human_bytes(win['bf16'])} (sliding layers)"))
+    print_table(rows, title=f"{info['model']}")
+    if "plan" in info:
+        plan, pr = info["plan"], info["per_rank"]
+        rows = [
+            ("plan", f"{plan['nodes']} node(s) x {plan['gpus_per_node']} GPUs: dp {plan['dp']}, "
+                     f"tp {plan['tp']}, ep {plan['ep']} ({plan['experts_per_rank']} experts/GPU)"),
+            ("weights / GPU", human_bytes(pr["weight_bytes"])),
+        ]
+        for name, value in pr["weight_bytes_by_component"].items():
+            if value:
+                rows.append((f"  {name}", human_bytes(value)))
+        if "kv_capacity_tokens" in pr:
+            caps = pr["kv_capacity_tokens_by_dtype"]
+            rows += [
+                ("HBM / GPU", f"{human_bytes(pr['hbm_bytes'])} on {pr['hardware']}, "
+                              f"{human_bytes(pr['usable_bytes'])} usable"),
+                ("activations", human_bytes(pr["activation_reserve_bytes"])),
+                ("KV cache / GPU", human_bytes(pr["kv_bytes"])),
+                ("KV tokens / GPU", f"{caps['fp8']:,} (fp8), {caps['bf16']:,} (bf16)"),
+            ]
+        print_table(rows)
+    return 0

@@ -1,0 +1,700 @@
+"""The op graph of one forward step on one rank: the contract between simulator and runtime.
+
+Glossary:
+    op id      ``L{layer}.{name}.mb{microbatch}`` for ops inside decoder layers
+               (``L12.moe.dispatch.mb1``), ``{name}.mb{microbatch}`` outside them
+               (``embed.mb0``, ``lm_head.mb0``). Stable: the same model, plan and batch give the
+               same ids, and the runtime's trace uses them too.
+    name       the op's role inside its layer (``attn.q_a``, ``moe.experts``); with the layer it
+               names the weights an op uses.
+    kind       what sort of kernel it is (``OP_KINDS``); cost models and runtime implementations are
+               registered per kind.
+    category   where its time is reported: attention, moe_experts, dispatch, combine, dense,
+               tp_comm, other.
+    dims       the kind-specific sizes a cost model or an implementation needs (``KIND_DIMS``).
+    tokens     rows of the activations an op works on; decode: one per sequence.
+    pairs      (token, expert) pairs a rank's routed experts process.
+
+Bytes are HBM traffic: ``bytes_read`` (weights + activations in), ``bytes_written``.
+``weight_bytes`` is the weight part of ``bytes_read``. Collectives carry ``peer_bytes``: the bytes
+this rank sends to each member of its group (index = rank in the group; the own entry stays local).
+Nominal figures assume uniform routing; the simulator replaces them with sampled routing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from .config import ModelConfig
+from .dtypes import COMPUTE_DTYPE, bytes_per_element
+from .errors import EpsimError
+from .plan import ParallelPlan
+from .schedule import Schedule, build_schedule
+
+OP_KINDS: tuple[str, ...] = (
+    "gemm", "grouped_gemm", "attention_decode", "attention_prefill", "norm", "rope", "router",
+    "dispatch", "combine", "all_reduce", "all_gather", "elementwise", "embedding", "lm_head",
+    "sample",
+)
+COLLECTIVE_KINDS = frozenset({"dispatch", "combine", "all_reduce", "all_gather"})
+
+#: the dims each kind carries (every op of the kind has at least these keys)
+KIND_DIMS: dict[str, tuple[str, ...]] = {
+    "gemm": ("batch", "m", "n", "k"),  # batch > 1: a batched GEMM (MLA's per-head absorption)
+    "grouped_gemm": ("pairs", "experts", "active_experts", "n", "k", "gemms"),
+    "attention_decode": ("seqs", "heads", "context", "qk_dim", "v_dim", "kv_heads"),
+    "attention_prefill": ("seqs", "heads", "new_tokens", "context", "qk_dim", "v_dim", "kv_heads"),
+    "norm": ("tokens", "width"),
+    "rope": ("tokens", "width"),
+    "router": ("tokens", "hidden", "experts", "top_k"),
+    "dispatch": ("tokens", "group"),
+    "combine": ("tokens", "group"),
+    "all_reduce": ("tokens", "width", "group"),
+    "all_gather": ("tokens", "width", "group"),
+    "elementwise": ("tokens", "width"),
+    "embedding": ("tokens", "hidden"),
+    "lm_head": ("tokens", "hidden", "vocab"),
+    "sample": ("tokens", "vocab"),
+}
+
+PHASES = ("decode", "prefill")
+ACT = "bf16"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one dp group's GPUs process in one step.
+
+    phase: ``"decode"`` (one new token per sequence) or ``"prefill"``.
+    seqs: sequences in the step. Example: 512.
+    context: decode: cached tokens each sequence attends to, the new one included
+        (example: 2100); prefill: prompt length.
+    prefix: prefill only: prompt tokens already cached (chunked prefill, prefix caching).
+    """
+
+    phase: str
+    seqs: int
+    context: int
+    prefix: int = 0
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise EpsimError(f"phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
+        for name in ("seqs", "context"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EpsimError(f"batch {name} must be a positive integer, got {value!r}")
+        if not 0 <= self.prefix < self.context:
+            raise EpsimError(f"prefix {self.prefix} must be in [0, context {self.context})")
+        if self.phase == "decode" and self.prefix:
+            raise EpsimError("a decode batch has no prefix")
+
+    @property
+    def new_tokens_per_seq(self) -> int:
+        return 1 if self.phase == "decode" else self.context - self.prefix
+
+    @property
+    def tokens(self) -> int:
+        return self.seqs * self.new_tokens_per_seq
+
+    @staticmethod
+    def decode(seqs: int, context: int) -> Batch:
+        return Batch("decode", seqs, context)
+
+    @staticmethod
+    def prefill(seqs: int, prompt: int, prefix: int = 0) -> Batch:
+        return Batch("prefill", seqs, prompt, prefix)
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """One kernel (or one collective) of one microbatch on one rank.
+
+    id: stable id, e.g. ``"L12.moe.dispatch.mb1"``.
+    kind: one of ``OP_KINDS``.
+    name: role inside the layer, e.g. ``"moe.dispatch"``.
+    layer: decoder layer, -1 outside the layers.
+    microbatch: 0, or 1 under DBO.
+    category: breakdown bucket (attention, moe_experts, dispatch, combine, dense, tp_comm, other).
+    dims: kind-specific sizes, see ``KIND_DIMS``. Example for a gemm: ``{"batch": 1, "m": 512,
+        "n": 1536, "k": 7168}``.
+    dtype: compute dtype (``"fp8"`` for DeepSeek's FP8 GEMMs, else ``"bf16"``).
+    flops: floating-point operations (a multiply-add is 2).
+    bytes_read / bytes_written: HBM traffic in bytes.
+    weight_bytes: the weight part of ``bytes_read``.
+    peer_bytes: collectives only: bytes sent to each group member, index = rank in the group.
+    """
+
+    id: str
+    kind: str
+    name: str
+    layer: int
+    microbatch: int
+    category: str
+    dims: Mapping[str, Any]
+    dtype: str
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    weight_bytes: float = 0.0
+    peer_bytes: tuple[float, ...] | None = None
+
+    @property
+    def is_collective(self) -> bool:
+        return self.kind in COLLECTIVE_KINDS
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass
+class OpGraph:
+    """One rank's step: ops, their data dependencies and the schedule that issues them.
+
+    model / plan / batch: what was built.
+    ops: op id -> :class:`Op`, in issue order of microbatch 0 then 1.
+    graph: networkx DiGraph over op ids; an edge u -> v means v reads what u wrote.
+    schedule: the issue order (:mod:`model.schedule`).
+    captured: the step is one captured graph launch (decode under graph mode).
+    microbatch_tokens: tokens of each microbatch. Example: ``(256, 256)``.
+    """
+
+    model: ModelConfig
+    plan: ParallelPlan
+    batch: Batch
+    ops: dict[str, Op]
+    graph: nx.DiGraph
+    schedule: Schedule
+    captured: bool
+    microbatch_tokens: tuple[int, ...]
+    microbatch_seqs: tuple[int, ...] = field(default=())
+
+    def __iter__(self):
+        return iter(self.ops.values())
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def op(self, op_id: str) -> Op:
+        try:
+            return self.ops[op_id]
+        except KeyError:
+            raise KeyError(f"no op {op_id!r} in this graph") from None
+
+    def predecessors(self, op_id: str) -> list[str]:
+        return list(self.graph.predecessors(op_id))
+
+    def totals_by_kind(self) -> dict[str, dict[str, float]]:
+        """``{kind: {"count", "flops", "bytes_read", "bytes_written", "weight_bytes"}}``."""
+        totals: dict[str, dict[str, float]] = {}
+        for op in self.ops.values():
+            t = totals.setdefault(
+                op.kind,
+                {"count": 0, "flops": 0.0, "bytes_read": 0.0, "bytes_written": 0.0,
+                 "weight_bytes": 0.0, "bytes_sent": 0.0},
+            )
+            t["count"] += 1
+            t["flops"] += op.flops
+            t["bytes_read"] += op.bytes_read
+            t["bytes_written"] += op.bytes_written
+            t["weight_bytes"] += op.weight_bytes
+            if op.peer_bytes is not None:
+                t["bytes_sent"] += sum(op.peer_bytes)
+        return totals
+
+    @property
+    def flops(self) -> float:
+        return sum(op.flops for op in self.ops.values())
+
+    @property
+    def bytes(self) -> float:
+        return sum(op.bytes for op in self.ops.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------------------------
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` near-equal positive pieces, larger first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def prob_rank_hit(num_experts: int, experts_per_rank: int, top_k: int) -> float:
+    """Chance that a token's ``top_k`` distinct experts (uniform) include one of a given rank's."""
+    miss = math.comb(num_experts - experts_per_rank, top_k) / math.comb(num_experts, top_k)
+    return 1.0 - miss
+
+
+class _Emitter:
+    """Collects one microbatch's ops in order; ``emit`` defaults the dependency to the last op."""
+
+    def __init__(self, microbatch: int) -> None:
+        self.microbatch = microbatch
+        self.ops: list[Op] = []
+        self.deps: dict[str, list[str]] = {}
+        self.blocks: list[tuple[int, list[str]]] = []
+        self.last: str | None = None
+
+    def begin_block(self, layer: int) -> None:
+        self.blocks.append((layer, []))
+
+    def emit(self, layer: int, name: str, kind: str, category: str, *,
+             deps: Iterable[str | None] | None = None, **fields: Any) -> str:
+        prefix = f"L{layer}." if layer >= 0 else ""
+        op_id = f"{prefix}{name}.mb{self.microbatch}"
+        op = Op(id=op_id, kind=kind, name=name, layer=layer, microbatch=self.microbatch,
+                category=category, **fields)
+        missing = [k for k in KIND_DIMS[kind] if k not in op.dims]
+        assert not missing, f"{op_id}: dims lack {missing}"
+        self.ops.append(op)
+        chosen = [self.last] if deps is None else list(deps)
+        self.deps[op_id] = [d for d in chosen if d is not None]
+        self.blocks[-1][1].append(op_id)
+        self.last = op_id
+        return op_id
+
+
+class _StepBuilder:
+    """Builds one microbatch's ops for a model, plan and batch (see ``build_step_graph``)."""
+
+    def __init__(self, model: ModelConfig, plan: ParallelPlan, batch: Batch,
+                 seqs: int, emitter: _Emitter) -> None:
+        self.m, self.p, self.b = model, plan, batch
+        self.seqs = seqs
+        self.tokens = seqs * batch.new_tokens_per_seq
+        self.e = emitter
+        self.act = bytes_per_element(ACT)
+        self.wdt = bytes_per_element(model.weight_dtype)
+        self.edt = bytes_per_element(model.expert_weight_dtype)
+        self.compute_dtype = COMPUTE_DTYPE[model.weight_dtype]
+        self.expert_compute_dtype = COMPUTE_DTYPE[model.expert_weight_dtype]
+
+    # -- generic op shapes ------------------------------------------------------------------
+
+    def gemm(self, layer: int, name: str, category: str, m: int, n: int, k: int, *,
+             batch: int = 1, wdt: float | None = None, dtype: str | None = None,
+             deps: Iterable[str | None] | None = None) -> str:
+        wdt = self.wdt if wdt is None else wdt
+        weights = batch * k * n * wdt
+        return self.e.emit(
+            layer, name, "gemm", category, deps=deps,
+            dims={"batch": batch, "m": m, "n": n, "k": k},
+            dtype=dtype or self.compute_dtype,
+            flops=2.0 * batch * m * n * k,
+            bytes_read=weights + batch * m * k * self.act,
+            bytes_written=batch * m * n * self.act,
+            weight_bytes=weights,
+        )
+
+    def norm(self, layer: int, name: str, category: str, width: int, *, residual: bool = False,
+             deps: Iterable[str | None] | None = None) -> str:
+        # a fused add+RMSNorm reads x and the residual and writes both back
+        streams = 2 if residual else 1
+        t = self.tokens
+        return self.e.emit(
+            layer, name, "norm", category, deps=deps,
+            dims={"tokens": t, "width": width, "residual": int(residual)},
+            dtype=ACT,
+            flops=(4.0 + streams) * t * width,
+            bytes_read=streams * t * width * self.act + width * self.act,
+            bytes_written=streams * t * width * self.act,
+            weight_bytes=width * self.act,
+        )
+
+    def elementwise(self, layer: int, name: str, category: str, width_in: int, width_out: int,
+                    flops_per_out: float, deps: Iterable[str | None] | None = None,
+                    tokens: float | None = None) -> str:
+        t = self.tokens if tokens is None else tokens
+        return self.e.emit(
+            layer, name, "elementwise", category, deps=deps,
+            dims={"tokens": t, "width": width_out, "width_in": width_in},
+            dtype=ACT,
+            flops=flops_per_out * t * width_out,
+            bytes_read=t * width_in * self.act,
+            bytes_written=t * width_out * self.act,
+        )
+
+    def collective(self, layer: int, name: str, kind: str, category: str, tokens: float,
+                   width: int, group_size: int, group: str,
+                   deps: Iterable[str | None] | None = None) -> str:
+        """An all-reduce or all-gather over a full mesh of ``group_size`` GPUs (one-shot)."""
+        size = tokens * width * self.act
+        if kind == "all_reduce":
+            # reduce-scatter then all-gather: each peer gets 1/n of the buffer twice
+            per_peer = 2.0 * size / group_size
+            written = size
+        else:  # all_gather: this rank's shard to every peer
+            per_peer = size
+            written = size * group_size
+        peers = tuple(per_peer for _ in range(group_size))
+        return self.e.emit(
+            layer, name, kind, category, deps=deps,
+            dims={"tokens": tokens, "width": width, "group": group, "group_size": group_size},
+            dtype=ACT,
+            flops=float(tokens * width * (group_size - 1)) if kind == "all_reduce" else 0.0,
+            bytes_read=size,
+            bytes_written=written,
+            peer_bytes=peers,
+        )
+
+    # -- blocks ---------------------------------------------------------------------------
+
+    def embedding(self) -> str:
+        self.e.begin_block(-1)
+        h, t = self.m.hidden_size, self.tokens
+        out = self.e.emit(
+            -1, "embed", "embedding", "other", deps=[],
+            dims={"tokens": t, "hidden": h, "vocab": self.m.vocab_size // self.p.tp},
+            dtype=ACT, flops=0.0,
+            bytes_read=t * h * self.act + t * 8, bytes_written=t * h * self.act,
+        )
+        if self.p.tp > 1:  # vocab-parallel table: each rank fills its rows, then sum
+            out = self.collective(-1, "embed.all_reduce", "all_reduce", "tp_comm", t, h,
+                                  self.p.tp, "tp")
+        return out
+
+    def attention(self, layer: int, layer_inputs: Sequence[str]) -> str:
+        a = self.m.attention
+        norm = self.norm(layer, "attn_norm", "attention", self.m.hidden_size,
+                         residual=layer > 0, deps=layer_inputs)
+        if a.kind == "mla":
+            out = self._mla(layer, norm)
+        else:
+            out = self._gqa(layer, norm)
+        if self.p.tp > 1:
+            out = self.collective(layer, "attn.all_reduce", "all_reduce", "tp_comm", self.tokens,
+                                  self.m.hidden_size, self.p.tp, "tp", deps=[out])
+        return out
+
+    def _mla(self, layer: int, norm: str) -> str:
+        a, h, t = self.m.attention, self.m.hidden_size, self.tokens
+        heads = a.num_heads // self.p.tp
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        latent = a.kv_lora_rank + a.qk_rope_head_dim
+        cat = "attention"
+        if a.q_lora_rank:
+            self.gemm(layer, "attn.q_a", cat, t, a.q_lora_rank, h, deps=[norm])
+            self.norm(layer, "attn.q_a_norm", cat, a.q_lora_rank)
+            q = self.gemm(layer, "attn.q_b", cat, t, heads * qk, a.q_lora_rank)
+        else:
+            q = self.gemm(layer, "attn.q_proj", cat, t, heads * qk, h, deps=[norm])
+        self.gemm(layer, "attn.kv_a", cat, t, latent, h, deps=[norm])
+        kv = self.norm(layer, "attn.kv_a_norm", cat, a.kv_lora_rank)
+        rope_width = heads * a.qk_rope_head_dim + a.qk_rope_head_dim
+        rope_flops = 6.0 * t * rope_width  # rotate pairs: 4 mul + 2 add per pair of values
+        if not self.p.fusion.fused_rope:
+            q = kv = self.e.emit(
+                layer, "attn.rope", "rope", cat, deps=[q, kv],
+                dims={"tokens": t, "width": rope_width}, dtype=ACT, flops=rope_flops,
+                bytes_read=t * rope_width * self.act, bytes_written=t * rope_width * self.act,
+            )
+            rope_flops = 0.0
+        kv_cache_dt = bytes_per_element(self.p.kv_dtype)
+        if self.b.phase == "decode":
+            # absorbed MLA: queries move into the latent space, attention runs over the latent
+            q_lat = self.gemm(layer, "attn.q_absorb", cat, t, a.kv_lora_rank, a.qk_nope_head_dim,
+                              batch=heads, deps=[q])
+            ctx = self.b.context
+            seqs = self.seqs
+            core = self.e.emit(
+                layer, "attn.core", "attention_decode", cat, deps=[q_lat, kv],
+                dims={"seqs": seqs, "heads": heads, "context": ctx, "qk_dim": latent,
+                      "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.p.kv_dtype},
+                dtype=ACT,
+                flops=2.0 * seqs * heads * ctx * (latent + a.kv_lora_rank) + rope_flops,
+                bytes_read=seqs * ctx * latent * kv_cache_dt + t * heads * latent * self.act,
+                bytes_written=t * heads * a.kv_lora_rank * self.act + t * latent * kv_cache_dt,
+            )
+            attn = self.gemm(layer, "attn.v_absorb", cat, t, a.v_head_dim, a.kv_lora_rank,
+                             batch=heads, deps=[core])
+        else:
+            # prefill: expand the latent into per-head K and V, then causal attention
+            new = self.b.new_tokens_per_seq
+            ctx = self.b.context
+            kv_up = self.gemm(layer, "attn.kv_b", cat, t, heads * (a.qk_nope_head_dim + a.v_head_dim),
+                              a.kv_lora_rank, deps=[kv])
+            attended = self.seqs * (new * self.b.prefix + new * (new + 1) / 2)
+            prefix_read = self.seqs * self.b.prefix * latent * kv_cache_dt
+            attn = self.e.emit(
+                layer, "attn.core", "attention_prefill", cat, deps=[q, kv_up],
+                dims={"seqs": self.seqs, "heads": heads, "new_tokens": new, "context": ctx,
+                      "qk_dim": qk, "v_dim": a.v_head_dim, "kv_heads": heads,
+                      "kv_dtype": self.p.kv_dtype},
+                dtype=ACT,
+                flops=2.0 * heads * attended * (qk + a.v_head_dim) + rope_flops,
+                bytes_read=t * heads * (2 * qk + a.v_head_dim) * self.act + prefix_read,
+                bytes_written=t * heads * a.v_head_dim * self.act + t * latent * kv_cache_dt,
+            )
+        return self.gemm(layer, "attn.o_proj", cat, t, h, heads * a.v_head_dim, deps=[attn])
+
+    def _gqa(self, layer: int, norm: str) -> str:
+        a, h, t = self.m.attention, self.m.hidden_size, self.tokens
+        heads = a.num_heads // self.p.tp
+        kv_heads = max(1, a.num_kv_heads // self.p.tp)
+        d = a.head_dim
+        cat = "attention"
+        qkv = self.gemm(layer, "attn.qkv_proj", cat, t, (heads + 2 * kv_heads) * d, h, deps=[norm])
+        rope_width = (heads + kv_heads) * d
+        rope_flops = 3.0 * t * rope_width
+        if not self.p.fusion.fused_rope:
+            qkv = self.e.emit(
+                layer, "attn.rope", "rope", cat,
+                dims={"tokens": t, "width": rope_width}, dtype=ACT, flops=rope_flops,
+                bytes_read=t * rope_width * self.act, bytes_written=t * rope_width * self.act,
+            )
+            rope_flops = 0.0
+        window = a.sliding_window if a.layer_types[layer] == "sliding" else None
+        kv_dt = bytes_per_element(self.p.kv_dtype)
+        kv_row = 2 * kv_heads * d
+        if self.b.phase == "decode":
+            ctx = min(self.b.context, window) if window else self.b.context
+            core = self.e.emit(
+                layer, "attn.core", "attention_decode", cat, deps=[qkv],
+                dims={"seqs": self.seqs, "heads": heads, "context": ctx, "qk_dim": d, "v_dim": d,
+                      "kv_heads": kv_heads, "kv_dtype": self.p.kv_dtype, "window": window or 0},
+                dtype=ACT,
+                flops=2.0 * self.seqs * heads * ctx * 2 * d + rope_flops,
+                bytes_read=self.seqs * ctx * kv_row * kv_dt + t * heads * d * self.act,
+                bytes_written=t * heads * d * self.act + t * kv_row * kv_dt,
+            )
+        else:
+            new, pre = self.b.new_tokens_per_seq, self.b.prefix
+            if window:
+                attended = self.seqs * sum(min(pre + i, window) for i in range(1, new + 1))
+            else:
+                attended = self.seqs * (new * pre + new * (new + 1) / 2)
+            core = self.e.emit(
+                layer, "attn.core", "attention_prefill", cat, deps=[qkv],
+                dims={"seqs": self.seqs, "heads": heads, "new_tokens": new,
+                      "context": self.b.context, "qk_dim": d, "v_dim": d, "kv_heads": kv_heads,
+                      "kv_dtype": self.p.kv_dtype, "window": window or 0},
+                dtype=ACT,
+                flops=2.0 * heads * attended * 2 * d + rope_flops,
+                bytes_read=t * (heads * d + kv_row) * self.act
+                + self.seqs * min(pre, window or pre) * kv_row * kv_dt,
+                bytes_written=t * heads * d * self.act + t * kv_row * kv_dt,
+            )
+        return self.gemm(layer, "attn.o_proj", cat, t, h, heads * d, deps=[core])
+
+    def dense_mlp(self, layer: int, attn_out: str) -> str:
+        h, t, tp = self.m.hidden_size, self.tokens, self.p.tp
+        inter = self.m.dense_intermediate_size // tp
+        self.norm(layer, "ffn_norm", "dense", h, residual=True, deps=[attn_out])
+        self.gemm(layer, "mlp.gate_up", "dense", t, 2 * inter, h)
+        self.elementwise(layer, "mlp.act", "dense", 2 * inter, inter, 4.0)
+        out = self.gemm(layer, "mlp.down", "dense", t, h, inter)
+        if tp > 1:
+            out = self.collective(layer, "mlp.all_reduce", "all_reduce", "tp_comm", t, h, tp, "tp")
+        return out
+
+    def _shared_expert(self, layer: int, norm: str, tokens: int, shards: int) -> str:
+        h = self.m.hidden_size
+        inter = self.m.moe.shared_intermediate_size // shards
+        cat = "moe_experts"
+        if self.p.fusion.merged_shared_expert:
+            up = self.gemm(layer, "moe.shared.gate_up", cat, tokens, 2 * inter, h, wdt=self.edt,
+                           dtype=self.expert_compute_dtype, deps=[norm])
+            act = self.elementwise(layer, "moe.shared.act", cat, 2 * inter, inter, 4.0, deps=[up],
+                                   tokens=tokens)
+        else:
+            gate = self.gemm(layer, "moe.shared.gate", cat, tokens, inter, h, wdt=self.edt,
+                             dtype=self.expert_compute_dtype, deps=[norm])
+            up = self.gemm(layer, "moe.shared.up", cat, tokens, inter, h, wdt=self.edt,
+                           dtype=self.expert_compute_dtype, deps=[norm])
+            act = self.elementwise(layer, "moe.shared.act", cat, 2 * inter, inter, 4.0,
+                                   deps=[gate, up], tokens=tokens)
+        return self.gemm(layer, "moe.shared.down", cat, tokens, h, inter, wdt=self.edt,
+                         dtype=self.expert_compute_dtype, deps=[act])
+
+    def moe(self, layer: int, attn_out: str) -> list[str]:
+        """The MoE block; returns the op ids the next layer's input depends on."""
+        m, p = self.m, self.p
+        h, moe = m.hidden_size, m.moe
+        norm = self.norm(layer, "ffn_norm", "moe_experts", h, residual=True, deps=[attn_out])
+        # under EP with tp > 1, the tp ranks of a dp group split its tokens before dispatch
+        tokens = math.ceil(self.tokens / p.tp) if p.expert_parallel else self.tokens
+        router = self.e.emit(
+            layer, "moe.router", "router", "moe_experts", deps=[norm],
+            dims={"tokens": tokens, "hidden": h, "experts": moe.num_experts, "top_k": moe.top_k,
+                  "n_group": moe.n_group, "topk_group": moe.topk_group},
+            dtype=ACT,
+            flops=2.0 * tokens * h * moe.num_experts + 4.0 * tokens * moe.num_experts,
+            bytes_read=h * moe.num_experts * self.act + tokens * h * self.act,
+            bytes_written=tokens * moe.top_k * 8,  # int32 ids + fp32 weights
+            weight_bytes=h * moe.num_experts * self.act,
+        )
+        experts_local = moe.num_experts // p.ep
+        inter = moe.intermediate_size // p.moe_tp
+        if p.expert_parallel:
+            hit = prob_rank_hit(moe.num_experts, experts_local, moe.top_k)
+            per_peer_tokens = tokens * hit
+            meta = moe.top_k * 8
+            disp_row = h * bytes_per_element(p.dispatch_dtype) + meta
+            comb_row = h * self.act
+            received = per_peer_tokens * p.ep  # token copies arriving from all ranks
+            dispatch = self.e.emit(
+                layer, "moe.dispatch", "dispatch", "dispatch", deps=[router],
+                dims={"tokens": tokens, "group": "ep", "group_size": p.ep, "hidden": h,
+                      "top_k": moe.top_k, "bytes_per_token": disp_row,
+                      "expected_tokens_per_peer": per_peer_tokens},
+                dtype=p.dispatch_dtype, flops=0.0,
+                bytes_read=tokens * h * self.act, bytes_written=received * disp_row,
+                peer_bytes=tuple(per_peer_tokens * disp_row for _ in range(p.ep)),
+            )
+            pairs = tokens * moe.top_k  # this rank receives, on average, what it sends
+            global_tokens = tokens * p.ep
+        else:
+            dispatch = router
+            pairs = tokens * moe.top_k
+            global_tokens = tokens
+        untouched = (1.0 - moe.top_k / moe.num_experts) ** global_tokens
+        active = experts_local * (1.0 - untouched)
+        bias = (2 * inter + h) if moe.expert_bias else 0
+        cat = "moe_experts"
+        ex_dt = self.expert_compute_dtype
+        if p.fusion.fused_moe:
+            weights = active * (3 * h * inter * self.edt + bias * self.act)
+            experts = self.e.emit(
+                layer, "moe.experts", "grouped_gemm", cat, deps=[dispatch],
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": 2 * inter, "k": h, "inter": inter, "hidden": h, "gemms": 2,
+                      "fused": 1},
+                dtype=ex_dt,
+                flops=6.0 * pairs * h * inter + 4.0 * pairs * inter,
+                bytes_read=weights + pairs * h * self.act,
+                bytes_written=pairs * h * self.act,
+                weight_bytes=weights,
+            )
+        else:
+            w_up = active * (2 * h * inter * self.edt + bias * self.act)
+            self.e.emit(
+                layer, "moe.experts.gate_up", "grouped_gemm", cat, deps=[dispatch],
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": 2 * inter, "k": h, "gemms": 1, "fused": 0},
+                dtype=ex_dt, flops=4.0 * pairs * h * inter,
+                bytes_read=w_up + pairs * h * self.act, bytes_written=pairs * 2 * inter * self.act,
+                weight_bytes=w_up,
+            )
+            self.elementwise(layer, "moe.experts.act", cat, 2 * inter, inter, 4.0, tokens=pairs)
+            w_down = active * h * inter * self.edt
+            experts = self.e.emit(
+                layer, "moe.experts.down", "grouped_gemm", cat,
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": h, "k": inter, "gemms": 1, "fused": 0},
+                dtype=ex_dt, flops=2.0 * pairs * h * inter,
+                bytes_read=w_down + pairs * inter * self.act, bytes_written=pairs * h * self.act,
+                weight_bytes=w_down,
+            )
+        if p.expert_parallel:
+            combine = self.e.emit(
+                layer, "moe.combine", "combine", "combine", deps=[experts],
+                dims={"tokens": tokens, "group": "ep", "group_size": p.ep, "hidden": h,
+                      "top_k": moe.top_k, "bytes_per_token": comb_row,
+                      "expected_tokens_per_peer": per_peer_tokens},
+                dtype=ACT, flops=float(pairs * h),
+                bytes_read=pairs * h * self.act, bytes_written=tokens * h * self.act,
+                peer_bytes=tuple(per_peer_tokens * comb_row for _ in range(p.ep)),
+            )
+            outputs = [combine]
+        else:
+            outputs = [experts]
+        if moe.num_shared_experts:
+            shards = 1 if p.expert_parallel else p.tp
+            outputs.append(self._shared_expert(layer, norm, tokens, shards))
+        if p.tp > 1:
+            kind, name = ("all_gather", "moe.all_gather") if p.expert_parallel else (
+                "all_reduce", "moe.all_reduce")
+            width_tokens = tokens if p.expert_parallel else self.tokens
+            outputs = [self.collective(layer, name, kind, "tp_comm", width_tokens, h, p.tp, "tp",
+                                       deps=outputs)]
+        return outputs
+
+    def head(self, layer_outputs: Sequence[str]) -> str:
+        self.e.begin_block(-1)
+        h, v, tp = self.m.hidden_size, self.m.vocab_size, self.p.tp
+        # prefill only needs the logits of each sequence's last token
+        rows = self.tokens if self.b.phase == "decode" else self.seqs
+        self.norm(-1, "final_norm", "other", h, residual=True, deps=layer_outputs)
+        weights = h * (v // tp) * self.act
+        out = self.e.emit(
+            -1, "lm_head", "lm_head", "other",
+            dims={"tokens": rows, "hidden": h, "vocab": v // tp},
+            dtype=ACT, flops=2.0 * rows * h * (v // tp),
+            bytes_read=weights + rows * h * self.act, bytes_written=rows * (v // tp) * 4,
+            weight_bytes=weights,
+        )
+        if tp > 1:
+            out = self.collective(-1, "lm_head.all_gather", "all_gather", "tp_comm", rows, v // tp,
+                                  tp, "tp")
+        return self.e.emit(
+            -1, "sample", "sample", "other", deps=[out],
+            dims={"tokens": rows, "vocab": v}, dtype="fp32", flops=float(rows * v),
+            bytes_read=rows * v * 4, bytes_written=rows * 8,
+        )
+
+
+def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> OpGraph:
+    """The op graph of one forward step of one rank (DESIGN.md section 2.1).
+
+    Args:
+        model: the model.
+        plan: its parallel layout and execution options (validated here).
+        batch: the step's batch per dp group: ``Batch.decode(512, 2100)`` is 512 sequences of one
+            new token attending to 2100 cached tokens each.
+
+    Returns:
+        An :class:`OpGraph` with one op per kernel per microbatch, data-dependency edges, and the
+        schedule. Under DBO (``plan.microbatches == 2``) the sequences are split in two near-equal
+        halves; a batch of one sequence runs as one microbatch.
+    """
+    plan.validate(model)
+    microbatches = min(plan.microbatches, batch.seqs)
+    seq_split = _split(batch.seqs, microbatches)
+    emitters: list[_Emitter] = []
+    for mb, seqs in enumerate(seq_split):
+        emitter = _Emitter(mb)
+        _build_microbatch(model, plan, batch, seqs, emitter)
+        emitters.append(emitter)
+
+    graph = nx.DiGraph()
+    ops: dict[str, Op] = {}
+    for emitter in emitters:
+        for op in emitter.ops:
+            ops[op.id] = op
+            graph.add_node(op.id)
+        for op_id, deps in emitter.deps.items():
+            for dep in deps:
+                graph.add_edge(dep, op_id)
+    schedule = build_schedule(
+        [e.blocks for e in emitters], lambda op_id: ops[op_id].is_collective
+    )
+    return OpGraph(
+        model=model, plan=plan, batch=batch, ops=ops, graph=graph, schedule=schedule,
+        captured=plan.graph_mode and batch.phase == "decode",
+        microbatch_tokens=tuple(s * batch.new_tokens_per_seq for s in seq_split),
+        microbatch_seqs=tuple(seq_split),
+    )
+
+
+def _build_microbatch(model: ModelConfig, plan: ParallelPlan, batch: Batch, seqs: int,
+                      emitter: _Emitter) -> None:
+    b = _StepBuilder(model, plan, batch, seqs, emitter)
+    layer_outputs = [b.embedding()]
+    for layer in range(model.num_layers):
+        emitter.begin_block(layer)
+        # the fused add+norm at the top of a layer reads every output of the previous one
+        attn = b.attention(layer, layer_outputs)
+        if model.is_moe_layer(layer):
+            layer_outputs = b.moe(layer, attn)
+        else:
+            layer_outputs = [b.dense_mlp(layer, attn)]
+    b.head(layer_outputs)

@@ -1,0 +1,143 @@
+"""The op graph against hand-computed FLOPs and bytes (DeepSeek-R1 decode, DP8/EP8)."""
+
+from math import comb
+
+import networkx as nx
+import pytest
+
+from model import Batch, Fusion, build_step_graph, load_model, make_plan
+from model.graph import KIND_DIMS, OP_KINDS
+
+R1 = load_model("deepseek-r1")
+B, T = 512, 2000
+H, HID = 128, 7168
+
+
+@pytest.fixture(scope="module")
+def g():
+    plan = make_plan(R1, dp=8, ep=8, microbatches=1)
+    return build_step_graph(R1, plan, Batch.decode(B, T))
+
+
+def test_mla_projections(g):
+    assert g.op("L5.attn.q_a.mb0").flops == 2 * B * 7168 * 1536
+    assert g.op("L5.attn.q_b.mb0").flops == 2 * B * 1536 * H * (128 + 64)
+    assert g.op("L5.attn.kv_a.mb0").flops == 2 * B * 7168 * (512 + 64)
+    assert g.op("L5.attn.q_absorb.mb0").flops == 2 * H * B * 128 * 512
+    assert g.op("L5.attn.v_absorb.mb0").flops == 2 * H * B * 512 * 128
+    assert g.op("L5.attn.o_proj.mb0").flops == 2 * B * H * 128 * 7168
+    # FP8 weights (1 byte + a fp32 scale per 128x128 block), bf16 activations in and out
+    q_a = g.op("L5.attn.q_a.mb0")
+    assert q_a.weight_bytes == pytest.approx(7168 * 1536 * (1 + 4 / 16384))
+    assert q_a.bytes_read == pytest.approx(q_a.weight_bytes + B * 7168 * 2)
+    assert q_a.bytes_written == B * 1536 * 2
+    assert q_a.dtype == "fp8"
+
+
+def test_attention_core(g):
+    core = g.op("L5.attn.core.mb0")
+    assert core.kind == "attention_decode"
+    # scores over the 576-wide latent, values over the 512-wide latent, per head and cached token
+    # fused RoPE: rotating q_pe (128 heads x 64) and k_pe (64) costs 6 FLOPs per rotated value
+    rope = 6 * B * (H * 64 + 64)
+    assert core.flops == 2 * B * H * T * (576 + 512) + rope
+    # the FP8 KV cache read dominates: 512 sequences x 2000 tokens x 576 bytes
+    assert core.bytes_read == B * T * 576 * 1 + B * H * 576 * 2
+    assert core.bytes_written == B * H * 512 * 2 + B * 576 * 1
+
+
+def test_expert_gemms(g):
+    ex = g.op("L5.moe.experts.mb0")
+    assert ex.kind == "grouped_gemm"
+    pairs = B * 8  # each rank receives, on average, 8 expert copies per token it sends
+    assert ex.dims["pairs"] == pairs and ex.dims["experts"] == 32
+    assert ex.flops == 6 * pairs * 7168 * 2048 + 4 * pairs * 2048
+    # every local expert sees tokens at this batch: all 32 experts' weights are read
+    assert ex.weight_bytes == pytest.approx(32 * 3 * 7168 * 2048 * (1 + 4 / 16384))
+
+
+def test_dispatch_and_combine_bytes(g):
+    hit = 1 - comb(256 - 32, 8) / comb(256, 8)  # a token reaches a given rank
+    disp, comb_ = g.op("L5.moe.dispatch.mb0"), g.op("L5.moe.combine.mb0")
+    # FP8 hidden state with a fp32 scale per 128 values, plus 8 x (int32 id + fp32 weight)
+    row = 7168 + 7168 / 128 * 4 + 8 * 8
+    assert len(disp.peer_bytes) == 8
+    assert disp.peer_bytes[3] == pytest.approx(B * hit * row)
+    assert comb_.peer_bytes[3] == pytest.approx(B * hit * 7168 * 2)
+    assert disp.dims["group_size"] == 8 and disp.is_collective
+
+
+def test_dbo_duplicates_ops_and_splits_tokens():
+    plan = make_plan(R1, dp=8, ep=8, microbatches=2)
+    g2 = build_step_graph(R1, plan, Batch.decode(B, T))
+    g1 = build_step_graph(R1, plan.with_(microbatches=1), Batch.decode(B, T))
+    assert len(g2) == 2 * len(g1)
+    assert g2.microbatch_tokens == (256, 256)
+    assert "L12.moe.dispatch.mb1" in g2.ops
+    # linear work splits exactly; weights are read once per microbatch
+    assert g2.op("L5.attn.core.mb0").flops * 2 == g1.op("L5.attn.core.mb0").flops
+    # the schedule interleaves: mb1 attention is issued before mb0's experts
+    order = g2.schedule.order()
+    assert order.index("L5.attn.core.mb1") < order.index("L5.moe.experts.mb0")
+    assert sorted(order) == sorted(g2.ops)
+
+
+def test_graph_is_a_dag_in_schedule_order(g):
+    assert nx.is_directed_acyclic_graph(g.graph)
+    pos = {op_id: i for i, op_id in enumerate(g.schedule.order())}
+    for u, v in g.graph.edges:
+        assert pos[u] < pos[v], (u, v)
+    for op in g:
+        assert op.kind in OP_KINDS
+        assert set(KIND_DIMS[op.kind]) <= set(op.dims)
+
+
+def test_fusion_flags_change_the_graph():
+    base = make_plan(R1, dp=8, ep=8, microbatches=1)
+    unfused = base.with_(fusion=Fusion(fused_rope=False, merged_shared_expert=False,
+                                       fused_moe=False))
+    a = build_step_graph(R1, base, Batch.decode(64, 1000))
+    b = build_step_graph(R1, unfused, Batch.decode(64, 1000))
+    assert "L5.attn.rope.mb0" in b.ops and "L5.attn.rope.mb0" not in a.ops
+    assert "L5.moe.shared.gate.mb0" in b.ops and "L5.moe.shared.gate_up.mb0" in a.ops
+    assert "L5.moe.experts.gate_up.mb0" in b.ops and "L5.moe.experts.mb0" in a.ops
+    # unfused kernels round-trip their intermediates through HBM
+    assert b.bytes > a.bytes
+
+
+def test_tp_inserts_all_reduce_instead_of_dispatch():
+    plan = make_plan(R1, tp=8, microbatches=1)
+    g = build_step_graph(R1, plan, Batch.decode(64, 1000))
+    assert "L5.moe.dispatch.mb0" not in g.ops
+    ar = g.op("L5.attn.all_reduce.mb0")
+    assert ar.kind == "all_reduce" and len(ar.peer_bytes) == 8
+    # heads and expert widths split eight ways
+    assert g.op("L5.attn.core.mb0").dims["heads"] == 16
+    assert g.op("L5.moe.experts.mb0").dims["inter"] == 256
+
+
+def test_prefill_graph():
+    plan = make_plan(R1, dp=8, ep=8, microbatches=1)
+    g = build_step_graph(R1, plan, Batch.prefill(2, 1024))
+    core = g.op("L5.attn.core.mb0")
+    assert core.kind == "attention_prefill"
+    rope = 6 * 2 * 1024 * (H * 64 + 64)
+    assert core.flops == pytest.approx(2 * H * 2 * (1024 * 1025 / 2) * (192 + 128) + rope)
+    assert g.op("lm_head.mb0").dims["tokens"] == 2  # only the last token's logits
+    assert not g.captured
+
+
+def test_gqa_sliding_window_caps_context():
+    oss = load_model("gpt-oss-120b")
+    plan = make_plan(oss, dp=8, ep=8, microbatches=1)
+    g = build_step_graph(oss, plan, Batch.decode(16, 4000))
+    assert g.op("L0.attn.core.mb0").dims["context"] == 128  # sliding layer
+    assert g.op("L1.attn.core.mb0").dims["context"] == 4000  # full layer
+
+
+def test_stable_ids():
+    plan = make_plan(R1, dp=8, ep=8)
+    a = build_step_graph(R1, plan, Batch.decode(32, 100))
+    b = build_step_graph(R1, plan, Batch.decode(32, 100))
+    assert list(a.ops) == list(b.ops)
+    assert a.captured
