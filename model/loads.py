@@ -1,0 +1,96 @@
+"""Expert load statistics: how many tokens the router sent to each expert of each layer.
+
+Format (SGLang's expert-distribution dump, as in ``shared/data/expert_loads/``): a JSON object
+``{"logical_count": [layers][experts]}`` of non-negative counts; dense layers are all-zero rows.
+SGLang's ``.pt`` dumps (a dict with a ``logical_count`` tensor, optionally with a leading
+step/window axis that is summed) are read too when torch is installed.
+
+Loads are counts, not probabilities; ``frequencies`` normalises each layer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import EpsimError
+
+
+def _as_loads(obj: Any, where: str) -> np.ndarray:
+    if not isinstance(obj, dict) or "logical_count" not in obj:
+        raise EpsimError(f"{where}: expected an object with a 'logical_count' [layers][experts] array")
+    raw = obj["logical_count"]
+    if hasattr(raw, "detach"):  # a torch tensor from a .pt dump
+        raw = raw.detach().cpu().double().numpy()
+    try:
+        arr = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise EpsimError(f"{where}: logical_count must be a rectangular array of numbers") from None
+    if arr.ndim == 3:  # [steps, layers, experts] windows: sum them
+        arr = arr.sum(axis=0)
+    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
+        raise EpsimError(
+            f"{where}: logical_count must be [layers][experts] with at least 2 experts, "
+            f"got shape {list(arr.shape)}"
+        )
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise EpsimError(f"{where}: logical_count holds negative or non-finite counts")
+    if not np.any(arr.sum(axis=1) > 0):
+        raise EpsimError(f"{where}: logical_count is all zeros")
+    return arr
+
+
+def read_loads(path: str | Path) -> np.ndarray:
+    """Read a load file; returns float64 ``[layers, experts]`` counts (dense layers all zero)."""
+    p = Path(path)
+    if not p.is_file():
+        raise EpsimError(f"load file not found: {p}")
+    if p.suffix == ".pt":
+        try:
+            import torch
+        except Exception:
+            raise EpsimError(f"{p}: reading .pt load dumps needs torch (pip install epsim[runtime])") from None
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise EpsimError(f"{p}: not a readable torch dump ({type(exc).__name__})") from None
+        return _as_loads(obj, str(p))
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as exc:
+        raise EpsimError(f"{p}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    return _as_loads(obj, str(p))
+
+
+def loads_from_object(obj: Any, where: str = "loads") -> np.ndarray:
+    """Validate an in-memory ``{"logical_count": ...}`` object (see :func:`read_loads`)."""
+    return _as_loads(obj, where)
+
+
+def moe_layer_rows(loads: np.ndarray) -> np.ndarray:
+    """Indices of the rows that carry load (the MoE layers). Shape ``[moe_layers]``."""
+    return np.flatnonzero(loads.sum(axis=1) > 0)
+
+
+def frequencies(loads: np.ndarray) -> np.ndarray:
+    """Per-layer probabilities ``[layers, experts]``; all-zero rows stay zero."""
+    totals = loads.sum(axis=1, keepdims=True)
+    return np.divide(loads, totals, out=np.zeros_like(loads, dtype=np.float64), where=totals > 0)
+
+
+def check_matches(loads: np.ndarray, num_experts: int, where: str = "loads") -> None:
+    """Error unless the loads have ``num_experts`` columns."""
+    if loads.shape[1] != num_experts:
+        raise EpsimError(
+            f"{where}: {loads.shape[1]} experts per layer, but the model has {num_experts}"
+        )
+
+
+def hottest_to_mean(loads: np.ndarray) -> float:
+    """Mean over loaded layers of (hottest expert's load / mean expert load)."""
+    rows = loads[moe_layer_rows(loads)]
+    return float(np.mean(rows.max(axis=1) / rows.mean(axis=1))) if len(rows) else math.nan

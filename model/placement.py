@@ -1,0 +1,178 @@
+"""Expert placement: which physical expert slot on which GPU holds which logical expert.
+
+Glossary (as in vLLM's ``eplb_state.py`` and DeepSeek's EPLB):
+    logical expert   the router's numbering, ``0 .. num_logical - 1``.
+    physical slot    a place for one expert's weights; GPU ``g`` holds slots
+                     ``g * slots_per_gpu .. (g + 1) * slots_per_gpu - 1``.
+    replica          a logical expert may sit in several slots (redundant experts); its tokens
+                     are then shared among them.
+    imbalance        per layer, the busiest GPU's load over the mean GPU load (1.0 = perfect).
+
+The router's output is remapped from logical ids to physical slots by :func:`remap`, the one
+function that the simulator and the runtime both use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import EpsimError
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Expert-to-slot tables for every layer.
+
+    physical_to_logical: ``[layers, num_slots]`` int64, the logical expert in each slot.
+        Example (1 layer, 4 experts, 2 GPUs, no replicas): ``[[2, 0, 1, 3]]`` puts experts
+        2 and 0 on GPU 0 and experts 1 and 3 on GPU 1.
+    num_gpus: GPUs the slots are spread over. Example: 8.
+    num_logical: logical experts per layer. Example: 256.
+    """
+
+    physical_to_logical: np.ndarray
+    num_gpus: int
+    num_logical: int
+
+    def __post_init__(self) -> None:
+        p2l = np.asarray(self.physical_to_logical, dtype=np.int64)
+        if p2l.ndim != 2:
+            raise EpsimError(f"physical_to_logical must be [layers][slots], got shape {list(p2l.shape)}")
+        layers, slots = p2l.shape
+        if self.num_gpus < 1 or slots % self.num_gpus:
+            raise EpsimError(f"{slots} slots do not split evenly over {self.num_gpus} GPUs")
+        if p2l.min(initial=0) < 0 or p2l.max(initial=0) >= self.num_logical:
+            raise EpsimError(f"physical_to_logical holds ids outside 0..{self.num_logical - 1}")
+        counts = np.zeros((layers, self.num_logical), dtype=np.int64)
+        np.add.at(counts, (np.arange(layers)[:, None], p2l), 1)
+        if np.any(counts == 0):
+            layer, expert = np.argwhere(counts == 0)[0]
+            raise EpsimError(f"layer {layer}: logical expert {expert} has no physical slot")
+        object.__setattr__(self, "physical_to_logical", p2l)
+        object.__setattr__(self, "_replica_counts", counts)
+
+    @property
+    def num_layers(self) -> int:
+        return self.physical_to_logical.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.physical_to_logical.shape[1]
+
+    @property
+    def slots_per_gpu(self) -> int:
+        return self.num_slots // self.num_gpus
+
+    @property
+    def replica_counts(self) -> np.ndarray:
+        """``[layers, num_logical]`` slots holding each logical expert (1 without replicas)."""
+        return self._replica_counts  # type: ignore[attr-defined]
+
+    @property
+    def logical_to_physical(self) -> np.ndarray:
+        """``[layers, num_logical, max_replicas]`` slots of each expert, padded with -1."""
+        layers = self.num_layers
+        width = int(self.replica_counts.max())
+        table = np.full((layers, self.num_logical, width), -1, dtype=np.int64)
+        for layer in range(layers):
+            order = np.argsort(self.physical_to_logical[layer], kind="stable")
+            experts = self.physical_to_logical[layer][order]
+            first = np.searchsorted(experts, experts)  # first index of each expert's run
+            table[layer, experts, np.arange(len(order)) - first] = order
+        return table
+
+    def gpu_of_slot(self, slots: np.ndarray) -> np.ndarray:
+        return np.asarray(slots) // self.slots_per_gpu
+
+    def gpu_loads(self, loads: np.ndarray) -> np.ndarray:
+        """``[layers, experts]`` loads -> ``[layers, num_gpus]``; a replicated expert's load is
+        shared equally by its replicas (what round-robin replica choice gives on average)."""
+        self._check_loads(loads)
+        per_slot = np.take_along_axis(loads, self.physical_to_logical, axis=1)
+        per_slot = per_slot / np.take_along_axis(self.replica_counts, self.physical_to_logical,
+                                                 axis=1)
+        return per_slot.reshape(self.num_layers, self.num_gpus, self.slots_per_gpu).sum(axis=2)
+
+    def imbalance(self, loads: np.ndarray) -> np.ndarray:
+        """``[layers]`` max GPU load / mean GPU load; NaN for layers without load."""
+        g = self.gpu_loads(loads)
+        mean = g.mean(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(mean > 0, g.max(axis=1) / np.where(mean > 0, mean, 1), np.nan)
+
+    def _check_loads(self, loads: np.ndarray) -> None:
+        if loads.shape != (self.num_layers, self.num_logical):
+            raise EpsimError(
+                f"loads of shape {list(loads.shape)} do not match the placement's "
+                f"[{self.num_layers}, {self.num_logical}]"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"num_gpus": self.num_gpus, "num_logical": self.num_logical,
+                "physical_to_logical": self.physical_to_logical.tolist()}
+
+
+def contiguous_placement(num_layers: int, num_experts: int, num_gpus: int) -> Placement:
+    """Experts ``0..E/G-1`` on GPU 0, the next ``E/G`` on GPU 1, ... in every layer."""
+    if num_experts % num_gpus:
+        raise EpsimError(f"{num_gpus} GPUs do not divide {num_experts} experts")
+    table = np.tile(np.arange(num_experts, dtype=np.int64), (num_layers, 1))
+    return Placement(table, num_gpus=num_gpus, num_logical=num_experts)
+
+
+def remap(logical_ids: Any, logical_to_physical: Any, replica_counts: Any, token_index: Any) -> Any:
+    """Logical expert ids -> physical slots, choosing among replicas round-robin by token.
+
+    Pure indexing arithmetic, so it works on numpy arrays and torch tensors alike (the simulator
+    passes numpy, the runtime torch).
+
+    Args:
+        logical_ids: ``[tokens, top_k]`` router output for one layer.
+        logical_to_physical: ``[num_logical, max_replicas]`` one layer's table (-1 padded).
+        replica_counts: ``[num_logical]`` one layer's replica counts.
+        token_index: ``[tokens, 1]`` (or ``[tokens, top_k]``) a global token index; token ``t``'s
+            ``j``-th choice uses replica ``(t + j) % replicas``.
+
+    Returns:
+        ``[tokens, top_k]`` physical slot ids.
+    """
+    top_k = logical_ids.shape[-1]
+    offsets = token_index + (token_index * 0 + _arange_like(logical_ids, top_k))
+    replica = offsets % replica_counts[logical_ids]
+    return logical_to_physical[logical_ids, replica]
+
+
+def _arange_like(ref: Any, n: int) -> Any:
+    if hasattr(ref, "new_tensor"):  # torch
+        import torch
+
+        return torch.arange(n, device=ref.device, dtype=ref.dtype)
+    return np.arange(n, dtype=np.asarray(ref).dtype)
+
+
+def read_placement(path: str | Path, num_layers: int | None = None,
+                   num_experts: int | None = None) -> Placement:
+    """Read a placement file written by ``epsim balance --out`` (or :meth:`Placement.to_json`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise EpsimError(f"placement file not found: {p}")
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8", errors="replace"))
+        placement = Placement(np.asarray(obj["physical_to_logical"], dtype=np.int64),
+                              num_gpus=int(obj["num_gpus"]), num_logical=int(obj["num_logical"]))
+    except json.JSONDecodeError as exc:
+        raise EpsimError(f"{p}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, EpsimError):
+            raise EpsimError(f"{p}: {exc}") from None
+        raise EpsimError(f"{p}: not a placement file ({type(exc).__name__}: {exc})") from None
+    if num_layers is not None and placement.num_layers != num_layers:
+        raise EpsimError(f"{p}: {placement.num_layers} layers, the model has {num_layers}")
+    if num_experts is not None and placement.num_logical != num_experts:
+        raise EpsimError(f"{p}: {placement.num_logical} experts, the model has {num_experts}")
+    return placement

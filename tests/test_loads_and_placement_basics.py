@@ -1,0 +1,58 @@
+import json
+
+import numpy as np
+import pytest
+
+from model import EpsimError
+from model.loads import frequencies, moe_layer_rows, read_loads
+from model.placement import Placement, contiguous_placement, read_placement, remap
+
+
+def test_shared_loads_contiguous_imbalance(shared_loads):
+    for path in sorted(shared_loads.glob("*.json")):
+        loads = read_loads(path)
+        assert loads.shape == (61, 256)
+        assert list(moe_layer_rows(loads)) == list(range(3, 61))
+        imb = contiguous_placement(61, 256, 8).imbalance(loads)[3:]
+        # the shared README: the busiest of 8 GPUs carries about 1.7-2.1x the mean
+        assert 1.6 < np.mean(imb) < 2.2, path.name
+        np.testing.assert_allclose(frequencies(loads)[3:].sum(axis=1), 1.0)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "malformed JSON"),
+    ('{"counts": []}', "logical_count"),
+    ('{"logical_count": [1, 2, 3]}', "must be \\[layers\\]\\[experts\\]"),
+    ('{"logical_count": [[1, -2]]}', "negative"),
+    ('{"logical_count": [[1, 2], [3]]}', "rectangular"),
+])
+def test_bad_load_files(tmp_path, content, message):
+    path = tmp_path / "l.json"
+    path.write_text(content)
+    with pytest.raises(EpsimError, match=message):
+        read_loads(path)
+
+
+def test_replicas_share_load_and_remap_round_robin():
+    # 4 experts on 2 GPUs with 3 slots each: experts 1 and 2 have two replicas
+    p = Placement(np.array([[2, 0, 1, 3, 2, 1]]), num_gpus=2, num_logical=4)
+    assert p.replica_counts.tolist() == [[1, 2, 2, 1]]
+    loads = np.array([[10.0, 20.0, 30.0, 40.0]])
+    # GPU 0: 15 (half of 2) + 10 + 10 (half of 1) = 35; GPU 1: 40 + 15 + 10 = 65
+    assert p.gpu_loads(loads).tolist() == [[35.0, 65.0]]
+    ids = np.array([[2, 1], [2, 3]])
+    slots = remap(ids, p.logical_to_physical[0], p.replica_counts[0], np.arange(2)[:, None])
+    assert slots.tolist() == [[0, 5], [4, 3]]
+    assert (p.physical_to_logical[0][slots] == ids).all()
+
+
+def test_placement_validation_and_file_round_trip(tmp_path):
+    with pytest.raises(EpsimError, match="expert 3 has no physical slot"):
+        Placement(np.array([[0, 1, 2, 2]]), num_gpus=2, num_logical=4)
+    p = contiguous_placement(2, 8, 4)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(p.to_json()))
+    q = read_placement(path, num_layers=2, num_experts=8)
+    assert (q.physical_to_logical == p.physical_to_logical).all()
+    with pytest.raises(EpsimError, match="the model has 16"):
+        read_placement(path, num_experts=16)
