@@ -77,6 +77,25 @@ def select_moe_backend(rt: Any) -> MoEFn:
     return kernels.moe_masked if rt.static else kernels.moe_sorted
 
 
+def select_mori(rt: Any) -> MoriExchange | None:
+    """MORI-EP for the EP exchange on ROCm GPUs when ``mori.ops`` imports (never under --check,
+    whose 1e-4 contract is verified with the torch exchange only)."""
+    if rt.device.type != "cuda" or not getattr(torch.version, "hip", None) or rt.opts.check:
+        return None
+    if not rt.plan.expert_parallel:
+        return None
+    mori = _try_import("mori")
+    if mori is None or _try_import("mori.ops") is None:
+        return None
+    import torch.distributed as dist
+
+    # MORI's symmetric memory is set up over a registered torch process group
+    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    mori.shmem.shmem_torch_process_group_init("default")
+    return MoriExchange(mori, rt.rank, rt.plan.ep, rt.model.hidden_size, rt.opts.batch,
+                        rt.slots_per_rank, rt.model.moe.top_k, rt.dtype)
+
+
 class MoriExchange:
     """MORI-EP dispatch/combine (ROCm, intra-node), following its public Python API:
     ``EpDispatchCombineConfig(...)``, ``EpDispatchCombineOp(config)``,
@@ -94,10 +113,12 @@ class MoriExchange:
         self.op = ops.EpDispatchCombineOp(config)
 
     def dispatch(self, x: torch.Tensor, slots: torch.Tensor,
-                 weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+                 weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows received, their global slot ids and weights (only the valid rows)."""
         out, out_w, _scales, out_ids, received = self.op.dispatch(
             x, weights.float(), None, slots.to(torch.int32))
-        return out, out_ids.to(torch.int64), out_w, received
+        n = int(received.reshape(-1)[0]) if torch.is_tensor(received) else int(received)
+        return out[:n], out_ids[:n].to(torch.int64), out_w[:n]
 
     def combine(self, y: torch.Tensor, weights: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         out, _ = self.op.combine(y, weights.float(), slots.to(torch.int32))

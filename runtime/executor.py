@@ -30,7 +30,7 @@ from model.trace import TraceEvent
 
 from . import comm, kernels
 from . import weights as W
-from .backends import select_moe_backend
+from .backends import select_moe_backend, select_mori
 from .options import RunOptions
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -163,6 +163,7 @@ class RankRuntime:
         self.l2p = torch.as_tensor(placement.logical_to_physical, device=self.device)
         self.replicas = torch.as_tensor(placement.replica_counts, device=self.device)
         self.moe_backend = select_moe_backend(self)
+        self.mori = select_mori(self)
         # Per-sequence state: cache, lengths (cached tokens before the step), next inputs
         b, ctx = opts.batch, opts.context
         self.cache = LatentCache(model.num_layers, b, ctx + opts.steps, self.latent, self.rope,
@@ -233,9 +234,16 @@ class RankRuntime:
 
     # -- the step ---------------------------------------------------------------------------
 
-    def step(self) -> StepResult:
-        """Run one decode step of every sequence of this rank; advance the state."""
-        graph = self.graph(self.steps_done)
+    def step(self, capturing: bool = False) -> StepResult:
+        """Run one decode step of every sequence of this rank; advance the state in place.
+
+        ``capturing``: the step is being recorded into a CUDA graph: no timing events, no
+        synchronisation, no host reads (static shapes only); the returned tensors are the
+        graph's static outputs.
+        """
+        if capturing and not self.static:
+            raise AssertionError("graph capture needs the static-shape step")
+        graph = self.graph(0 if capturing else self.steps_done)
         clock = Clock(self.device)
         positions = self.lengths.clone()
         states, start = [], 0
@@ -247,8 +255,10 @@ class RankRuntime:
             states.append(MicrobatchState(mb, seqs, self.tokens[seqs], positions[seqs], cos, sin))
         marks: list[tuple[Op, str, Any, Any]] = []
         pending: dict[str, tuple[comm.Pending, Any, Op]] = {}
+        now = (lambda: None) if capturing else clock.now
         wall0 = time.perf_counter()
-        clock.start()
+        if not capturing:
+            clock.start()
         for slot in graph.schedule.slots:
             state = states[slot.microbatch]
             for op_id in slot.op_ids:
@@ -258,27 +268,29 @@ class RankRuntime:
                     if pred in pending:
                         handle, t0, pop = pending.pop(pred)
                         handle.wait()
-                        marks.append((pop, "comm", t0, clock.now()))
-                t0 = clock.now()
+                        marks.append((pop, "comm", t0, now()))
+                t0 = now()
                 result = OP_IMPLS[op.kind](self, op, state)
                 if isinstance(result, comm.Pending):
                     pending[op_id] = (result, t0, op)
                 else:
-                    marks.append((op, "compute", t0, clock.now()))
+                    marks.append((op, "compute", t0, now()))
         if pending:  # the graph ends in sample, which depends on everything: a bug if not
             raise AssertionError(f"collectives never waited on: {sorted(pending)}")
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not capturing:
             torch.cuda.synchronize()
         step_us = (time.perf_counter() - wall0) * 1e6
-        events = [TraceEvent(op.id, op.kind, self.rank, stream, clock.us(t0),
-                             max(0.0, clock.us(t1) - clock.us(t0)), op.layer, op.microbatch,
-                             {"tokens": states[op.microbatch].num_tokens})
-                  for op, stream, t0, t1 in marks]
+        events = [] if capturing else [
+            TraceEvent(op.id, op.kind, self.rank, stream, clock.us(t0),
+                       max(0.0, clock.us(t1) - clock.us(t0)), op.layer, op.microbatch,
+                       {"tokens": states[op.microbatch].num_tokens})
+            for op, stream, t0, t1 in marks]
         logits = torch.cat([s.values["logits"] for s in states])
         next_tokens = torch.cat([s.values["next_tokens"] for s in states])
         hidden = torch.cat([s.values["final_hidden"] for s in states])
+        # in place, so a captured graph's replay advances the same buffers
         self.lengths += 1
-        self.tokens = next_tokens
+        self.tokens.copy_(next_tokens)
         self.steps_done += 1
         return StepResult(logits, next_tokens, hidden, step_us, events)
 
@@ -427,6 +439,11 @@ def _router(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
 
 
 def _dispatch(rt: RankRuntime, op: Op, st: MicrobatchState) -> comm.Pending:
+    if rt.mori is not None:  # MORI-EP: its own kernels, finished when they return
+        x, slots, weights = rt.mori.dispatch(st.values["h"], st.values["topk_slots"],
+                                             st.values["topk_w"])
+        st.values["recv"] = comm.DispatchResult(x, slots, weights, None)
+        return comm.Pending([], lambda: None)
     args = (st.values["h"], st.values["topk_slots"], st.values["topk_w"], rt.slots_per_rank)
     if rt.static:
         handle = comm.dispatch_static(*args, capacity=st.num_tokens, group=rt.group)
@@ -437,11 +454,15 @@ def _dispatch(rt: RankRuntime, op: Op, st: MicrobatchState) -> comm.Pending:
 
 def _combine(rt: RankRuntime, op: Op, st: MicrobatchState) -> comm.Pending:
     y, layout = st.values["expert_out"], st.values["recv"].layout
+    st.values["layer_out"].append("routed_out")  # arrives when waited on
+    if rt.mori is not None:
+        recv = st.values["recv"]
+        st.values["routed_out"] = rt.mori.combine(y, recv.weights, recv.slots)
+        return comm.Pending([], lambda: None)
     if rt.static:
         handle = comm.combine_static(y, layout, group=rt.group)
     else:
         handle = comm.combine_dynamic(y, layout, group=rt.group)
-    st.values["layer_out"].append("routed_out")  # arrives when waited on
     return _then(handle, lambda out: st.values.__setitem__("routed_out", out))
 
 

@@ -99,10 +99,18 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
     _agree(opts, rank, world)
     model, plan, placement = validate(opts)
     rt = RankRuntime(opts, model, plan, placement, rank)
+    captured = None
+    if opts.capture:
+        from .capture import CapturedDecode
+
+        captured = CapturedDecode(rt)
     steps: list[dict[str, Any]] = []
     for step in range(opts.steps):
         _inject_fault(rank, step)
-        result = rt.step()
+        if captured is None:
+            result = rt.step()
+        else:
+            result = captured.first() if step == 0 else captured.replay()
         steps.append({
             "step_us": result.step_us,
             "logits": result.logits.cpu() if opts.check else None,
