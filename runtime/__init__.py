@@ -1,6 +1,8 @@
 """epsim's runtime: the op graph executed for real with torch (DESIGN.md section 2.4).
 
-Requires torch (the ``runtime`` extra). Depends on ``model`` only, never on ``sim``.
+Requires torch (the ``runtime`` extra) in the rank processes; this package's top level and
+``runtime.launch``/``runtime.options`` import it lazily, so a launching parent process stays light.
+Depends on ``model`` only, never on ``sim``.
 
     runtime.options    RunOptions and validation (model, plan, placement)
     runtime.weights    random weights with a fixed seed, identical on every rank
@@ -12,8 +14,6 @@ Requires torch (the ``runtime`` extra). Depends on ``model`` only, never on ``si
     runtime.reference  the dense single-process reference for --check
     runtime.launch     local rank spawning, torchrun, fault handling, summaries
 """
-
-import torch  # noqa: F401  (fail early and clearly when the extra is missing)
 
 from .launch import launch_local, run_rank, under_torchrun
 from .options import RunOptions, validate

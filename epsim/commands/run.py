@@ -62,11 +62,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import torch  # noqa: F401
-    except Exception:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
         raise EpsimError("epsim run needs torch: pip install 'epsim[runtime]' (CPU: first "
-                         "pip install torch==2.13.0)") from None
+                         "pip install torch==2.13.0)")
     from model.trace import write_chrome_trace
     from runtime import RunOptions, launch_local, run_rank, under_torchrun
 
