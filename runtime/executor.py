@@ -35,6 +35,7 @@ from .options import RunOptions
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 KV_STORAGE = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
+_BITS = {1: torch.uint8, 2: torch.int16}
 
 
 @dataclass
@@ -95,9 +96,12 @@ class LatentCache:
         """Store ``c [t, r]`` and ``pe [t, p]`` of sequences ``seqs [t]`` at ``positions [t]``."""
         qc, sc = kernels.quantize_rows(c, self.storage)
         qp, sp = kernels.quantize_rows(pe, self.storage)
-        self.c[layer][seqs, positions] = qc
+        # write through an integer view of the same bits: index_put is not implemented for
+        # float8 on every device
+        bits = _BITS[self.c[layer].element_size()]
+        self.c[layer].view(bits)[seqs, positions] = qc.view(bits)
         self.c_scale[layer][seqs, positions] = sc
-        self.pe[layer][seqs, positions] = qp
+        self.pe[layer].view(bits)[seqs, positions] = qp.view(bits)
         self.pe_scale[layer][seqs, positions] = sp
 
     def read(self, layer: int, seqs: slice, upto: int,
