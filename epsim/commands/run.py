@@ -64,7 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib.util
 
-    if importlib.util.find_spec("torch") is None:
+    try:  # find_spec, not import: the parent of the ranks never needs torch itself
+        torch_spec = importlib.util.find_spec("torch")
+    except Exception:  # a broken install or an import blocker: as good as missing
+        torch_spec = None
+    if torch_spec is None:
         raise EpsimError("epsim run needs torch: pip install 'epsim[runtime]' (CPU: first "
                          "pip install torch==2.13.0)")
     from model.trace import write_chrome_trace
