@@ -91,7 +91,13 @@ def run(args: argparse.Namespace) -> int:
         check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
         unfused=args.unfused, trace=bool(args.trace))
     if torchrun:
-        results = run_rank([opts], int(os.environ["RANK"]), world, "env://", args.timeout)
+        rank = int(os.environ["RANK"])
+        try:
+            results = run_rank([opts], rank, world, "env://", args.timeout)
+        except EpsimError:
+            raise
+        except Exception as exc:  # one line, as the local launcher reports it; torchrun stops
+            raise EpsimError(f"rank {rank} failed: {type(exc).__name__}: {exc}") from exc
         if results is None:  # ranks other than 0 report nothing
             return 0
     else:
