@@ -43,17 +43,25 @@ class MicrobatchState:
     """One microbatch's inputs and the values its ops produce.
 
     microbatch: 0 or 1. seqs: the rank's sequences it holds (a slice of the batch).
-    tokens: ``[t]`` input token ids. positions: ``[t]`` position of each new token.
-    cos / sin: ``[t, rope]`` rotary tables. values: name -> tensor (or list of names for
-    ``"layer_out"``: the outputs the next fused add+norm sums).
+    tokens: ``[t]`` input token ids (decode: one per sequence; prefill: each sequence's prompt,
+        one after another). positions: ``[t]`` position of each token in its sequence.
+    seq_ids: ``[t]`` the sequence (row of the rank's cache) of each token.
+    token_index: ``[t, 1]`` a rank-global token index (replica round-robin in remap).
+    cos / sin: ``[t, rope]`` rotary tables.
+    last_rows: prefill only: ``[seqs]`` row of each sequence's last token (the LM head's input).
+    values: name -> tensor (or list of names for ``"layer_out"``: the outputs the next fused
+        add+norm sums).
     """
 
     microbatch: int
     seqs: slice
     tokens: torch.Tensor
     positions: torch.Tensor
+    seq_ids: torch.Tensor
+    token_index: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    last_rows: torch.Tensor | None = None
     values: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -172,18 +180,21 @@ class RankRuntime:
         b, ctx = opts.batch, opts.context
         self.cache = LatentCache(model.num_layers, b, ctx + opts.steps, self.latent, self.rope,
                                  KV_STORAGE[opts.kv_dtype], self.device)
-        for layer in range(model.num_layers):
-            c, pe = W.initial_cache(model, opts.seed, rank, layer, b, ctx - 1)
-            seqs = torch.arange(b, device=self.device).repeat_interleave(ctx - 1)
-            pos = torch.arange(ctx - 1, device=self.device).repeat(b)
-            self.cache.write(layer, seqs, pos, c.to(self.device).reshape(-1, self.latent),
-                             pe.to(self.device).reshape(-1, self.rope))
-        self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
-        self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
-        # global token index of each sequence: replica choice in remap is round-robin on it
-        self.token_index = (rank * b + torch.arange(b, device=self.device))[:, None]
+        if opts.prefill:  # the cache fills in prefill(); its last logits give the tokens
+            self.lengths = torch.zeros(b, dtype=torch.int64, device=self.device)
+            self.tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
+        else:  # cached entries drawn from the seed stand in for a prefill
+            for layer in range(model.num_layers):
+                c, pe = W.initial_cache(model, opts.seed, rank, layer, b, ctx - 1)
+                seqs = torch.arange(b, device=self.device).repeat_interleave(ctx - 1)
+                pos = torch.arange(ctx - 1, device=self.device).repeat(b)
+                self.cache.write(layer, seqs, pos, c.to(self.device).reshape(-1, self.latent),
+                                 pe.to(self.device).reshape(-1, self.rope))
+            self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
+            self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
         self.steps_done = 0
         self._graphs: dict[int, OpGraph] = {}
+        self.batch_index = rank * b  # first rank-global sequence index
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -194,6 +205,8 @@ class RankRuntime:
             kv_b = w[p + "attn.kv_b"]  # [H, nope + v, r]
             w[p + "attn.q_absorb"] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
             w[p + "attn.v_absorb"] = kv_b[:, self.nope:, :].transpose(1, 2).contiguous()
+            # prefill's up-projection as a plain GEMM: [r, H * (nope + v)]
+            w[p + "attn.kv_b"] = kv_b.permute(2, 0, 1).reshape(self.latent, -1).contiguous()
             if p + "moe.shared.gate_up" in w:
                 gate, up = w[p + "moe.shared.gate_up"].chunk(2, dim=1)
                 w[p + "moe.shared.gate"], w[p + "moe.shared.up"] = gate.contiguous(), up.contiguous()
@@ -210,9 +223,13 @@ class RankRuntime:
         return out
 
     def graph(self, step: int) -> OpGraph:
-        """The op graph of decode step ``step`` (context grows by one per step)."""
+        """The op graph of decode step ``step`` (context grows by one per step); step -1 is the
+        prefill of ``context - 1`` prompt tokens per sequence."""
         if step not in self._graphs:
-            batch = Batch.decode(self.opts.batch, self.opts.context + step)
+            if step < 0:
+                batch = Batch.prefill(self.opts.batch, self.opts.context - 1)
+            else:
+                batch = Batch.decode(self.opts.batch, self.opts.context + step)
             graph = build_step_graph(self.model, self.plan, batch)
             missing = sorted({op.kind for op in graph} - set(OP_IMPLS))
             if missing:
@@ -248,15 +265,54 @@ class RankRuntime:
         if capturing and not self.static:
             raise AssertionError("graph capture needs the static-shape step")
         graph = self.graph(0 if capturing else self.steps_done)
-        clock = Clock(self.device)
         positions = self.lengths.clone()
         states, start = [], 0
         for mb, n in enumerate(graph.microbatch_seqs):
             seqs = slice(start, start + n)
             start += n
-            cos, sin = kernels.rope_cos_sin(positions[seqs], self.rope, self.model.rope_theta,
-                                            self.dtype)
-            states.append(MicrobatchState(mb, seqs, self.tokens[seqs], positions[seqs], cos, sin))
+            seq_ids = torch.arange(seqs.start, seqs.stop, device=self.device)
+            states.append(self._state(mb, seqs, self.tokens[seqs], positions[seqs], seq_ids,
+                                      (self.batch_index + seq_ids)[:, None]))
+        result = self._run(graph, states, capturing)
+        # in place, so a captured graph's replay advances the same buffers
+        self.lengths += 1
+        self.tokens.copy_(result.next_tokens)
+        self.steps_done += 1
+        return result
+
+    def prefill(self) -> StepResult:
+        """Run the prompts (``context - 1`` random tokens per sequence) through the prefill graph,
+        filling the KV cache; the last tokens' logits give the first decode inputs."""
+        graph = self.graph(-1)
+        prompt_len = self.opts.context - 1
+        prompts = W.initial_prompt(self.model, self.opts.seed, self.rank, self.opts.batch,
+                                   prompt_len).to(self.device)
+        states, start = [], 0
+        for mb, n in enumerate(graph.microbatch_seqs):
+            seqs = slice(start, start + n)
+            start += n
+            seq_ids = torch.arange(seqs.start, seqs.stop, device=self.device)
+            positions = torch.arange(prompt_len, device=self.device).repeat(n)
+            per_token = seq_ids.repeat_interleave(prompt_len)
+            index = ((self.batch_index + per_token) * prompt_len + positions)[:, None]
+            last = torch.arange(n, device=self.device) * prompt_len + prompt_len - 1
+            states.append(self._state(mb, seqs, prompts[seqs].reshape(-1), positions, per_token,
+                                      index, last))
+        result = self._run(graph, states, False)
+        self.lengths += prompt_len
+        self.tokens.copy_(result.next_tokens)
+        return result
+
+    def _state(self, mb: int, seqs: slice, tokens: torch.Tensor, positions: torch.Tensor,
+               seq_ids: torch.Tensor, token_index: torch.Tensor,
+               last_rows: torch.Tensor | None = None) -> MicrobatchState:
+        cos, sin = kernels.rope_cos_sin(positions, self.rope, self.model.rope_theta, self.dtype)
+        return MicrobatchState(mb, seqs, tokens, positions, seq_ids, token_index, cos, sin,
+                               last_rows)
+
+    def _run(self, graph: OpGraph, states: list[MicrobatchState], capturing: bool) -> StepResult:
+        """Walk the schedule: issue every op, wait on collectives where the graph says."""
+        clock = Clock(self.device)
         marks: list[tuple[Op, str, Any, Any]] = []
         pending: dict[str, tuple[comm.Pending, Any, Op]] = {}
         now = (lambda: None) if capturing else clock.now
@@ -291,12 +347,13 @@ class RankRuntime:
             for op, stream, t0, t1 in marks]
         logits = torch.cat([s.values["logits"] for s in states])
         next_tokens = torch.cat([s.values["next_tokens"] for s in states])
-        hidden = torch.cat([s.values["final_hidden"] for s in states])
-        # in place, so a captured graph's replay advances the same buffers
-        self.lengths += 1
-        self.tokens.copy_(next_tokens)
-        self.steps_done += 1
+        hidden = torch.cat([_last(s, s.values["final_hidden"]) for s in states])
         return StepResult(logits, next_tokens, hidden, step_us, events)
+
+
+def _last(st: MicrobatchState, x: torch.Tensor) -> torch.Tensor:
+    """Prefill: each sequence's last row; decode: every row."""
+    return x if st.last_rows is None else x.index_select(0, st.last_rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,6 +419,7 @@ GEMMS: dict[str, tuple[Callable[[RankRuntime, MicrobatchState], torch.Tensor], s
     "attn.q_b": (lambda rt, st: st.values["q_a"], "q"),
     "attn.q_proj": (lambda rt, st: st.values["h"], "q"),
     "attn.kv_a": (lambda rt, st: st.values["h"], "kv_a"),
+    "attn.kv_b": (lambda rt, st: st.values["c_kv"], "kv_up"),
     "attn.q_absorb": (_q_nope, "q_lat"),
     "attn.v_absorb": (lambda rt, st: st.values["o_lat"], "attn_v"),
     "attn.o_proj": (lambda rt, st: st.values["attn_v"].reshape(st.num_tokens, -1), "attn_out"),
@@ -419,13 +477,38 @@ def _attention_decode(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
     if not st.values.get("roped"):  # fused RoPE: rotate inside the attention kernel
         q_pe = kernels.apply_rope(q_pe, st.cos, st.sin)
         k_pe = kernels.apply_rope(k_pe, st.cos, st.sin)
-    seq_ids = torch.arange(st.seqs.start, st.seqs.stop, device=rt.device)
-    rt.cache.write(op.layer, seq_ids, st.positions, st.values["c_kv"], k_pe)
+    rt.cache.write(op.layer, st.seq_ids, st.positions, st.values["c_kv"], k_pe)
     # eager reads only the filled part; static shapes read the whole buffer, masked
     upto = rt.cache.capacity if rt.static else int(st.positions.max()) + 1
     c, pe = rt.cache.read(op.layer, st.seqs, upto, rt.dtype)
     st.values["o_lat"] = kernels.mla_decode_absorbed(
         st.values["q_lat"], q_pe.contiguous(), c, pe, st.positions + 1, rt.softmax_scale)
+    st.values.pop("roped", None)
+
+
+def _attention_prefill(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
+    """Causal MLA over each sequence's prompt with per-head K and V from ``attn.kv_b``; the
+    latents and RoPE keys go into the cache for the decode steps (no cached prefix here)."""
+    if op.dims["new_tokens"] != op.dims["context"]:
+        raise EpsimError("prefill with a cached prefix (chunked prefill) is not implemented")
+    t, H, n, p = st.num_tokens, rt.heads, rt.nope, rt.rope
+    q = st.values["q"].view(t, H, n + p)
+    q_pe, k_pe = q[..., n:], st.values["k_pe"]
+    if not st.values.get("roped"):  # fused RoPE
+        q_pe = kernels.apply_rope(q_pe, st.cos, st.sin)
+        k_pe = kernels.apply_rope(k_pe, st.cos, st.sin)
+    rt.cache.write(op.layer, st.seq_ids, st.positions, st.values["c_kv"], k_pe)
+    kv = st.values["kv_up"].view(t, H, n + rt.v_dim)
+    seqs, length = st.seqs.stop - st.seqs.start, op.dims["new_tokens"]
+    q_full = torch.cat([q[..., :n], q_pe], dim=-1).view(seqs, length, H, n + p)
+    k_full = torch.cat([kv[..., :n], k_pe[:, None, :].expand(t, H, p)], dim=-1)
+    k_full = k_full.view(seqs, length, H, n + p)
+    v = kv[..., n:].reshape(seqs, length, H, rt.v_dim)
+    scores = torch.einsum("sqhd,skhd->shqk", q_full, k_full) * rt.softmax_scale
+    causal = torch.ones(length, length, dtype=torch.bool, device=rt.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    st.values["attn_v"] = torch.einsum("shqk,skhd->sqhd", probs, v).reshape(t, H, rt.v_dim)
     st.values.pop("roped", None)
 
 
@@ -436,7 +519,7 @@ def _router(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
     ids, weights = kernels.route_grouped_sigmoid(
         logits, rt.weight(op, ".bias"), moe.top_k, moe.n_group, moe.topk_group,
         moe.routed_scaling_factor, moe.norm_topk_prob)
-    slots = remap(ids, rt.l2p[op.layer], rt.replicas[op.layer], rt.token_index[st.seqs])
+    slots = remap(ids, rt.l2p[op.layer], rt.replicas[op.layer], st.token_index)
     st.values["topk_ids"], st.values["topk_slots"], st.values["topk_w"] = ids, slots, weights
     if not rt.plan.expert_parallel:  # every slot is local: no exchange
         st.values["recv"] = comm.DispatchResult(h, slots, weights, None)
@@ -530,7 +613,7 @@ def _grouped_gemm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
 
 
 def _lm_head(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["logits"] = st.values["final_hidden"].float() @ rt.weight(op).float()
+    st.values["logits"] = _last(st, st.values["final_hidden"]).float() @ rt.weight(op).float()
 
 
 def _sample(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
@@ -545,6 +628,7 @@ OP_IMPLS: dict[str, Impl] = {
     "elementwise": _elementwise,
     "rope": _rope,
     "attention_decode": _attention_decode,
+    "attention_prefill": _attention_prefill,
     "router": _router,
     "dispatch": _dispatch,
     "grouped_gemm": _grouped_gemm,

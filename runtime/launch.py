@@ -105,20 +105,16 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
 
         captured = CapturedDecode(rt)
     steps: list[dict[str, Any]] = []
+    if opts.prefill:
+        _inject_fault(rank, -1)
+        steps.append(_record(opts, rt.prefill(), phase="prefill"))
     for step in range(opts.steps):
         _inject_fault(rank, step)
         if captured is None:
             result = rt.step()
         else:
             result = captured.first() if step == 0 else captured.replay()
-        steps.append({
-            "step_us": result.step_us,
-            "logits": result.logits.cpu() if opts.check else None,
-            "next_tokens": result.next_tokens.cpu(),
-            "hidden": result.hidden.cpu() if opts.check else None,
-            "events": result.events if opts.trace else [],
-            "op_us": _op_us(result.events),
-        })
+        steps.append(_record(opts, result))
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(steps, gathered, dst=0)
     if rank != 0:
@@ -128,6 +124,18 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
     return summarise(opts, model, gathered)
 
 
+def _record(opts: RunOptions, result: Any, phase: str = "decode") -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "step_us": result.step_us,
+        "logits": result.logits.cpu() if opts.check else None,
+        "next_tokens": result.next_tokens.cpu(),
+        "hidden": result.hidden.cpu() if opts.check else None,
+        "events": result.events if opts.trace else [],
+        "op_us": _op_us(result.events),
+    }
+
+
 def _op_us(events: list[Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for e in events:
@@ -135,16 +143,26 @@ def _op_us(events: list[Any]) -> dict[str, float]:
     return out
 
 
+def _split(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A rank's records -> (its prefill record or None, its decode steps)."""
+    if records and records[0]["phase"] == "prefill":
+        return records[0], records[1:]
+    return None, records
+
+
 def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
               ) -> dict[str, Any]:
     """The run's figures from every rank's per-step records (rank 0 only)."""
     world = len(per_rank)
+    split = [_split(records) for records in per_rank]
+    prefills = [p for p, _ in split]
+    decode = [d for _, d in split]
     # a step takes as long as its slowest rank; the first step warms up when there are others
-    step_ms = [max(per_rank[r][s]["step_us"] for r in range(world)) / 1e3
+    step_ms = [max(decode[r][s]["step_us"] for r in range(world)) / 1e3
                for s in range(opts.steps)]
     timed = step_ms[1:] if len(step_ms) > 1 else step_ms
     stats = percentiles(timed)
-    kinds = sorted({k for rank in per_rank for st in rank for k in st["op_us"]})
+    kinds = sorted({k for rank in decode for st in rank for k in st["op_us"]})
     out: dict[str, Any] = {
         "model": model.name,
         "world_size": world,
@@ -160,43 +178,56 @@ def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
         "device": opts.device,
         "placement": opts.placement or "contiguous",
         "unfused": opts.unfused,
+        "prefill": opts.prefill,
         "step_ms": stats,
         "tokens_per_s": world * opts.batch / (stats["mean"] / 1e3),
         "op_ms_per_step_by_kind": {
-            k: sum(st["op_us"].get(k, 0.0) for rank in per_rank for st in rank)
+            k: sum(st["op_us"].get(k, 0.0) for rank in decode for st in rank)
             / (world * opts.steps) / 1e3 for k in kinds},
-        "next_tokens": [[st["next_tokens"].tolist() for st in rank] for rank in per_rank],
+        "next_tokens": [[st["next_tokens"].tolist() for st in rank] for rank in decode],
     }
+    prefill_ms = 0.0
+    if opts.prefill:
+        prefill_ms = max(p["step_us"] for p in prefills if p is not None) / 1e3
+        out["prefill_ms"] = prefill_ms
+        out["prefill_tokens_per_s"] = world * opts.batch * (opts.context - 1) / (prefill_ms / 1e3)
     if opts.trace:
-        out["trace_events"] = [_shift(e, s, step_ms) for rank in per_rank
-                               for s, st in enumerate(rank) for e in st["events"]]
+        # prefill first (step -1), then the decode steps one after another
+        out["trace_events"] = [
+            _shift(e, -1, 0.0) for p in prefills if p is not None for e in p["events"]] + [
+            _shift(e, s, prefill_ms + sum(step_ms[:s]))
+            for rank in decode for s, st in enumerate(rank) for e in st["events"]]
     if opts.check:
-        out.update(check_against_reference(opts, model, per_rank))
+        out.update(check_against_reference(opts, model, prefills, decode))
     return out
 
 
-def _shift(event: Any, step: int, step_ms: list[float]) -> Any:
+def _shift(event: Any, step: int, offset_ms: float) -> Any:
     from dataclasses import replace
 
-    return replace(event, start_us=event.start_us + sum(step_ms[:step]) * 1e3,
+    return replace(event, start_us=event.start_us + offset_ms * 1e3,
                    args={**dict(event.args), "step": step})
 
 
-def check_against_reference(opts: RunOptions, model: Any,
-                            per_rank: list[list[dict[str, Any]]]) -> dict[str, Any]:
+def check_against_reference(opts: RunOptions, model: Any, prefills: list[dict[str, Any] | None],
+                            decode: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """Compare every rank's logits, final hidden states and tokens with the dense reference."""
     from .reference import reference_decode, relative_error
 
-    world, b = len(per_rank), opts.batch
-    ref = reference_decode(model, opts.seed, world, b, opts.context, opts.steps, opts.kv_dtype)
+    world, b = len(decode), opts.batch
+    ref_prefill, ref = reference_decode(model, opts.seed, world, b, opts.context, opts.steps,
+                                        opts.kv_dtype, prefill=opts.prefill)
     errs = {"logits": 0.0, "hidden": 0.0}
     mismatches = 0
-    for r, steps in enumerate(per_rank):
+    for r in range(world):
         rows = slice(r * b, (r + 1) * b)
-        for s, st in enumerate(steps):
-            errs["logits"] = max(errs["logits"], relative_error(st["logits"], ref[s].logits[rows]))
-            errs["hidden"] = max(errs["hidden"], relative_error(st["hidden"], ref[s].hidden[rows]))
-            mismatches += int((st["next_tokens"] != ref[s].next_tokens[rows]).sum())
+        pairs = list(zip(decode[r], ref, strict=True))
+        if ref_prefill is not None:
+            pairs.append((prefills[r], ref_prefill))
+        for got, want in pairs:
+            errs["logits"] = max(errs["logits"], relative_error(got["logits"], want.logits[rows]))
+            errs["hidden"] = max(errs["hidden"], relative_error(got["hidden"], want.hidden[rows]))
+            mismatches += int((got["next_tokens"] != want.next_tokens[rows]).sum())
     return {"max_rel_err": max(errs.values()), "max_rel_err_by_output": errs,
             "token_mismatches": mismatches}
 

@@ -36,6 +36,8 @@ class RunOptions:
     device: ``"cpu"`` or ``"cuda"``.
     unfused: run the unfused op graph (RoPE, gate/up and the routed experts as separate ops).
     trace: keep every rank's per-op trace events.
+    prefill: fill the KV cache by a real prefill step over random prompts of ``context - 1``
+        tokens (timed and checked like the decode steps) instead of drawing the cached entries.
     """
 
     model: str
@@ -56,6 +58,7 @@ class RunOptions:
     device: str = "cpu"
     unfused: bool = False
     trace: bool = False
+    prefill: bool = False
 
     @property
     def static_shapes(self) -> bool:
@@ -110,6 +113,8 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
     plan = make_plan(model, nodes=1, gpus_per_node=world, dp=dp, tp=1, ep=opts.ep,
                      microbatches=2 if opts.dbo else 1, kv_dtype=opts.kv_dtype,
                      graph_mode=opts.capture, fusion=fusion, placement=opts.placement)
+    if opts.prefill and opts.context < 2:
+        raise EpsimError("--prefill needs --context >= 2 (a prompt of context - 1 tokens)")
     if opts.dbo and opts.batch < 2:
         raise EpsimError("--dbo splits the batch in two microbatches: it needs --batch >= 2")
     gpus = plan.ep if plan.expert_parallel else 1

@@ -58,8 +58,16 @@ def route_reference(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_grou
 
 
 def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, context: int,
-                     steps: int, kv_dtype: str) -> list[ReferenceStep]:
-    """Decode ``steps`` steps of ``world * batch`` sequences in fp32, one process, no sharding."""
+                     steps: int, kv_dtype: str, prefill: bool = False
+                     ) -> tuple[ReferenceStep | None, list[ReferenceStep]]:
+    """Decode ``steps`` steps of ``world * batch`` sequences in fp32, one process, no sharding.
+
+    With ``prefill`` the cache is filled by running each sequence's prompt (``context - 1``
+    tokens) first, whose step is returned too; otherwise it holds the drawn initial entries.
+
+    Returns:
+        (the prefill step or None, the decode steps).
+    """
     a, moe = model.attention, model.moe
     H, n, p, r, v = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
     eps = model.rms_norm_eps
@@ -73,49 +81,53 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
     c_cache = torch.zeros(model.num_layers, seqs, cap, r)
     pe_cache = torch.zeros(model.num_layers, seqs, cap, p)
 
-    def store(layer: int, rows: slice | torch.Tensor, pos: slice | int, c: torch.Tensor,
-              pe: torch.Tensor) -> None:
+    def store(layer: int, pos: slice, c: torch.Tensor, pe: torch.Tensor) -> None:
         qc, sc = kernels.quantize_rows(c, storage)
         qp, sp = kernels.quantize_rows(pe, storage)
-        c_cache[layer, rows, pos] = kernels.dequantize_rows(qc, sc, torch.float32)
-        pe_cache[layer, rows, pos] = kernels.dequantize_rows(qp, sp, torch.float32)
+        c_cache[layer, :, pos] = kernels.dequantize_rows(qc, sc, torch.float32)
+        pe_cache[layer, :, pos] = kernels.dequantize_rows(qp, sp, torch.float32)
 
-    tokens = torch.cat([W.initial_tokens(model, seed, rk, batch) for rk in range(world)])
-    for layer in range(model.num_layers):
-        for rk in range(world):
-            c, pe = W.initial_cache(model, seed, rk, layer, batch, context - 1)
-            store(layer, slice(rk * batch, (rk + 1) * batch), slice(0, context - 1), c, pe)
-    out: list[ReferenceStep] = []
-    for step in range(steps):
-        pos = context - 1 + step  # position of the new token, the same for every sequence
-        cos, sin = kernels.rope_cos_sin(torch.full((seqs,), pos), p, model.rope_theta,
-                                        torch.float32)
-        x = w["embed"][tokens]
+    def forward(tokens: torch.Tensor, start: int, causal_prompt: bool) -> ReferenceStep:
+        """``tokens [S, T]`` at positions ``start ..``; decode (T = 1) attends over the stored
+        cache, a prompt attends causally over its own fresh K/V and only stores the cache."""
+        T = tokens.shape[1]
+        rows = seqs * T
+        positions = torch.arange(start, start + T).repeat(seqs)
+        cos, sin = kernels.rope_cos_sin(positions, p, model.rope_theta, torch.float32)
+        x = w["embed"][tokens.reshape(-1)]
         residual = None
         for layer in range(model.num_layers):
             pre = f"L{layer}."
             residual = x if residual is None else residual + x
             h = kernels.rms_norm(residual, w[pre + "attn_norm"], eps)
-            # -- MLA, plain form --------------------------------------------------------
+            # -- MLA, plain form: per-head K and V expanded from the latent ----------------
             if a.q_lora_rank:
                 q = kernels.rms_norm(h @ w[pre + "attn.q_a"], w[pre + "attn.q_a_norm"], eps)
                 q = q @ w[pre + "attn.q_b"]
             else:
                 q = h @ w[pre + "attn.q_proj"]
-            q = q.view(seqs, H, n + p)
+            q = q.view(rows, H, n + p)
             q_nope, q_pe = q[..., :n], kernels.apply_rope(q[..., n:], cos, sin)
             kv = h @ w[pre + "attn.kv_a"]
             c_new = kernels.rms_norm(kv[:, :r], w[pre + "attn.kv_a_norm"], eps)
             pe_new = kernels.apply_rope(kv[:, r:], cos, sin)
-            store(layer, slice(None), pos, c_new, pe_new)
-            c_all, pe_all = c_cache[layer, :, :pos + 1], pe_cache[layer, :, :pos + 1]
+            store(layer, slice(start, start + T), c_new.view(seqs, T, r), pe_new.view(seqs, T, p))
+            if causal_prompt:
+                c_all, pe_all = c_new.view(seqs, T, r), pe_new.view(seqs, T, p)
+            else:
+                c_all = c_cache[layer, :, :start + T]
+                pe_all = pe_cache[layer, :, :start + T]
             kv_b = w[pre + "attn.kv_b"]  # [H, n + v, r]
             k_nope = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, :n])
             values = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, n:])
-            scores = (torch.einsum("shd,slhd->shl", q_nope, k_nope)
-                      + torch.einsum("shd,sld->shl", q_pe, pe_all)) * (n + p) ** -0.5
-            attn = torch.einsum("shl,slhd->shd", torch.softmax(scores, -1), values)
-            attn_out = attn.reshape(seqs, H * v) @ w[pre + "attn.o_proj"]
+            qn, qp = q_nope.view(seqs, T, H, n), q_pe.view(seqs, T, H, p)
+            scores = (torch.einsum("sqhd,slhd->shql", qn, k_nope)
+                      + torch.einsum("sqhd,sld->shql", qp, pe_all)) * (n + p) ** -0.5
+            if causal_prompt:
+                mask = torch.ones(T, T, dtype=torch.bool).tril()
+                scores = scores.masked_fill(~mask, float("-inf"))
+            attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
+            attn_out = attn.reshape(rows, H * v) @ w[pre + "attn.o_proj"]
             residual = residual + attn_out
             h = kernels.rms_norm(residual, w[pre + "ffn_norm"], eps)
             # -- FFN ---------------------------------------------------------------------
@@ -132,11 +144,31 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
                     x = routed + shared @ w[pre + "moe.shared.down"]
             else:
                 x = kernels.silu_and_mul(h @ w[pre + "mlp.gate_up"]) @ w[pre + "mlp.down"]
-        hidden = kernels.rms_norm(residual + x, w["final_norm"], eps)
+        # each sequence's last token feeds the LM head
+        last = (residual + x).view(seqs, T, -1)[:, -1]
+        hidden = kernels.rms_norm(last, w["final_norm"], eps)
         logits = hidden @ w["lm_head"]
-        tokens = logits.argmax(-1)
-        out.append(ReferenceStep(logits, tokens, hidden))
-    return out
+        return ReferenceStep(logits, logits.argmax(-1), hidden)
+
+    first: ReferenceStep | None = None
+    if prefill:
+        prompts = torch.cat([W.initial_prompt(model, seed, rk, batch, context - 1)
+                             for rk in range(world)])
+        first = forward(prompts, 0, causal_prompt=True)
+        tokens = first.next_tokens
+    else:
+        tokens = torch.cat([W.initial_tokens(model, seed, rk, batch) for rk in range(world)])
+        for layer in range(model.num_layers):
+            drawn = [W.initial_cache(model, seed, rk, layer, batch, context - 1)
+                     for rk in range(world)]
+            store(layer, slice(0, context - 1), torch.cat([c for c, _ in drawn]),
+                  torch.cat([pe for _, pe in drawn]))
+    out: list[ReferenceStep] = []
+    for step in range(steps):
+        result = forward(tokens[:, None], context - 1 + step, causal_prompt=False)
+        tokens = result.next_tokens
+        out.append(result)
+    return first, out
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -115,6 +115,13 @@ def initial_tokens(model: ModelConfig, seed: int, rank: int, seqs: int) -> torch
     return torch.randint(0, model.vocab_size, (seqs,), generator=g)
 
 
+def initial_prompt(model: ModelConfig, seed: int, rank: int, seqs: int,
+                   length: int) -> torch.Tensor:
+    """``[seqs, length]`` int64: each of a rank's sequences' prompt (``--prefill``)."""
+    g = _generator(seed, f"prompt/rank{rank}")
+    return torch.randint(0, model.vocab_size, (seqs, length), generator=g)
+
+
 def initial_cache(model: ModelConfig, seed: int, rank: int, layer: int, seqs: int,
                   cached: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The latent KV entries of the ``cached`` tokens before the first decode step (fp32).

@@ -24,7 +24,7 @@ def _write(placement: Placement, path) -> str:
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
     """Six configurations on 2 ranks: DBO on/off, dynamic/static, contiguous/balanced/replicated
-    placements, fused/unfused graphs."""
+    placements, fused/unfused graphs, drawn cache or a real prefill."""
     folder = tmp_path_factory.mktemp("placements")
     rng = np.random.default_rng(0)
     loads = rng.gamma(0.5, 100.0, size=(3, 16)) * np.array([0, 1, 1])[:, None]
@@ -40,7 +40,8 @@ def world2(tmp_path_factory):
         "static+dbo": base.with_(static=True, dbo=True, kv_dtype="bf16"),
         "balanced+dbo+unfused": base.with_(placement=balanced, dbo=True, unfused=True),
         "balanced+static": base.with_(placement=balanced, static=True),
-        "replicated+dbo": base.with_(placement=replicated, dbo=True, batch=3),
+        "replicated+dbo+prefill": base.with_(placement=replicated, dbo=True, batch=3,
+                                             prefill=True),
     }
     return grid, dict(zip(grid, launch_local(list(grid.values()), 2), strict=True))
 
@@ -86,8 +87,11 @@ def test_runtime_trace_has_the_graph_op_ids(world2):
     grid, results = world2
     for name, opts in grid.items():
         model, plan, _ = validate(opts)
-        for step in range(opts.steps):
-            graph = build_step_graph(model, plan, Batch.decode(opts.batch, opts.context + step))
+        steps = range(-1 if opts.prefill else 0, opts.steps)
+        for step in steps:
+            batch = (Batch.prefill(opts.batch, opts.context - 1) if step < 0
+                     else Batch.decode(opts.batch, opts.context + step))
+            graph = build_step_graph(model, plan, batch)
             for rank in range(opts.world_size):
                 ran = [e.op_id for e in results[name]["trace_events"]
                        if e.rank == rank and e.args["step"] == step]

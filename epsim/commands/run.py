@@ -51,6 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     p.add_argument("--unfused", action="store_true",
                    help="unfused graph: separate RoPE, shared gate/up and routed-expert ops")
+    p.add_argument("--prefill", action="store_true",
+                   help="fill the KV cache with a real prefill step over random prompts of "
+                   "context - 1 tokens (timed and checked) instead of drawn cache entries")
     p.add_argument("--check", action="store_true",
                    help="compare with the dense single-process reference (fp32)")
     p.add_argument("--trace", metavar="OUT", help="write every rank's per-op Chrome trace")
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps, dp=args.dp, ep=args.ep, dbo=args.dbo, static=args.static,
         capture=args.capture, placement=args.placement, kv_dtype=args.kv_dtype,
         check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
-        unfused=args.unfused, trace=bool(args.trace))
+        unfused=args.unfused, trace=bool(args.trace), prefill=args.prefill)
     if torchrun:
         rank = int(os.environ["RANK"])
         try:
@@ -124,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
                     f"p90 {st['p90']:.2f} ({summary['steps_timed']} timed)"),
         ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
     ]
+    if args.prefill:
+        rows.append(("prefill ms", f"{summary['prefill_ms']:.2f} "
+                                   f"({summary['prefill_tokens_per_s']:.1f} prompt tokens/s)"))
     for kind, ms in sorted(summary["op_ms_per_step_by_kind"].items(), key=lambda kv: -kv[1]):
         rows.append((f"  {kind}", f"{ms:.3f} ms/step"))
     if args.check:
