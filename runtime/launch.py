@@ -91,7 +91,6 @@ def _agree(opts: RunOptions, rank: int, world: int) -> None:
 
 def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
     """Run one configuration on this rank; rank 0 returns the summary, the others None."""
-    import torch
     import torch.distributed as dist
 
     from .executor import RankRuntime
@@ -120,7 +119,6 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
     if rank != 0:
         return None
     assert gathered is not None
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     return summarise(opts, model, gathered)
 
 
