@@ -53,3 +53,20 @@ def test_without_torch_run_says_so_and_other_commands_work():
     described = run_without_torch("describe", "--model", "tiny-deepseek", "--json")
     assert described.returncode == 0, described.stderr
     assert json.loads(described.stdout)["experts"] == 16
+
+
+def test_gpu_decode_step_script_runs_its_cpu_path_and_says_it_needs_a_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script runs for real (bench, not a test)")
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = subprocess.run([sys.executable, "bench/gpu_decode_step.py", "--steps", "2"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stdout.startswith("CPU self-check (static eager")
+    assert out.stderr.strip() == ("gpu_decode_step: no CUDA/ROCm device: the captured step "
+                                  "needs a GPU")
