@@ -11,8 +11,9 @@ Every compute op is a roofline with achievable (not peak) figures from the profi
   memory-bound at the achievable HBM bandwidth: no separate "small-M efficiency" constant.
 * A grouped (fused-MoE) GEMM reads the weights of the experts that received tokens and pays the
   tile padding per expert (``grouped_gemm_time`` takes the per-expert counts of this step).
-* Decode attention is the same roofline (its math runs as BF16 matrix ops; the FP8 KV cache halves
-  the bytes) times a wave-quantisation occupancy: ``seqs * ceil(context / attention_split_tokens)``
+* Decode attention is the same roofline (its math runs as matrix ops in the KV cache's dtype: FP8
+  with an FP8 cache, as aiter's FP8 MLA decode kernel does, else BF16; the FP8 cache also halves the
+  bytes) times a wave-quantisation occupancy: ``seqs * ceil(context / attention_split_tokens)``
   work items fill ``ceil(items / CUs)`` waves of the GPU's CUs.
 * Collectives (``collective_time``): a fixed latency plus the slowest link's bytes over its usable
   bandwidth: per peer link on a full mesh (xGMI), per GPU egress/ingress through a switch (NVLink),
@@ -74,14 +75,20 @@ def attention_occupancy(profile: HardwareProfile, seqs: int, context: int) -> fl
     return items / (math.ceil(items / cus) * cus)
 
 
+def attention_math_dtype(op: Op) -> str:
+    """FP8 KV cache: the kernel runs FP8 matrix ops (aiter's FP8 MLA decode quantises the query
+    to FP8); a BF16 cache: BF16 matrix ops."""
+    return "fp8" if op.dims.get("kv_dtype") == "fp8" else "bf16"
+
+
 def attention_decode_time(op: Op, profile: HardwareProfile) -> float:
     d = op.dims
     occ = attention_occupancy(profile, int(d["seqs"]), int(d["context"]))
-    return roofline(profile, op.flops, op.bytes, "bf16") / occ
+    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op)) / occ
 
 
 def attention_prefill_time(op: Op, profile: HardwareProfile) -> float:
-    return roofline(profile, op.flops, op.bytes, "bf16")
+    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op))
 
 
 def streaming_time(op: Op, profile: HardwareProfile) -> float:

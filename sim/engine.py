@@ -2,9 +2,12 @@
 
 Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` checks they agree):
 
-* The host issues the ops of ``OpGraph.schedule`` in order. Eager: op ``i`` (0-based, counting
-  every compute and comm kernel) cannot start before ``(i + 1) * kernel_launch_s``. Captured graph:
-  no op starts before ``graph_launch_s`` and every kernel pays ``graph_node_s`` on its stream.
+* The host issues the ops of ``OpGraph.schedule`` in order. Eager: every kernel (compute or comm)
+  costs the host ``kernel_launch_s`` and cannot start before it is issued, and after issuing an EP
+  dispatch the host waits until that dispatch has finished (it reads the received-token counts
+  to size the expert buffers; the reason a captured graph must pad them to a static maximum).
+  Captured graph: one launch (``graph_launch_s``), then the GPU runs every kernel without the host.
+  In both modes every kernel pays ``graph_node_s`` on its stream: the GPU-side gap between kernels.
 * Per rank, a **compute stream** runs compute ops in issue order; an op starts when the stream is
   free, its data dependencies are done and the host has issued it.
 * Per rank, a **communication engine** runs collectives in issue order. A collective starts when
@@ -53,7 +56,10 @@ class Program:
     work: ``[n, ranks]`` seconds: compute ops: cost-model time plus the graph-node cost;
         collectives: start-to-end duration.
     node_s: the graph-node cost included in ``work`` of every op (0 when eager).
-    floor: ``[n]`` earliest start set by the host (issue time or graph launch).
+    floor: ``[n]`` earliest start set by the graph launch (0 when eager).
+    launch_s: eager: host seconds to launch each kernel (0 inside a captured graph).
+    host_sync: ``[n]`` bool: eager: the host waits for this op to finish before issuing more
+        (EP dispatch: the host reads the received-token counts to size the expert buffers).
     group_size: ``[n]`` ranks per collective group (consecutive ranks form a group); 0 for compute.
     slowdown: compute speed lost while a collective is in flight.
     steps: the fast executor's precomputed steps (``plan_steps``), empty to compute them per run.
@@ -69,6 +75,8 @@ class Program:
     work: np.ndarray
     node_s: float
     floor: np.ndarray
+    launch_s: float
+    host_sync: np.ndarray
     group_size: np.ndarray
     slowdown: float
     steps: tuple = field(default=())
@@ -227,11 +235,21 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     floor = prog.floor
     rows = np.arange(ranks)
     launch = np.full(ranks, _LAUNCH)
+    eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
+    host = np.zeros(ranks)
+    issue = np.full((n, ranks), np.nan) if eager else None
     for st in steps:
         first = st.first
+        if eager:
+            # the host launches this kernel (eager runs are never folded)
+            host = host + prog.launch_s
+            f = np.maximum(host, floor[first])
+            issue[first] = f
+        else:
+            f = floor[first]
         if st.coll:
             # a collective: every member has arrived, then the slowest link delivers
-            arrive = np.maximum(comm, floor[first])
+            arrive = np.maximum(comm, f)
             for d in st.waits:
                 arrive = np.maximum(arrive, end[d])
             g = st.group
@@ -248,9 +266,10 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             comm = done
             intervals.append((begin, done))
             comm_busy[:, st.cat] += work
+            if eager and prog.host_sync[first]:
+                host = np.maximum(host, done)
             continue
         # a run of compute ops: only the first waits on anything but its predecessor
-        f = floor[first]
         ready = np.maximum(stream, f)
         if st.waits:
             wait_cat = launch
@@ -280,6 +299,8 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             breakdown[:, st.cats] += (busy - st.nodes)[:, None] * st.shares[None, :]
         slowdown += busy - work
         stream = finish
+        if eager and prog.host_sync[first]:
+            host = np.maximum(host, finish)
     rank_end = np.maximum(stream, comm)
     return Timeline(start=start, end=end, rank_end=rank_end, breakdown=breakdown,
                     slowdown_s=slowdown, comm_busy=comm_busy)
@@ -317,6 +338,27 @@ def run_exact(prog: Program) -> Timeline:
     s = prog.slowdown
     compute_ops = [i for i in range(n) if not prog.is_coll[i]]
     coll_ops = [i for i in range(n) if prog.is_coll[i]]
+    eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
+    issued = [[env.event() for _ in range(ranks)] for _ in range(n)] if eager else None
+    issue = np.tile(prog.floor[:, None], (1, ranks))
+
+    def host(rank: int):
+        for i in range(n):
+            if prog.launch_s > 0.0:
+                yield env.timeout(prog.launch_s)
+            if prog.floor[i] > env.now:
+                yield env.timeout(prog.floor[i] - env.now)
+            issue[i, rank] = env.now
+            issued[i][rank].succeed()
+            if prog.host_sync[i] and not done[i][rank].processed:
+                yield done[i][rank]
+
+    def wait_issue(i: int, rank: int):
+        if eager:
+            if not issued[i][rank].processed:
+                yield issued[i][rank]
+        elif prog.floor[i] > env.now:
+            yield env.timeout(prog.floor[i] - env.now)
 
     def flip(rank: int, active: bool) -> None:
         comm_active[rank] = active
@@ -329,8 +371,7 @@ def run_exact(prog: Program) -> Timeline:
             for d in prog.deps[i]:
                 if not done[d][rank].processed:
                     yield done[d][rank]
-            if prog.floor[i] > env.now:
-                yield env.timeout(prog.floor[i] - env.now)
+            yield from wait_issue(i, rank)
             start[i, rank] = env.now
             w = prog.work[i, rank]
             while w > 0.0:
@@ -353,8 +394,7 @@ def run_exact(prog: Program) -> Timeline:
             for d in prog.deps[i]:
                 if not done[d][rank].processed:
                     yield done[d][rank]
-            if prog.floor[i] > env.now:
-                yield env.timeout(prog.floor[i] - env.now)
+            yield from wait_issue(i, rank)
             g = int(prog.group_size[i])
             key = (i, rank // g)
             if key not in barriers:
@@ -368,13 +408,16 @@ def run_exact(prog: Program) -> Timeline:
             done[i][rank].succeed()
 
     for r in range(ranks):
+        if eager:
+            env.process(host(r))
         env.process(compute(r))
         env.process(communicate(r))
     env.run()
-    return attribute(prog, start, end)
+    return attribute(prog, start, end, issue)
 
 
-def attribute(prog: Program, start: np.ndarray, end: np.ndarray) -> Timeline:
+def attribute(prog: Program, start: np.ndarray, end: np.ndarray,
+              issue: np.ndarray | None = None) -> Timeline:
     """Breakdown of per-op start/end times (every op timed) as in the module docstring."""
     n, ranks = prog.work.shape
     breakdown = np.zeros((ranks, len(CATEGORIES)))
@@ -390,7 +433,7 @@ def attribute(prog: Program, start: np.ndarray, end: np.ndarray) -> Timeline:
             comm_end = np.maximum(comm_end, end[i])
             continue
         wait_cat = np.full(ranks, _LAUNCH)
-        wait_end = np.full(ranks, prog.floor[i])
+        wait_end = np.full(ranks, prog.floor[i]) if issue is None else issue[i]
         for d in prog.deps[i]:
             if prog.is_coll[d]:
                 later = end[d] > wait_end

@@ -157,7 +157,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     n, ranks = len(order), plan.world_size
     ops = [graph.ops[o] for o in order]
     captured = graph.captured
-    node_s = eff.graph_node_s if captured else 0.0
+    node_s = eff.graph_node_s  # the GPU-side gap between kernels, graph or not
     work = np.zeros(n)
     group_size = np.zeros(n, dtype=np.int64)
     nodes_of = np.arange(ranks) // plan.gpus_per_node
@@ -171,10 +171,10 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                                                  captured)) + node_s
         else:
             work[i] = cost.op_time(op, profile) + node_s
-    if captured:
-        floor = np.full(n, eff.graph_launch_s)
-    else:
-        floor = (np.arange(n) + 1.0) * profile.kernel_launch_s
+    # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
+    floor = np.full(n, eff.graph_launch_s if captured else 0.0)
+    launch_s = 0.0 if captured else profile.kernel_launch_s
+    host_sync = np.array([(not captured) and op.kind == "dispatch" for op in ops])
     deps = tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order)
     is_coll = np.array([op.is_collective for op in ops])
     program = Program(
@@ -182,7 +182,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         categories=np.array([CATEGORIES.index(op.category) for op in ops]),
         layers=tuple(op.layer for op in ops), microbatches=tuple(op.microbatch for op in ops),
         is_coll=is_coll, deps=deps, work=np.tile(work[:, None], (1, ranks)), node_s=node_s,
-        floor=floor, group_size=group_size, slowdown=eff.comm_compute_slowdown,
+        floor=floor, launch_s=launch_s, host_sync=host_sync, group_size=group_size, slowdown=eff.comm_compute_slowdown,
     )
     # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
     program = replace(program, steps=plan_steps(program, fold=captured))
