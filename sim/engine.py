@@ -220,6 +220,8 @@ def plan_steps_single(prog: Program, i: int) -> list[_Step]:
 def run_fast(prog: Program, fold: bool = True) -> Timeline:
     """The engine's semantics computed in issue order, vectorised over ranks (module docstring)."""
     n, ranks = prog.work.shape
+    eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
+    fold = fold and not eager  # the host may hold any eager kernel: no runs
     steps = prog.steps if (fold and prog.steps) else plan_steps(prog, fold)
     start = np.full((n, ranks), np.nan)
     end = np.full((n, ranks), np.nan)
@@ -235,7 +237,6 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     floor = prog.floor
     rows = np.arange(ranks)
     launch = np.full(ranks, _LAUNCH)
-    eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
     host = np.zeros(ranks)
     issue = np.full((n, ranks), np.nan) if eager else None
     for st in steps:

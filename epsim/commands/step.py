@@ -38,6 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-graph", action="store_true",
                    help="eager launches instead of one captured graph per decode step")
     p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8")
+    p.add_argument("--mem-fraction", type=float, default=0.9,
+                   help="share of HBM for weights + activations + KV cache (default 0.9); the "
+                   "batch's KV cache must fit")
     loads = p.add_mutually_exclusive_group()
     loads.add_argument("--loads", metavar="FILE",
                        help="expert loads {\"logical_count\": [layers][experts]} (.json or .pt)")
@@ -58,7 +61,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                      gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
                      dp=args.dp, tp=args.tp, ep=args.ep,
                      microbatches=1 if args.no_dbo else 2, kv_dtype=args.kv_dtype,
-                     graph_mode=not args.no_graph)
+                     graph_mode=not args.no_graph, mem_fraction=args.mem_fraction)
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
@@ -67,7 +70,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         raise EpsimError(
             f"batch {args.batch} x context {args.context} needs {need / 1e9:.1f} GB of KV cache "
             f"per GPU, only {budget.kv_bytes / 1e9:.1f} GB fit on {profile.name} "
-            f"({plan.kv_dtype} KV)")
+            f"({plan.kv_dtype} KV, mem fraction {plan.mem_fraction:g})")
     loads = read_loads(args.loads) if args.loads else None
     started = time.perf_counter()
     result = simulate_step(model, plan, batch, profile, loads=loads, eplb=not args.no_eplb,
@@ -78,9 +81,11 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "model": model.name, "hardware": profile.name,
         "plan": {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "dp": plan.dp,
                  "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
-                 "graph": plan.graph_mode, "kv_dtype": plan.kv_dtype, "eplb": not args.no_eplb},
+                 "graph": plan.graph_mode, "kv_dtype": plan.kv_dtype, "eplb": not args.no_eplb,
+                 "mem_fraction": plan.mem_fraction},
         "batch": {"phase": batch.phase, "seqs_per_rank": batch.seqs, "context": batch.context},
         "loads": args.loads or ("uniform" if args.uniform else "synthetic-skewed"),
+        "kv_bytes_per_gpu": need, "kv_bytes_available": budget.kv_bytes,
         **result.to_json(),
         "sim_wall_s": wall,
     }
