@@ -147,7 +147,7 @@ def _fluid(t0: np.ndarray, work: np.ndarray, intervals: list[tuple[np.ndarray, n
     """End times of ``work`` seconds of compute starting at ``t0`` ([ranks] each) that runs at
     ``1 - s`` inside the given comm intervals (sorted, disjoint per rank) and at full speed
     elsewhere."""
-    if not intervals or s == 0.0:
+    if s == 0.0:
         return t0 + work
     t = t0
     w = work
@@ -217,6 +217,26 @@ def plan_steps_single(prog: Program, i: int) -> list[_Step]:
     return [_Step(False, i, i, (i,), waits, 0, cat, np.array([cat]), np.ones(1), prog.node_s)]
 
 
+_shares: dict[int, tuple[tuple, np.ndarray, np.ndarray]] = {}
+
+
+def _step_shares(steps: tuple, compute_steps: list[_Step]) -> tuple[np.ndarray, np.ndarray]:
+    """``[steps]`` graph-node time and ``[steps, categories]`` shares of each compute step
+    (memoised per steps tuple: the compiled programs reuse theirs)."""
+    hit = _shares.get(id(steps))
+    if hit is not None and hit[0] is steps:
+        return hit[1], hit[2]
+    nodes = np.array([st.nodes for st in compute_steps])
+    share = np.zeros((len(compute_steps), len(CATEGORIES)))
+    for j, st in enumerate(compute_steps):
+        share[j, st.cats] = st.shares
+    if isinstance(steps, tuple):
+        if len(_shares) > 64:
+            _shares.clear()
+        _shares[id(steps)] = (steps, nodes, share)
+    return nodes, share
+
+
 def run_fast(prog: Program, fold: bool = True) -> Timeline:
     """The engine's semantics computed in issue order, vectorised over ranks (module docstring)."""
     n, ranks = prog.work.shape
@@ -228,24 +248,25 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     stream = np.zeros(ranks)
     comm = np.zeros(ranks)
     intervals: list[tuple[np.ndarray, np.ndarray]] = []
-    breakdown = np.zeros((ranks, len(CATEGORIES)))
-    comm_busy = np.zeros((ranks, len(CATEGORIES)))
-    slowdown = np.zeros(ranks)
     s = prog.slowdown
     cats = prog.categories
     work_all = prog.work
     floor = prog.floor
-    rows = np.arange(ranks)
     launch = np.full(ranks, _LAUNCH)
     host = np.zeros(ranks)
-    issue = np.full((n, ranks), np.nan) if eager else None
+    # per compute step, for the accounting after the walk
+    compute_steps = [st for st in steps if not st.coll]
+    gaps = np.zeros((len(compute_steps), ranks))
+    gap_cat = np.empty((len(compute_steps), ranks), dtype=np.int64)
+    busy_all = np.zeros((len(compute_steps), ranks))
+    work_steps = np.zeros((len(compute_steps), ranks))
+    k = 0
     for st in steps:
         first = st.first
         if eager:
             # the host launches this kernel (eager runs are never folded)
             host = host + prog.launch_s
             f = np.maximum(host, floor[first])
-            issue[first] = f
         else:
             f = floor[first]
         if st.coll:
@@ -260,13 +281,11 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
                 begin = arrive.reshape(-1, g).max(axis=1).repeat(g)
             else:
                 begin = arrive
-            work = work_all[first]
-            done = begin + work
+            done = begin + work_all[first]
             start[first] = begin
             end[first] = done
             comm = done
             intervals.append((begin, done))
-            comm_busy[:, st.cat] += work
             if eager and prog.host_sync[first]:
                 host = np.maximum(host, done)
             continue
@@ -280,28 +299,33 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
                 wait_cat = np.where(e > wait_end, cats[d], wait_cat)
                 wait_end = np.maximum(wait_end, e)
             ready = np.maximum(ready, wait_end)
-            breakdown[rows, wait_cat] += ready - stream
+            gap_cat[k] = wait_cat
         else:
-            breakdown[:, _LAUNCH] += ready - stream
+            gap_cat[k] = _LAUNCH
+        gaps[k] = ready - stream
         while intervals and (intervals[0][1] <= ready).all():
             intervals.pop(0)
-        if len(st.ops) == 1:
-            work = work_all[first]
-        else:
-            work = work_all[list(st.ops)].sum(axis=0)
-        finish = _fluid(ready, work, intervals, s)
+        work = work_all[first] if len(st.ops) == 1 else work_all[list(st.ops)].sum(axis=0)
+        finish = _fluid(ready, work, intervals, s) if intervals else ready + work
         start[first] = ready
         end[st.last] = finish
-        busy = finish - ready
-        breakdown[:, _LAUNCH] += st.nodes
-        if len(st.cats) == 1:
-            breakdown[:, st.cats[0]] += busy - st.nodes
-        else:
-            breakdown[:, st.cats] += (busy - st.nodes)[:, None] * st.shares[None, :]
-        slowdown += busy - work
+        busy_all[k] = finish - ready
+        work_steps[k] = work
+        k += 1
         stream = finish
         if eager and prog.host_sync[first]:
             host = np.maximum(host, finish)
+    # accounting: idle gaps to what they waited for, busy time to the runs' categories
+    breakdown = np.zeros((ranks, len(CATEGORIES)))
+    rows = np.broadcast_to(np.arange(ranks), gaps.shape)
+    np.add.at(breakdown, (rows, gap_cat), gaps)
+    nodes, share = _step_shares(steps, compute_steps)
+    breakdown[:, _LAUNCH] += nodes.sum()
+    breakdown += (busy_all - nodes[:, None]).T @ share
+    coll = np.flatnonzero(prog.is_coll)
+    comm_busy = np.zeros((ranks, len(CATEGORIES)))
+    np.add.at(comm_busy.T, cats[coll], work_all[coll])
+    slowdown = (busy_all - work_steps).sum(axis=0)
     rank_end = np.maximum(stream, comm)
     return Timeline(start=start, end=end, rank_end=rank_end, breakdown=breakdown,
                     slowdown_s=slowdown, comm_busy=comm_busy)
