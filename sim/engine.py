@@ -142,8 +142,7 @@ def build_chains(is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...], fold: b
 # --------------------------------------------------------------------------------------------
 
 
-def _fluid(t0: np.ndarray, work: np.ndarray, intervals: list[tuple[np.ndarray, np.ndarray]],
-           s: float) -> np.ndarray:
+def _fluid(t0: np.ndarray, work: np.ndarray, intervals: list[tuple], s: float) -> np.ndarray:
     """End times of ``work`` seconds of compute starting at ``t0`` ([ranks] each) that runs at
     ``1 - s`` inside the given comm intervals (sorted, disjoint per rank) and at full speed
     elsewhere."""
@@ -152,7 +151,7 @@ def _fluid(t0: np.ndarray, work: np.ndarray, intervals: list[tuple[np.ndarray, n
     t = t0
     w = work
     slow = 1.0 - s
-    for cs, ce in intervals:
+    for cs, ce, *_ in intervals:
         # full speed until the interval starts
         use = np.minimum(w, np.maximum(cs - t, 0.0))
         t = t + use
@@ -247,7 +246,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     end = np.full((n, ranks), np.nan)
     stream = np.zeros(ranks)
     comm = np.zeros(ranks)
-    intervals: list[tuple[np.ndarray, np.ndarray]] = []
+    intervals: list[tuple] = []  # (start, end, latest end) of the collectives in flight
     s = prog.slowdown
     cats = prog.categories
     work_all = prog.work
@@ -276,7 +275,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
                 arrive = np.maximum(arrive, end[d])
             g = st.group
             if g == ranks:
-                begin = np.full(ranks, arrive.max())
+                begin = arrive.max()  # a scalar: every rank starts together
             elif g > 1:
                 begin = arrive.reshape(-1, g).max(axis=1).repeat(g)
             else:
@@ -285,7 +284,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             start[first] = begin
             end[first] = done
             comm = done
-            intervals.append((begin, done))
+            intervals.append((begin, done, done.max()))
             if eager and prog.host_sync[first]:
                 host = np.maximum(host, done)
             continue
@@ -303,8 +302,11 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
         else:
             gap_cat[k] = _LAUNCH
         gaps[k] = ready - stream
-        while intervals and (intervals[0][1] <= ready).all():
-            intervals.pop(0)
+        if intervals:
+            # intervals over on every rank can no longer slow anything
+            ready_min = ready.min()
+            while intervals and intervals[0][2] <= ready_min:
+                intervals.pop(0)
         work = work_all[first] if len(st.ops) == 1 else work_all[list(st.ops)].sum(axis=0)
         finish = _fluid(ready, work, intervals, s) if intervals else ready + work
         start[first] = ready
