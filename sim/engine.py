@@ -25,6 +25,10 @@ on nothing but the previous op into one step (their fluid progress composes exac
 exact when every collective depends on the op issued just before it, which is how
 ``model.graph.build_step_graph`` builds them.
 
+The fast executor's folded runs know only the run's total time, so when comm interference
+stretches a run that mixes categories, the stretch is shared among them in proportion to their own
+time (the exact executor charges it op by op); step times and totals are identical.
+
 Breakdown: on the rank that finishes last, every instant of its compute stream is either busy
 (charged to the op's category; the graph-node cost to ``launch``) or idle waiting (charged to the
 binding constraint: the collective it waited for, or ``launch`` when it waited for the host), so the
