@@ -188,29 +188,31 @@ def plan_steps(prog: Program, fold: bool) -> tuple[_Step, ...]:
     """The executor steps of ``prog``. Runs of several ops are folded only when their ops take the
     same time on every rank (true of every op but the fused MoE, which waits on its dispatch)."""
     chains = build_chains(prog.is_coll, prog.deps, fold)
+    uniform = (prog.work == prog.work[:, :1]).all(axis=1)
+    net_all = prog.work[:, 0] - prog.node_s
+    cats_all = prog.categories.tolist()
     steps = []
     for chain in chains:
         first = chain[0]
         if prog.is_coll[first]:
             steps.append(_Step(True, first, first, chain, tuple(prog.deps[first]),
-                               int(prog.group_size[first]), int(prog.categories[first]),
+                               int(prog.group_size[first]), cats_all[first],
                                np.zeros(0, dtype=np.int64), np.zeros(0), 0.0))
             continue
-        idx = np.asarray(chain)
-        works = prog.work[idx]
-        if len(chain) > 1 and not np.allclose(works, works[:, :1]):
+        if len(chain) > 1 and not all(uniform[i] for i in chain):
             # rank-dependent durations inside a run: do not fold it
             for i in chain:
                 steps.extend(plan_steps_single(prog, i))
             continue
-        net = works[:, 0] - prog.node_s
-        cats = prog.categories[idx]
-        ucats = np.unique(cats)
-        total = net.sum()
-        shares = np.array([net[cats == c].sum() for c in ucats]) / (total if total > 0 else 1.0)
+        by_cat: dict[int, float] = {}
+        for i in chain:
+            by_cat[cats_all[i]] = by_cat.get(cats_all[i], 0.0) + float(net_all[i])
+        total = sum(by_cat.values())
+        ucats = np.array(sorted(by_cat), dtype=np.int64)
+        shares = np.array([by_cat[c] for c in sorted(by_cat)]) / (total if total > 0 else 1.0)
         waits = tuple(d for d in prog.deps[first] if prog.is_coll[d])
-        steps.append(_Step(False, first, chain[-1], chain, waits, 0, int(cats[0]), ucats, shares,
-                           prog.node_s * len(chain)))
+        steps.append(_Step(False, first, chain[-1], chain, waits, 0, cats_all[first], ucats,
+                           shares, prog.node_s * len(chain)))
     return tuple(steps)
 
 

@@ -161,16 +161,20 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     work = np.zeros(n)
     group_size = np.zeros(n, dtype=np.int64)
     nodes_of = np.arange(ranks) // plan.gpus_per_node
+    seen: dict[tuple, float] = {}  # layers repeat: cost each distinct op once
     for i, op in enumerate(ops):
+        key = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         if op.is_collective:
             size = ranks if op.dims["group"] == "ep" else plan.tp
             group_size[i] = size
-            peers = np.asarray(op.peer_bytes, dtype=np.float64)
-            traffic = np.tile(peers, (len(peers), 1))
-            work[i] = float(cost.collective_time(op.kind, traffic, profile, nodes_of[:size],
-                                                 captured)) + node_s
-        else:
-            work[i] = cost.op_time(op, profile) + node_s
+            if key not in seen:
+                peers = np.asarray(op.peer_bytes, dtype=np.float64)
+                traffic = np.tile(peers, (len(peers), 1))
+                seen[key] = float(cost.collective_time(op.kind, traffic, profile,
+                                                       nodes_of[:size], captured))
+        elif key not in seen:
+            seen[key] = cost.op_time(op, profile)
+        work[i] = seen[key] + node_s
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(n, eff.graph_launch_s if captured else 0.0)
     launch_s = 0.0 if captured else profile.kernel_launch_s
