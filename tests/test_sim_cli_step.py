@@ -65,3 +65,10 @@ def test_step_errors_are_one_line(epsim, tmp_path):
         assert r.returncode == 2, (extra, r.stderr)
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert r.stdout == ""
+
+
+def test_step_runs_without_torch():
+    from test_without_torch import run_without_torch
+    r = run_without_torch(*ARGS[:-4], "--batch", "32", "--context", "1000", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["step_ms"] > 0
