@@ -163,18 +163,18 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     nodes_of = np.arange(ranks) // plan.gpus_per_node
     seen: dict[tuple, float] = {}  # layers repeat: cost each distinct op once
     for i, op in enumerate(ops):
-        key = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
+        sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         if op.is_collective:
             size = ranks if op.dims["group"] == "ep" else plan.tp
             group_size[i] = size
-            if key not in seen:
+            if sig not in seen:
                 peers = np.asarray(op.peer_bytes, dtype=np.float64)
                 traffic = np.tile(peers, (len(peers), 1))
-                seen[key] = float(cost.collective_time(op.kind, traffic, profile,
+                seen[sig] = float(cost.collective_time(op.kind, traffic, profile,
                                                        nodes_of[:size], captured))
-        elif key not in seen:
-            seen[key] = cost.op_time(op, profile)
-        work[i] = seen[key] + node_s
+        elif sig not in seen:
+            seen[sig] = cost.op_time(op, profile)
+        work[i] = seen[sig] + node_s
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(n, eff.graph_launch_s if captured else 0.0)
     launch_s = 0.0 if captured else profile.kernel_launch_s
@@ -295,6 +295,8 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     """
     if mode not in MODES:
         raise EpsimError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise EpsimError(f"seed must be a non-negative integer, got {seed!r}")
     if synthetic not in LOAD_KINDS:
         raise EpsimError(f"synthetic loads must be one of {', '.join(LOAD_KINDS)}, got {synthetic!r}")
     plan.validate(model)

@@ -140,9 +140,21 @@ def test_bad_inputs_are_one_line_errors():
         simulate_step(R1, plan, ACCEPT, MI, loads=np.ones((61, 128)))
     with pytest.raises(EpsimError, match="ep 8"):
         simulate_step(R1, plan, ACCEPT, MI, placement=contiguous_placement(61, 256, 4))
+    with pytest.raises(EpsimError, match="seed must be"):
+        simulate_step(R1, plan, ACCEPT, MI, seed=-1)
     with pytest.raises(EpsimError, match="synthetic loads"):
         simulate_step(R1, plan, ACCEPT, MI, synthetic="zipf")
     bare = json.loads(json.dumps(MI.raw))
     bare.pop("efficiency")
     with pytest.raises(EpsimError, match="no 'efficiency' tables"):
         simulate_step(R1, plan, ACCEPT, profile_from_dict(bare))
+
+
+def test_repeated_calls_reuse_the_compiled_graph():
+    from sim import step as step_module
+    plan = make_plan(R1, dp=8, ep=8)
+    batch = Batch.decode(77, 300)
+    simulate_step(R1, plan, batch, MI)
+    first = step_module.compile_step(R1, plan, batch, MI)
+    simulate_step(R1, plan, batch, MI, seed=5)
+    assert step_module.compile_step(R1, plan, batch, MI) is first
