@@ -31,8 +31,8 @@ time (the exact executor charges it op by op); step times and totals are identic
 
 Breakdown: on the rank that finishes last, every instant of its compute stream is either busy
 (charged to the op's category; the graph-node cost to ``launch``) or idle waiting (charged to the
-binding constraint: the collective it waited for, or ``launch`` when it waited for the host), so the
-parts sum to the step time.
+binding constraint: the collective it waited for, ``launch`` when it waited for the host, or the
+dispatch the host was itself waiting for (eager)), so the parts sum to the step time.
 """
 
 from __future__ import annotations
@@ -259,8 +259,12 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     floor = prog.floor
     launch = np.full(ranks, _LAUNCH)
     host = np.zeros(ranks)
+    sync_end = np.zeros(ranks)  # eager: when the host last resumed after a sync, and on what
+    sync_cat = _LAUNCH
     # per compute step, for the accounting after the walk
     compute_steps = [st for st in steps if not st.coll]
+    held = np.zeros((len(compute_steps), ranks))
+    held_cat = np.full(len(compute_steps), _LAUNCH)
     gaps = np.zeros((len(compute_steps), ranks))
     gap_cat = np.empty((len(compute_steps), ranks), dtype=np.int64)
     busy_all = np.zeros((len(compute_steps), ranks))
@@ -293,6 +297,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             intervals.append((begin, done, done.max()))
             if eager and prog.host_sync[first]:
                 host = np.maximum(host, done)
+                sync_end, sync_cat = done, st.cat
             continue
         # a run of compute ops: only the first waits on anything but its predecessor
         ready = np.maximum(stream, f)
@@ -306,8 +311,16 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             ready = np.maximum(ready, wait_end)
             gap_cat[k] = wait_cat
         else:
+            wait_cat = launch
             gap_cat[k] = _LAUNCH
-        gaps[k] = ready - stream
+        gap = ready - stream
+        if eager:
+            # waiting for a host that was itself waiting on a sync: that part is the sync's
+            hold = np.where(wait_cat == _LAUNCH,
+                            np.clip(np.minimum(sync_end, ready) - stream, 0.0, None), 0.0)
+            held[k], held_cat[k] = hold, sync_cat
+            gap = gap - hold
+        gaps[k] = gap
         if intervals:
             # intervals over on every rank can no longer slow anything
             ready_min = ready.min()
@@ -323,10 +336,13 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
         stream = finish
         if eager and prog.host_sync[first]:
             host = np.maximum(host, finish)
+            sync_end, sync_cat = finish, st.cat
     # accounting: idle gaps to what they waited for, busy time to the runs' categories
     breakdown = np.zeros((ranks, len(CATEGORIES)))
     rows = np.broadcast_to(np.arange(ranks), gaps.shape)
     np.add.at(breakdown, (rows, gap_cat), gaps)
+    if eager:
+        np.add.at(breakdown.T, held_cat, held)
     nodes, share = _step_shares(steps, compute_steps)
     breakdown[:, _LAUNCH] += nodes.sum()
     breakdown += (busy_all - nodes[:, None]).T @ share
@@ -460,10 +476,15 @@ def attribute(prog: Program, start: np.ndarray, end: np.ndarray,
     comm_end = np.zeros(ranks)
     cats = prog.categories
     rows = np.arange(ranks)
+    sync_end = np.zeros(ranks)
+    sync_cat = _LAUNCH
     for i in range(n):
         if prog.is_coll[i]:
             comm_busy[:, cats[i]] += end[i] - start[i]
             comm_end = np.maximum(comm_end, end[i])
+            if prog.host_sync[i]:
+                # the ops issued after this one were issued after it ended
+                sync_end, sync_cat = end[i], cats[i]
             continue
         wait_cat = np.full(ranks, _LAUNCH)
         wait_end = np.full(ranks, prog.floor[i]) if issue is None else issue[i]
@@ -472,12 +493,19 @@ def attribute(prog: Program, start: np.ndarray, end: np.ndarray,
                 later = end[d] > wait_end
                 wait_cat = np.where(later, cats[d], wait_cat)
                 wait_end = np.maximum(wait_end, end[d])
-        np.add.at(breakdown, (rows, wait_cat), start[i] - stream)
+        gap = start[i] - stream
+        # waiting for a host that was itself waiting on a sync: that part is the sync's
+        hold = np.where(wait_cat == _LAUNCH,
+                        np.clip(np.minimum(sync_end, start[i]) - stream, 0.0, None), 0.0)
+        breakdown[:, sync_cat] += hold
+        np.add.at(breakdown, (rows, wait_cat), gap - hold)
         busy = end[i] - start[i]
         breakdown[:, _LAUNCH] += prog.node_s
         breakdown[:, cats[i]] += busy - prog.node_s
         slowdown += busy - prog.work[i]
         stream = end[i]
+        if prog.host_sync[i]:
+            sync_end, sync_cat = end[i], cats[i]
     return Timeline(start=start, end=end, rank_end=np.maximum(stream, comm_end),
                     breakdown=breakdown, slowdown_s=slowdown, comm_busy=comm_busy)
 

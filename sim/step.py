@@ -55,8 +55,9 @@ class StepResult:
     step_s / step_ms: the step time (the last rank's end). Example: 0.0612 / 61.2.
     breakdown_ms: ``{category: ms}`` on the rank that finishes last: attention, moe_experts,
         dense, other (compute busy time, including comm interference), dispatch, combine,
-        tp_comm (time its compute stream sat waiting for that collective: exposed
-        communication, stragglers included), launch (waiting for the host, graph replay cost).
+        tp_comm (time its compute stream sat waiting for that collective, or, eager, for a host
+        waiting on it: exposed communication, stragglers included), launch (waiting for the
+        host to launch kernels, graph launch, the per-kernel GPU gap).
         The values sum to ``step_ms``.
     exposed_comm_ms: dispatch + combine + tp_comm of ``breakdown_ms``.
     comm_busy_ms: ``{category: ms}`` that rank's collectives were in flight (overlapped or not).

@@ -105,6 +105,9 @@ def test_eager_host_launch_and_dispatch_sync():
     tl = both(program(ops, ranks=2, launch_s=1.0, sync=("x",)))
     # a: launched at 1, ends 1.1; x: launched at 2, runs 2..7; b: launched at 7 + 1
     assert tl.rank_end == pytest.approx([8.1, 8.1])
+    # b's stream sat idle 1.1..8: 5.9 s while the host waited on the dispatch, 1 s launching
+    assert tl.breakdown[0, C["dispatch"]] == pytest.approx(5.9)
+    assert tl.breakdown[0, C["launch"]] == pytest.approx(1.0 + 1.0)  # + a's own launch wait
 
 
 def test_graph_node_cost_is_charged_to_launch():

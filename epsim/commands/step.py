@@ -81,7 +81,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "model": model.name, "hardware": profile.name,
         "plan": {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "dp": plan.dp,
                  "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
-                 "graph": plan.graph_mode, "kv_dtype": plan.kv_dtype, "eplb": not args.no_eplb,
+                 "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype, "eplb": not args.no_eplb,
                  "mem_fraction": plan.mem_fraction},
         "batch": {"phase": batch.phase, "seqs_per_rank": batch.seqs, "context": batch.context},
         "loads": args.loads or ("uniform" if args.uniform else "synthetic-skewed"),
