@@ -101,9 +101,9 @@ def grouped_gemm_nominal(op: Op, profile: HardwareProfile) -> float:
     """The fused-MoE op under the graph's nominal (uniform) routing."""
     d = op.dims
     experts = float(d["active_experts"])
+    # one representative expert with the mean count, counted ``experts`` times
     per_expert = np.full(1, d["pairs"] / experts if experts else 0.0)
-    t = grouped_gemm_time(op, profile, per_expert, scale_experts=experts)
-    return float(t[0]) if np.ndim(t) else float(t)
+    return float(grouped_gemm_time(op, profile, per_expert, scale_experts=experts))
 
 
 def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray,

@@ -509,6 +509,3 @@ def attribute(prog: Program, start: np.ndarray, end: np.ndarray,
     return Timeline(start=start, end=end, rank_end=np.maximum(stream, comm_end),
                     breakdown=breakdown, slowdown_s=slowdown, comm_busy=comm_busy)
 
-
-def category_index(name: str) -> int:
-    return _CAT[name]
