@@ -19,6 +19,11 @@ Every compute op is a roofline with achievable (not peak) figures from the profi
   bandwidth: per peer link on a full mesh (xGMI), per GPU egress/ingress through a switch (NVLink),
   per GPU egress/ingress through the NIC for peers on another node.
 
+Profiles fitted for a CPU (``epsim calibrate``) add, per compute op kind, a fixed overhead that is
+not overlapped and a factor on the roofline (``efficiency.op_overhead_s`` / ``op_time_scale``:
+``time = overhead[kind] + scale[kind] * roofline``), and a per-peer all-to-all latency; shipped GPU
+profiles have none of these, so their times are the plain roofline.
+
 Launch costs (per-kernel CPU launch, graph replay) are the engine's business (:mod:`sim.engine`).
 Cost functions are registered per op kind in ``COST_MODELS``.
 """
@@ -164,20 +169,33 @@ COST_MODELS: dict[str, Callable[[Op, HardwareProfile], float]] = {
 }
 
 
+def calibrated(kind: str, seconds: float | np.ndarray, profile: HardwareProfile
+               ) -> float | np.ndarray:
+    """A compute op's cost-model ``seconds`` with the profile's per-kind overhead and factor
+    (identity for profiles without them)."""
+    e = _eff(profile)
+    return e.overhead(kind) + e.scale(kind) * seconds
+
+
 def op_time(op: Op, profile: HardwareProfile) -> float:
     """Seconds one op takes on its own (no launch cost, no interference)."""
     try:
         model = COST_MODELS[op.kind]
     except KeyError:
         raise EpsimError(f"no cost model for op kind {op.kind!r} ({op.id})") from None
-    return model(op, profile)
+    if op.is_collective:
+        return model(op, profile)
+    return float(calibrated(op.kind, model(op, profile), profile))
 
 
-def collective_latency(kind: str, profile: HardwareProfile, captured: bool) -> float:
-    """The fixed cost of one collective kernel."""
+def collective_latency(kind: str, profile: HardwareProfile, captured: bool,
+                       group_size: int = 1) -> float:
+    """The fixed cost of one collective kernel in a group of ``group_size`` members."""
     e = _eff(profile)
     if kind in ("dispatch", "combine"):
-        return e.a2a_latency_s
+        base = e.combine_latency_s if (kind == "combine" and e.combine_latency_s is not None) \
+            else e.a2a_latency_s
+        return base + e.a2a_latency_per_peer_s * max(0, group_size - 1)
     return e.collective_latency_graph_s if captured else e.collective_latency_s
 
 
@@ -211,4 +229,4 @@ def collective_time(kind: str, traffic: np.ndarray, profile: HardwareProfile,
         t_intra = port / e.link_bandwidth_usable
     nic = np.maximum(inter.sum(axis=-1).max(axis=-1), inter.sum(axis=-2).max(axis=-1))
     t_inter = nic / e.nic_bandwidth_usable
-    return collective_latency(kind, profile, captured) + np.maximum(t_intra, t_inter)
+    return collective_latency(kind, profile, captured, n) + np.maximum(t_intra, t_inter)

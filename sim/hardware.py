@@ -33,7 +33,18 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
       graph_node_s           GPU-side gap between two kernels of a replayed graph
       comm_compute_slowdown  share of compute throughput lost while a comm kernel runs on the GPU
                              (the CUs/SMs the comm kernel occupies)
-    sources["efficiency.<key>"] gives each one's source.
+    optional efficiency keys (absent: no effect; ``epsim calibrate`` fits them for CPU runtimes,
+    where the host that issues ops is the device that computes them):
+      op_overhead_s          {op kind: seconds} fixed cost added to each compute op of that kind,
+                             not overlapped (e.g. Python dispatch around a CPU kernel)
+      op_time_scale          {op kind: factor} multiplies that kind's roofline time (a kernel
+                             family below or above the shared roofline)
+      a2a_latency_per_peer_s extra fixed cost of a dispatch or combine per peer in its group
+      combine_latency_s      fixed cost of a combine when it differs from a dispatch's
+                             (``a2a_latency_s`` otherwise)
+      host_cores             cores the ranks of one node share: with more ranks than that, each
+                             compute op takes ``ranks / host_cores`` times as long
+    sources["efficiency.<key>"] gives each one's source (optional keys included when present).
 
 Shipped profiles are built from public component measurements (``docs/hardware.md``); ``epsim
 calibrate`` writes profiles of the same schema. ``load_profile`` takes a shipped name or a path.
@@ -44,7 +55,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -84,6 +95,9 @@ EFFICIENCY_KEYS: tuple[str, ...] = (
     "collective_latency_graph_s", "graph_launch_s", "graph_node_s", "comm_compute_slowdown",
 )
 _FRACTION_KEYS = ("hbm_fraction", "comm_compute_slowdown")
+OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
+    "op_overhead_s", "op_time_scale", "a2a_latency_per_peer_s", "combine_latency_s", "host_cores",
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,11 @@ class Efficiency:
     collective_latency_s / collective_latency_graph_s: 13e-6 / 6.8e-6.
     graph_launch_s / graph_node_s: 4.5e-6 / 1e-6.
     comm_compute_slowdown: 0.21 (64 of 304 CUs).
+    op_overhead_s: ``{kind: seconds}``, empty on GPUs. Example (a CPU): ``{"norm": 2.1e-5}``.
+    op_time_scale: ``{kind: factor}``, empty on GPUs. Example: ``{"attention_decode": 3.2}``.
+    a2a_latency_per_peer_s: 0 unless fitted. Example (gloo on a CPU): 1.5e-4.
+    combine_latency_s: ``None``: a combine costs ``a2a_latency_s`` like a dispatch.
+    host_cores: ``None``: every rank has its own device. Example (a 2-core CPU): 1.8.
     """
 
     gemm_flops_fraction: Mapping[str, float]
@@ -115,12 +134,62 @@ class Efficiency:
     graph_launch_s: float
     graph_node_s: float
     comm_compute_slowdown: float
+    op_overhead_s: Mapping[str, float] = field(default_factory=dict)
+    op_time_scale: Mapping[str, float] = field(default_factory=dict)
+    a2a_latency_per_peer_s: float = 0.0
+    combine_latency_s: float | None = None
+    host_cores: float | None = None
+
+    def overhead(self, kind: str) -> float:
+        """Fixed seconds added to each compute op of ``kind`` (0 unless fitted)."""
+        return self.op_overhead_s.get(kind, 0.0)
+
+    def scale(self, kind: str) -> float:
+        """Factor on the roofline time of ``kind`` (1 unless fitted)."""
+        return self.op_time_scale.get(kind, 1.0)
+
+    def core_share(self, ranks_per_node: int) -> float:
+        """How much longer a compute op takes when ``ranks_per_node`` ranks share the node's
+        ``host_cores`` (1 without ``host_cores``)."""
+        if self.host_cores is None:
+            return 1.0
+        return max(1.0, ranks_per_node / self.host_cores)
 
     def gemm_fraction(self, dtype: str) -> float:
         """Achievable fraction for a compute dtype (fp16/fp32 fall back to bf16)."""
         if dtype in self.gemm_flops_fraction:
             return self.gemm_flops_fraction[dtype]
         return self.gemm_flops_fraction["bf16"]
+
+
+def _non_negative(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0:
+        raise EpsimError(f"{where} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The optional efficiency keys present in ``obj``, checked."""
+    out: dict[str, Any] = {}
+    for key in ("op_overhead_s", "op_time_scale"):
+        if key not in obj:
+            continue
+        table = obj[key]
+        if not isinstance(table, Mapping):
+            raise EpsimError(f"{where}: efficiency.{key} must be an object {{op kind: number}}")
+        if key == "op_overhead_s":
+            out[key] = {str(k): _non_negative(v, f"{where}: efficiency.{key}.{k}")
+                        for k, v in table.items()}
+        else:
+            out[key] = {str(k): _number(table, k, f"{where}: efficiency.{key}") for k in table}
+    if "a2a_latency_per_peer_s" in obj:
+        out["a2a_latency_per_peer_s"] = _non_negative(
+            obj["a2a_latency_per_peer_s"], f"{where}: efficiency.a2a_latency_per_peer_s")
+    for key in ("combine_latency_s", "host_cores"):
+        if key in obj:
+            out[key] = _number(obj, key, f"{where}: efficiency")
+    return out
 
 
 def _efficiency(obj: Any, sources: Mapping[str, Any], where: str) -> Efficiency:
@@ -144,7 +213,9 @@ def _efficiency(obj: Any, sources: Mapping[str, Any], where: str) -> Efficiency:
             raise EpsimError(f"{where}: efficiency.{key} must be a fraction in (0, 1]")
     if values["comm_compute_slowdown"] >= 1:
         raise EpsimError(f"{where}: efficiency.comm_compute_slowdown must be below 1")
-    missing = [k for k in EFFICIENCY_KEYS if not sources.get(f"efficiency.{k}")]
+    values.update(_optional_efficiency(obj, where))
+    present = [k for k in OPTIONAL_EFFICIENCY_KEYS if k in obj]
+    missing = [k for k in (*EFFICIENCY_KEYS, *present) if not sources.get(f"efficiency.{k}")]
     if missing:
         raise EpsimError(f"{where}: sources lacks an entry for "
                          + ", ".join(f"efficiency.{k}" for k in missing))

@@ -123,6 +123,7 @@ class _Compiled:
     program: Program
     routed: dict[str, np.ndarray]  # "experts" / "dispatch" / "combine": [moe_layers, mb] op index
     mb_tokens: tuple[int, ...]  # dispatch tokens per rank per microbatch
+    share: float = 1.0  # compute slowdown of ranks sharing a node's host cores (CPU profiles)
 
 
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
@@ -163,6 +164,8 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     group_size = np.zeros(n, dtype=np.int64)
     nodes_of = np.arange(ranks) // plan.gpus_per_node
     seen: dict[tuple, float] = {}  # layers repeat: cost each distinct op once
+    # CPU runtimes: more ranks than cores on a node stretch every compute op (1 on GPUs)
+    share = eff.core_share(min(ranks, plan.gpus_per_node))
     for i, op in enumerate(ops):
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         if op.is_collective:
@@ -176,6 +179,8 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         elif sig not in seen:
             seen[sig] = cost.op_time(op, profile)
         work[i] = seen[sig] + node_s
+        if not op.is_collective:
+            work[i] *= share
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(n, eff.graph_launch_s if captured else 0.0)
     launch_s = 0.0 if captured else profile.kernel_launch_s
@@ -203,7 +208,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                                      for layer in moe_layers])
         mb_tokens = tuple(int(graph.ops[f"L{moe_layers[0]}.moe.dispatch.mb{mb}"].dims["tokens"])
                           for mb in range(mbs))
-    return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens))
+    return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens, share))
 
 
 def _loads_key(loads: np.ndarray) -> tuple:
@@ -259,8 +264,9 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
     # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
     per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
     ex_op = graph.ops[prog.op_ids[ex_idx[0, 0]]]
-    t_exp = cost.grouped_gemm_time(ex_op, profile, per_expert)
-    work[ex_idx] = t_exp + node_s
+    t_exp = cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
+                            profile)
+    work[ex_idx] = (t_exp + node_s) * comp.share
     # dispatch: token rows from rank r to GPU g; combine: the results back (transpose)
     nodes = np.arange(ranks) // plan.gpus_per_node
     di_op = graph.ops[prog.op_ids[di_idx[0, 0]]]
