@@ -178,6 +178,7 @@ def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
         "unfused": opts.unfused,
         "prefill": opts.prefill,
         "step_ms": stats,
+        "step_ms_per_step": step_ms,  # every step, warm-up included (the slowest rank's)
         "tokens_per_s": world * opts.batch / (stats["mean"] / 1e3),
         "op_ms_per_step_by_kind": {
             k: sum(st["op_us"].get(k, 0.0) for rank in decode for st in rank)

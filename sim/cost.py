@@ -19,10 +19,12 @@ Every compute op is a roofline with achievable (not peak) figures from the profi
   bandwidth: per peer link on a full mesh (xGMI), per GPU egress/ingress through a switch (NVLink),
   per GPU egress/ingress through the NIC for peers on another node.
 
-Profiles fitted for a CPU (``epsim calibrate``) add, per compute op kind, a fixed overhead that is
-not overlapped and a factor on the roofline (``efficiency.op_overhead_s`` / ``op_time_scale``:
-``time = overhead[kind] + scale[kind] * roofline``), and a per-peer all-to-all latency; shipped GPU
-profiles have none of these, so their times are the plain roofline.
+Profiles fitted by ``epsim calibrate`` add, per compute op kind, a fixed overhead that is not
+overlapped and a factor on the roofline (``efficiency.op_overhead_s`` / ``op_time_scale``:
+``time = overhead[kind] + scale[kind] * roofline``); a CPU profile (``efficiency.roofline =
+"sum"``: one core computes and moves bytes in turn) adds the two terms instead, each with its own
+factor (``overhead + scale * flops / F + bytes_scale * bytes / B``); and a per-peer all-to-all
+latency. Shipped GPU profiles have none of these, so their times are the plain roofline.
 
 Launch costs (per-kernel CPU launch, graph replay) are the engine's business (:mod:`sim.engine`).
 Cost functions are registered per op kind in ``COST_MODELS``.
@@ -55,9 +57,17 @@ def achievable_bandwidth(profile: HardwareProfile) -> float:
     return profile.hbm_bandwidth * _eff(profile).hbm_fraction
 
 
-def roofline(profile: HardwareProfile, flops: float, bytes_moved: float, dtype: str) -> float:
-    """Seconds for ``flops`` in ``dtype`` and ``bytes_moved`` of HBM traffic, whichever binds."""
-    return max(flops / achievable_flops(profile, dtype), bytes_moved / achievable_bandwidth(profile))
+def roofline(profile: HardwareProfile, flops: float, bytes_moved: float, dtype: str,
+             kind: str | None = None) -> float:
+    """Seconds for ``flops`` in ``dtype`` and ``bytes_moved`` of HBM traffic, whichever binds;
+    under ``efficiency.roofline == "sum"`` (a CPU core does both in turn) the two terms add, each
+    with ``kind``'s factor (``op_time_scale`` / ``op_bytes_scale``)."""
+    t_flops = flops / achievable_flops(profile, dtype)
+    t_bytes = bytes_moved / achievable_bandwidth(profile)
+    e = _eff(profile)
+    if e.roofline == "sum" and kind is not None:
+        return e.scale(kind) * t_flops + e.bytes_scale(kind) * t_bytes
+    return max(t_flops, t_bytes)
 
 
 def padded_rows(m: float, tile: int) -> float:
@@ -65,11 +75,19 @@ def padded_rows(m: float, tile: int) -> float:
     return math.ceil(m / tile) * tile if m > 0 else 0.0
 
 
+def op_class(op: Op) -> str:
+    """The key of an op's fitted per-kind figures: its kind, or ``gemm.batched`` for a batched
+    GEMM (MLA's per-head absorption: another kernel family; falls back to ``gemm``)."""
+    if op.kind == "gemm" and op.dims.get("batch", 1) > 1:
+        return "gemm.batched"
+    return op.kind
+
+
 def gemm_time(op: Op, profile: HardwareProfile) -> float:
     d = op.dims
     tile = _eff(profile).gemm_tile_m
     flops = op.flops * padded_rows(d["m"], tile) / d["m"] if d["m"] else 0.0
-    return roofline(profile, flops, op.bytes, op.dtype)
+    return roofline(profile, flops, op.bytes, op.dtype, op_class(op))
 
 
 def attention_occupancy(profile: HardwareProfile, seqs: int, context: int) -> float:
@@ -89,17 +107,17 @@ def attention_math_dtype(op: Op) -> str:
 def attention_decode_time(op: Op, profile: HardwareProfile) -> float:
     d = op.dims
     occ = attention_occupancy(profile, int(d["seqs"]), int(d["context"]))
-    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op)) / occ
+    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind) / occ
 
 
 def attention_prefill_time(op: Op, profile: HardwareProfile) -> float:
-    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op))
+    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind)
 
 
 def streaming_time(op: Op, profile: HardwareProfile) -> float:
     """Norms, RoPE, activations, embedding, router, LM head, sampling: a plain roofline."""
     dtype = op.dtype if op.dtype in profile.peak_flops else "bf16"
-    return roofline(profile, op.flops, op.bytes, dtype)
+    return roofline(profile, op.flops, op.bytes, dtype, op.kind)
 
 
 def grouped_gemm_nominal(op: Op, profile: HardwareProfile) -> float:
@@ -136,8 +154,12 @@ def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray
     flops = flops_per_pair * padded.sum(axis=-1) * scale_experts
     active = (counts > 0).sum(axis=-1) * scale_experts
     moved = weight_per_expert * active + act_per_pair * counts.sum(axis=-1) * scale_experts
-    return np.maximum(flops / achievable_flops(profile, op.dtype),
-                      moved / achievable_bandwidth(profile))
+    t_flops = flops / achievable_flops(profile, op.dtype)
+    t_bytes = moved / achievable_bandwidth(profile)
+    e = _eff(profile)
+    if e.roofline == "sum":
+        return e.scale(op.kind) * t_flops + e.bytes_scale(op.kind) * t_bytes
+    return np.maximum(t_flops, t_bytes)
 
 
 def _collective_nominal(op: Op, profile: HardwareProfile) -> float:
@@ -174,6 +196,8 @@ def calibrated(kind: str, seconds: float | np.ndarray, profile: HardwareProfile
     """A compute op's cost-model ``seconds`` with the profile's per-kind overhead and factor
     (identity for profiles without them)."""
     e = _eff(profile)
+    if e.roofline == "sum":  # the per-kind factors are inside the roofline's two terms
+        return e.overhead(kind) + seconds
     return e.overhead(kind) + e.scale(kind) * seconds
 
 
@@ -185,7 +209,7 @@ def op_time(op: Op, profile: HardwareProfile) -> float:
         raise EpsimError(f"no cost model for op kind {op.kind!r} ({op.id})") from None
     if op.is_collective:
         return model(op, profile)
-    return float(calibrated(op.kind, model(op, profile), profile))
+    return float(calibrated(op_class(op), model(op, profile), profile))
 
 
 def collective_latency(kind: str, profile: HardwareProfile, captured: bool,
@@ -193,9 +217,7 @@ def collective_latency(kind: str, profile: HardwareProfile, captured: bool,
     """The fixed cost of one collective kernel in a group of ``group_size`` members."""
     e = _eff(profile)
     if kind in ("dispatch", "combine"):
-        base = e.combine_latency_s if (kind == "combine" and e.combine_latency_s is not None) \
-            else e.a2a_latency_s
-        return base + e.a2a_latency_per_peer_s * max(0, group_size - 1)
+        return e.a2a_latency(kind, group_size)
     return e.collective_latency_graph_s if captured else e.collective_latency_s
 
 

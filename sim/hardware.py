@@ -36,14 +36,26 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
     optional efficiency keys (absent: no effect; ``epsim calibrate`` fits them for CPU runtimes,
     where the host that issues ops is the device that computes them):
       op_overhead_s          {op kind: seconds} fixed cost added to each compute op of that kind,
-                             not overlapped (e.g. Python dispatch around a CPU kernel)
+                             not overlapped (e.g. Python dispatch around a CPU kernel); a key
+                             may be an op class (``gemm.batched``: batched GEMMs), which falls
+                             back to its kind
       op_time_scale          {op kind: factor} multiplies that kind's roofline time (a kernel
-                             family below or above the shared roofline)
-      a2a_latency_per_peer_s extra fixed cost of a dispatch or combine per peer in its group
+                             family below or above the shared roofline); under ``roofline: sum``
+                             its FLOP term only
+      op_bytes_scale         {op kind: factor} on the bytes term under ``roofline: sum``
+      roofline               "max" (default: compute and memory traffic overlap, as on a GPU) or
+                             "sum" (they add: one CPU core does both in turn)
+      a2a_latency_per_peer_s extra fixed cost of a dispatch (and a combine, unless
+                             ``combine_latency_per_peer_s``) per peer in its group
       combine_latency_s      fixed cost of a combine when it differs from a dispatch's
                              (``a2a_latency_s`` otherwise)
-      host_cores             cores the ranks of one node share: with more ranks than that, each
-                             compute op takes ``ranks / host_cores`` times as long
+      combine_latency_per_peer_s   per-peer cost of a combine when it differs
+      a2a_latency_by_group_s {"dispatch" | "combine": {group size: seconds}}: measured fixed
+                             costs per group size, used instead of the two lines above (linear
+                             in between, the last two points' slope beyond, the first below)
+      rank_compute_slowdown  {ranks per node: factor}: each compute op takes ``factor`` times as
+                             long when that many ranks share the node's cores (measured points;
+                             linear in between from (1, 1), proportional to ranks beyond the last)
     sources["efficiency.<key>"] gives each one's source (optional keys included when present).
 
 Shipped profiles are built from public component measurements (``docs/hardware.md``); ``epsim
@@ -59,6 +71,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from model.errors import EpsimError
 
@@ -96,7 +110,8 @@ EFFICIENCY_KEYS: tuple[str, ...] = (
 )
 _FRACTION_KEYS = ("hbm_fraction", "comm_compute_slowdown")
 OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
-    "op_overhead_s", "op_time_scale", "a2a_latency_per_peer_s", "combine_latency_s", "host_cores",
+    "op_overhead_s", "op_time_scale", "op_bytes_scale", "roofline", "a2a_latency_per_peer_s", "combine_latency_s",
+    "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
 )
 
 
@@ -117,9 +132,15 @@ class Efficiency:
     comm_compute_slowdown: 0.21 (64 of 304 CUs).
     op_overhead_s: ``{kind: seconds}``, empty on GPUs. Example (a CPU): ``{"norm": 2.1e-5}``.
     op_time_scale: ``{kind: factor}``, empty on GPUs. Example: ``{"attention_decode": 3.2}``.
+    op_bytes_scale: ``{kind: factor}`` (``roofline == "sum"`` only; missing kinds: 1).
+    roofline: ``"max"`` (GPUs) or ``"sum"`` (a fitted CPU profile).
     a2a_latency_per_peer_s: 0 unless fitted. Example (gloo on a CPU): 1.5e-4.
     combine_latency_s: ``None``: a combine costs ``a2a_latency_s`` like a dispatch.
-    host_cores: ``None``: every rank has its own device. Example (a 2-core CPU): 1.8.
+    combine_latency_per_peer_s: ``None``: as ``a2a_latency_per_peer_s``.
+    a2a_latency_by_group_s: ``{kind: {group size: seconds}}``, empty unless fitted. Example
+        (gloo, 2 cores): ``{"dispatch": {2: 3.1e-3, 4: 9.0e-3}}``.
+    rank_compute_slowdown: ``{ranks: factor}``, empty: every rank has its own device. Example
+        (4 local ranks on a 2-core CPU): ``{2: 1.4, 4: 2.1}``.
     """
 
     gemm_flops_fraction: Mapping[str, float]
@@ -136,24 +157,64 @@ class Efficiency:
     comm_compute_slowdown: float
     op_overhead_s: Mapping[str, float] = field(default_factory=dict)
     op_time_scale: Mapping[str, float] = field(default_factory=dict)
+    op_bytes_scale: Mapping[str, float] = field(default_factory=dict)
+    roofline: str = "max"
     a2a_latency_per_peer_s: float = 0.0
     combine_latency_s: float | None = None
-    host_cores: float | None = None
+    combine_latency_per_peer_s: float | None = None
+    a2a_latency_by_group_s: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    rank_compute_slowdown: Mapping[int, float] = field(default_factory=dict)
+
+    def a2a_latency(self, kind: str, group_size: int) -> float:
+        """Fixed cost of one dispatch or combine in a group of ``group_size``."""
+        table = self.a2a_latency_by_group_s.get(kind)
+        if table:
+            points = sorted(table.items())
+            xs = [float(g) for g, _ in points]
+            ys = [v for _, v in points]
+            if group_size > xs[-1] and len(xs) > 1:
+                slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+                return ys[-1] + slope * (group_size - xs[-1])
+            return float(np.interp(group_size, xs, ys))
+        base, per_peer = self.a2a_latency_s, self.a2a_latency_per_peer_s
+        if kind == "combine":
+            if self.combine_latency_s is not None:
+                base = self.combine_latency_s
+            if self.combine_latency_per_peer_s is not None:
+                per_peer = self.combine_latency_per_peer_s
+        return base + per_peer * max(0, group_size - 1)
+
+    @staticmethod
+    def _lookup(table: Mapping[str, float], kind: str, default: float) -> float:
+        # an op class ("gemm.batched") falls back to its kind ("gemm")
+        if kind in table:
+            return table[kind]
+        return table.get(kind.split(".")[0], default)
 
     def overhead(self, kind: str) -> float:
         """Fixed seconds added to each compute op of ``kind`` (0 unless fitted)."""
-        return self.op_overhead_s.get(kind, 0.0)
+        return self._lookup(self.op_overhead_s, kind, 0.0)
 
     def scale(self, kind: str) -> float:
         """Factor on the roofline time of ``kind`` (1 unless fitted)."""
-        return self.op_time_scale.get(kind, 1.0)
+        return self._lookup(self.op_time_scale, kind, 1.0)
+
+    def bytes_scale(self, kind: str) -> float:
+        """Factor on the bytes term of ``kind`` under ``roofline == "sum"`` (1 unless fitted)."""
+        return self._lookup(self.op_bytes_scale, kind, 1.0)
 
     def core_share(self, ranks_per_node: int) -> float:
-        """How much longer a compute op takes when ``ranks_per_node`` ranks share the node's
-        ``host_cores`` (1 without ``host_cores``)."""
-        if self.host_cores is None:
+        """How much longer a compute op takes when ``ranks_per_node`` ranks share a node's cores
+        (``rank_compute_slowdown``; 1 without it)."""
+        table = self.rank_compute_slowdown
+        if not table:
             return 1.0
-        return max(1.0, ranks_per_node / self.host_cores)
+        points = sorted({1: 1.0, **table}.items())
+        xs = [float(r) for r, _ in points]
+        ys = [f for _, f in points]
+        if ranks_per_node >= xs[-1]:
+            return ys[-1] * ranks_per_node / xs[-1]
+        return float(np.interp(ranks_per_node, xs, ys))
 
     def gemm_fraction(self, dtype: str) -> float:
         """Achievable fraction for a compute dtype (fp16/fp32 fall back to bf16)."""
@@ -169,26 +230,54 @@ def _non_negative(value: Any, where: str) -> float:
     return float(value)
 
 
+def _int_keyed(table: Any, where: str) -> dict[int, float]:
+    """``{"2": 1.5, ...}`` -> ``{2: 1.5}``: positive integer keys, positive values."""
+    if not isinstance(table, Mapping) or not table:
+        raise EpsimError(f"{where} must be a non-empty object {{positive integer: number}}")
+    parsed = {}
+    for k in table:
+        try:
+            key = int(k)
+        except (TypeError, ValueError):
+            key = 0
+        if key < 1:
+            raise EpsimError(f"{where}: keys must be positive integers, got {k!r}")
+        parsed[key] = _number(table, k, where)
+    return parsed
+
+
 def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The optional efficiency keys present in ``obj``, checked."""
     out: dict[str, Any] = {}
-    for key in ("op_overhead_s", "op_time_scale"):
+    if "roofline" in obj:
+        if obj["roofline"] not in ("max", "sum"):
+            raise EpsimError(f"{where}: efficiency.roofline must be max or sum, got "
+                             f"{obj['roofline']!r}")
+        out["roofline"] = obj["roofline"]
+    for key in ("op_overhead_s", "op_time_scale", "op_bytes_scale"):
         if key not in obj:
             continue
         table = obj[key]
         if not isinstance(table, Mapping):
             raise EpsimError(f"{where}: efficiency.{key} must be an object {{op kind: number}}")
-        if key == "op_overhead_s":
-            out[key] = {str(k): _non_negative(v, f"{where}: efficiency.{key}.{k}")
-                        for k, v in table.items()}
-        else:
-            out[key] = {str(k): _number(table, k, f"{where}: efficiency.{key}") for k in table}
-    if "a2a_latency_per_peer_s" in obj:
-        out["a2a_latency_per_peer_s"] = _non_negative(
-            obj["a2a_latency_per_peer_s"], f"{where}: efficiency.a2a_latency_per_peer_s")
-    for key in ("combine_latency_s", "host_cores"):
+        out[key] = {str(k): _non_negative(v, f"{where}: efficiency.{key}.{k}")
+                    for k, v in table.items()}
+    for key in ("a2a_latency_per_peer_s", "combine_latency_per_peer_s"):
         if key in obj:
-            out[key] = _number(obj, key, f"{where}: efficiency")
+            out[key] = _non_negative(obj[key], f"{where}: efficiency.{key}")
+    if "combine_latency_s" in obj:
+        out["combine_latency_s"] = _number(obj, "combine_latency_s", f"{where}: efficiency")
+    if "a2a_latency_by_group_s" in obj:
+        table = obj["a2a_latency_by_group_s"]
+        if not isinstance(table, Mapping) or not set(table) <= {"dispatch", "combine"}:
+            raise EpsimError(f"{where}: efficiency.a2a_latency_by_group_s must be an object "
+                             "{dispatch|combine: {group size: seconds}}")
+        out["a2a_latency_by_group_s"] = {
+            kind: _int_keyed(sub, f"{where}: efficiency.a2a_latency_by_group_s.{kind}")
+            for kind, sub in table.items()}
+    if "rank_compute_slowdown" in obj:
+        out["rank_compute_slowdown"] = _int_keyed(obj["rank_compute_slowdown"],
+                                                  f"{where}: efficiency.rank_compute_slowdown")
     return out
 
 

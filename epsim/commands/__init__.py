@@ -7,4 +7,6 @@ COMMANDS: tuple[str, ...] = (
     "describe",
     "step",
     "run",
+    "calibrate",
+    "validate",
 )

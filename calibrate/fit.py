@@ -1,0 +1,328 @@
+"""Fitting a hardware profile to microbenchmark tables (pure numpy/pandas; no torch).
+
+The model fitted is the simulator's own (``sim/cost.py``, ``sim/hardware.py``):
+
+    compute op of kind k:   t = overhead[k] + scale[k] * max(flops / F, bytes / B)
+                            (``scale["gemm"] = 1``: GEMMs define the roofline F and B)
+    dispatch / combine:     t = latency[kind][world] + link_bytes / W
+    ranks sharing cores:    a compute op takes slowdown[ranks] times as long
+    exchange in flight:     compute runs at 1 - s of its speed
+
+``fit_compute`` searches F and B on a log grid (then a finer one around the best) and, for each
+(F, B), solves every kind's non-negative (overhead, scale) by weighted least squares on relative
+errors; ``fit_comm`` is a non-negative least squares over the exchange rows; ``fit_rank_slowdown``
+compares the same ops on W ranks and on one; ``fit_comm_slowdown`` reads the contention rows. ``tests/test_calibrate_fit.py`` checks that each
+recovers known parameters from synthetic tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from model.errors import EpsimError
+
+#: the kind whose scale is fixed to 1: its rows (skinny and square GEMMs) identify F and B
+ROOFLINE_KIND = "gemm"
+COMPUTE_KINDS = ("gemm", "gemm.batched", "grouped_gemm", "attention_decode", "attention_prefill", "norm", "rope",
+                 "router", "elementwise", "embedding", "lm_head", "sample")
+
+
+ROOFLINES = ("max", "sum")
+
+
+@dataclass(frozen=True)
+class ComputeFit:
+    """The fitted compute model.
+
+    flops: F, achievable FLOP/s of the roofline. Example: 1.5e11 (one CPU core, fp32).
+    bandwidth: B, achievable bytes/s of the roofline (bytes as the op graph counts them).
+    overhead_s: ``{kind: seconds}`` fixed cost per op. Example: ``{"norm": 5.1e-5}``.
+    scale: ``{kind: factor}`` on the roofline time (gemm: 1); ``"sum"``: on the FLOP term.
+    bytes_scale: ``"sum"`` only: ``{kind: factor}`` on the bytes term (gemm: 1).
+    mode: ``"max"`` (t = overhead + scale * max(flops/F, bytes/B)) or ``"sum"`` (t = overhead +
+        scale * flops/F + bytes_scale * bytes/B).
+    rel_err: ``{kind: median |relative error|}`` of the fit on its own rows.
+    rows: ``{kind: rows fitted}``.
+    """
+
+    flops: float
+    bandwidth: float
+    overhead_s: dict[str, float]
+    scale: dict[str, float]
+    bytes_scale: dict[str, float] = field(default_factory=dict)
+    mode: str = "max"
+    rel_err: dict[str, float] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+
+    def predict(self, df: pd.DataFrame) -> np.ndarray:
+        """``[rows]`` seconds for a table with ``kind``, ``flops``, ``bytes`` columns."""
+        over = df["kind"].map(lambda k: self.overhead_s.get(k, 0.0)).to_numpy(dtype=float)
+        scale = df["kind"].map(lambda k: self.scale.get(k, 1.0)).to_numpy(dtype=float)
+        if self.mode == "sum":
+            bscale = df["kind"].map(lambda k: self.bytes_scale.get(k, 1.0)).to_numpy(dtype=float)
+            return over + scale * df["flops"].to_numpy(dtype=float) / self.flops \
+                + bscale * df["bytes"].to_numpy(dtype=float) / self.bandwidth
+        return over + scale * roofline(df, self.flops, self.bandwidth)
+
+
+def with_classes(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with ``kind`` replaced by the op class the simulator keys fitted figures on
+    (``sim.cost.op_class``: batched GEMMs are ``gemm.batched``)."""
+    if "gemm_batch" not in df or df.empty:
+        return df
+    batched = (df["kind"] == "gemm") & (df["gemm_batch"].fillna(1) > 1)
+    out = df.copy()
+    out.loc[batched, "kind"] = "gemm.batched"
+    return out
+
+
+def roofline(df: pd.DataFrame, flops_per_s: float, bytes_per_s: float) -> np.ndarray:
+    """``[rows]`` max(flops / F, bytes / B): the cost model's roofline (tile 1, occupancy 1)."""
+    return np.maximum(df["flops"].to_numpy(dtype=float) / flops_per_s,
+                      df["bytes"].to_numpy(dtype=float) / bytes_per_s)
+
+
+def _ls_overhead_scale(x: np.ndarray, t: np.ndarray, fixed_scale: float | None
+                       ) -> tuple[float, float, float]:
+    """Non-negative (a, s) minimising sum(((a + s x) - t) / t)^2; returns (a, s, cost)."""
+    w = 1.0 / t
+    if fixed_scale is not None:
+        s = fixed_scale
+        # weighted mean of the residual, clamped at 0
+        a = max(0.0, float(np.sum(w * w * (t - s * x)) / np.sum(w * w)))
+        return a, s, float(np.sum((w * (a + s * x - t)) ** 2))
+    best = None
+    A = np.stack([w, w * x], axis=1)
+    b = np.ones_like(t)
+    candidates = []
+    sol, *_ = np.linalg.lstsq(A, b, rcond=None)
+    candidates.append((float(sol[0]), float(sol[1])))
+    # the boundary solutions of the non-negative problem
+    candidates.append((max(0.0, float(np.sum(w * w * t) / np.sum(w * w))), 0.0))
+    xs = np.sum((w * x) ** 2)
+    candidates.append((0.0, max(0.0, float(np.sum(w * w * x * t) / xs)) if xs > 0 else 0.0))
+    for a, s in candidates:
+        if a < 0 or s < 0:
+            continue
+        cost = float(np.sum((w * (a + s * x - t)) ** 2))
+        if best is None or cost < best[2]:
+            best = (a, s, cost)
+    assert best is not None
+    return best
+
+
+def _fit_at(df: pd.DataFrame, groups: dict[str, np.ndarray], flops_per_s: float,
+            bytes_per_s: float) -> tuple[float, dict[str, tuple[float, float]]]:
+    roof = roofline(df, flops_per_s, bytes_per_s)
+    t = df["time_s"].to_numpy(dtype=float)
+    total = 0.0
+    params = {}
+    for kind, idx in groups.items():
+        a, s, cost = _ls_overhead_scale(roof[idx], t[idx],
+                                        1.0 if kind == ROOFLINE_KIND else None)
+        params[kind] = (a, s)
+        total += cost
+    return total, params
+
+
+def fit_compute(df: pd.DataFrame, flops_range: tuple[float, float] = (1e8, 1e13),
+                bytes_range: tuple[float, float] = (1e7, 1e13), points: int = 41) -> ComputeFit:
+    """Fit F, B and every kind's (overhead, scale) to timed op rows.
+
+    Args:
+        df: rows with ``kind``, ``flops``, ``bytes``, ``time_s`` (seconds, > 0); must contain
+            ``gemm`` rows.
+        flops_range / bytes_range: where F and B are searched (log grid of ``points``, then a
+            grid 8x finer around the best point).
+
+    Returns:
+        A :class:`ComputeFit`.
+    """
+    df = with_classes(df)
+    df = df[df["kind"].isin(COMPUTE_KINDS) & (df["time_s"] > 0)].reset_index(drop=True)
+    if not (df["kind"] == ROOFLINE_KIND).any():
+        raise EpsimError("the op table has no gemm rows: the roofline cannot be fitted")
+    groups = {k: np.flatnonzero((df["kind"] == k).to_numpy()) for k in sorted(set(df["kind"]))}
+    log_f = np.linspace(np.log10(flops_range[0]), np.log10(flops_range[1]), points)
+    log_b = np.linspace(np.log10(bytes_range[0]), np.log10(bytes_range[1]), points)
+    best: tuple[float, float, float] | None = None
+    for _ in range(2):
+        for lf, lb in itertools.product(log_f, log_b):
+            cost, _ = _fit_at(df, groups, 10 ** lf, 10 ** lb)
+            if best is None or cost < best[0]:
+                best = (cost, lf, lb)
+        assert best is not None
+        # a finer grid around the best point
+        step_f = (log_f[1] - log_f[0]) if len(log_f) > 1 else 0.1
+        step_b = (log_b[1] - log_b[0]) if len(log_b) > 1 else 0.1
+        log_f = np.linspace(best[1] - step_f, best[1] + step_f, 17)
+        log_b = np.linspace(best[2] - step_b, best[2] + step_b, 17)
+    assert best is not None
+    flops_per_s, bytes_per_s = 10 ** best[1], 10 ** best[2]
+    _, params = _fit_at(df, groups, flops_per_s, bytes_per_s)
+    fit = ComputeFit(flops=flops_per_s, bandwidth=bytes_per_s,
+                     overhead_s={k: a for k, (a, _) in params.items()},
+                     scale={k: s for k, (_, s) in params.items() if k != ROOFLINE_KIND})
+    pred = fit.predict(df)
+    err = np.abs(pred - df["time_s"].to_numpy()) / df["time_s"].to_numpy()
+    rel = {k: float(np.median(err[idx])) for k, idx in groups.items()}
+    return ComputeFit(fit.flops, fit.bandwidth, fit.overhead_s, fit.scale, rel_err=rel,
+                      rows={k: len(idx) for k, idx in groups.items()})
+
+
+def fit_compute_sum(df: pd.DataFrame) -> ComputeFit:
+    """Fit the additive model ``t = a[k] + c_f[k] * flops + c_b[k] * bytes`` per kind by
+    non-negative least squares on relative errors; the gemm rows' ``1 / c_f`` and ``1 / c_b``
+    are F and B, every kind's factors are relative to them.
+
+    Args:
+        df: rows with ``kind``, ``flops``, ``bytes``, ``time_s``; must contain ``gemm`` rows.
+
+    Returns:
+        A :class:`ComputeFit` with ``mode="sum"``.
+    """
+    df = with_classes(df)
+    df = df[df["kind"].isin(COMPUTE_KINDS) & (df["time_s"] > 0)].reset_index(drop=True)
+    if not (df["kind"] == ROOFLINE_KIND).any():
+        raise EpsimError("the op table has no gemm rows: the roofline cannot be fitted")
+    coef: dict[str, np.ndarray] = {}
+    groups = {k: np.flatnonzero((df["kind"] == k).to_numpy()) for k in sorted(set(df["kind"]))}
+    for kind, idx in groups.items():
+        sub = df.iloc[idx]
+        t = sub["time_s"].to_numpy(dtype=float)
+        w = 1.0 / t
+        # columns scaled to order one so the subset solves are well conditioned
+        cols = [np.ones_like(t), sub["flops"].to_numpy(dtype=float),
+                sub["bytes"].to_numpy(dtype=float)]
+        norms = np.array([max(float(np.max(np.abs(c * w))), 1e-300) for c in cols])
+        A = np.stack([c * w / n for c, n in zip(cols, norms, strict=True)], axis=1)
+        coef[kind] = nnls(A, np.ones_like(t)) / norms
+    g = coef[ROOFLINE_KIND]
+    # a GEMM table without memory-bound (or compute-bound) rows cannot show that term: fall
+    # back to the fastest rate seen so the term stays negligible rather than infinite
+    gemm = df.iloc[groups[ROOFLINE_KIND]]
+    flops_per_s = 1.0 / g[1] if g[1] > 0 else float((gemm["flops"] / gemm["time_s"]).max())
+    bytes_per_s = 1.0 / g[2] if g[2] > 0 else float((gemm["bytes"] / gemm["time_s"]).max())
+    fit = ComputeFit(
+        flops=flops_per_s, bandwidth=bytes_per_s,
+        overhead_s={k: float(c[0]) for k, c in coef.items()},
+        scale={k: float(c[1] * flops_per_s) for k, c in coef.items() if k != ROOFLINE_KIND},
+        bytes_scale={k: float(c[2] * bytes_per_s) for k, c in coef.items()
+                     if k != ROOFLINE_KIND},
+        mode="sum")
+    err = np.abs(fit.predict(df) - df["time_s"].to_numpy()) / df["time_s"].to_numpy()
+    rel = {k: float(np.median(err[idx])) for k, idx in groups.items()}
+    return ComputeFit(fit.flops, fit.bandwidth, fit.overhead_s, fit.scale, fit.bytes_scale,
+                      "sum", rel, {k: len(idx) for k, idx in groups.items()})
+
+
+@dataclass(frozen=True)
+class CommFit:
+    """The fitted exchange model: ``t = latency[kind][world] + link_bytes / bandwidth``.
+
+    latency_s: ``{"dispatch" | "combine": {world: seconds}}``. Example (gloo, 2 shared cores):
+        ``{"dispatch": {2: 3.0e-3, 4: 9.1e-3}, "combine": {2: 1.1e-3, 4: 4.8e-3}}``.
+    bandwidth: bytes/s of the busiest link (bytes as the op graph counts them).
+    rel_err: median |relative error| over the rows.
+    """
+
+    latency_s: dict[str, dict[int, float]]
+    bandwidth: float
+    rel_err: float = 0.0
+
+    def predict(self, df: pd.DataFrame) -> np.ndarray:
+        lat = np.array([self.latency_s[k][int(w)] for k, w in zip(df["kind"], df["world"],
+                                                                   strict=True)])
+        return lat + df["link_bytes"].to_numpy(dtype=float) / self.bandwidth
+
+
+def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a handful of unknowns: the best feasible solution over
+    every subset of free variables (exact for ``A.shape[1]`` up to ~10)."""
+    n = A.shape[1]
+    best, best_cost = np.zeros(n), float(np.sum(b ** 2))
+    for r in range(1, n + 1):
+        for subset in itertools.combinations(range(n), r):
+            cols = list(subset)
+            sol, *_ = np.linalg.lstsq(A[:, cols], b, rcond=None)
+            if (sol < 0).any():
+                continue
+            x = np.zeros(n)
+            x[cols] = sol
+            cost = float(np.sum((A @ x - b) ** 2))
+            if cost < best_cost:
+                best, best_cost = x, cost
+    return best
+
+
+def fit_comm(df: pd.DataFrame) -> CommFit:
+    """Fit the exchange model to rows with ``kind`` (dispatch/combine), ``world``,
+    ``link_bytes``, ``time_s``: one latency per (kind, world) and one shared bandwidth, by
+    non-negative least squares on relative errors."""
+    if df.empty or not {"dispatch", "combine"} <= set(df["kind"]):
+        raise EpsimError("the all-to-all table needs dispatch and combine rows")
+    t = df["time_s"].to_numpy(dtype=float)
+    w = 1.0 / t
+    groups = sorted({(k, int(x)) for k, x in zip(df["kind"], df["world"], strict=True)})
+    cols = [((df["kind"] == k) & (df["world"] == x)).to_numpy(dtype=float) for k, x in groups]
+    link = df["link_bytes"].to_numpy(dtype=float)
+    scale = max(float(np.max(link * w)), 1e-300)  # keep the columns of order one
+    A = np.stack([*cols, link / scale], axis=1) * w[:, None]
+    A[:, -1] = link * w / scale
+    x = nnls(A, np.ones_like(t))
+    inv_bw = x[-1] / scale
+    # a zero inverse bandwidth means the bytes did not show: cap the link at 1 TB/s
+    bandwidth = float(1.0 / inv_bw) if inv_bw > 1e-12 else 1e12
+    latency: dict[str, dict[int, float]] = {}
+    for (k, world), value in zip(groups, x[:-1], strict=True):
+        latency.setdefault(k, {})[world] = float(value)
+    fit = CommFit(latency, bandwidth)
+    err = np.abs(fit.predict(df) - t) / t
+    return CommFit(latency, bandwidth, float(np.median(err)))
+
+
+def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,
+                      skip: Sequence[str] = ("grouped_gemm", "dispatch", "combine")
+                      ) -> dict[int, float]:
+    """``{world: factor}``: the ops' summed time on ``world`` ranks over their summed time alone.
+
+    Args:
+        single: op rows of one rank (``shape``, ``batch``, ``context``, ``op_id``, ``time_s``),
+            used when ``ranks`` has no world-1 rows.
+        ranks: the same configurations on ``world`` ranks (plus a ``world`` column); its
+            world-1 rows (same launcher, same moment) are the preferred reference.
+        skip: kinds whose work differs between one rank and EP ranks (the routed experts get
+            other tokens; exchanges exist only with peers).
+    """
+    keys = ["shape", "batch", "context", "op_id"]
+    if (ranks["world"] == 1).any():
+        one = ranks[ranks["world"] == 1]
+        ranks = ranks[ranks["world"] > 1]
+    else:
+        one = single[~single["dbo"].astype(bool)] if "dbo" in single else single
+    merged = ranks[~ranks["kind"].isin(skip)].merge(one[keys + ["time_s"]], on=keys,
+                                                    suffixes=("", "_single"))
+    if merged.empty:
+        raise EpsimError("no op was timed both alone and on several ranks")
+    # time-weighted: a long op is more likely to be preempted, and long ops make the step
+    out = {}
+    for w in sorted(set(merged["world"])):
+        sel = merged[merged["world"] == w]
+        out[int(w)] = float(sel["time_s"].sum() / sel["time_s_single"].sum())
+    return out
+
+
+def fit_comm_slowdown(together_s: Sequence[float], under_comm_s: Sequence[float],
+                      floor: float = 0.01, cap: float = 0.9) -> float:
+    """The fluid model's ``s`` from a probe's time alone and with an exchange in flight all
+    along: ``t_under = t / (1 - s)``, so ``s = 1 - t / t_under`` (median over the pairs,
+    clamped to [floor, cap])."""
+    t = np.asarray(together_s, dtype=float)
+    u = np.asarray(under_comm_s, dtype=float)
+    s = float(np.median(1.0 - t / u))
+    return float(min(cap, max(floor, s)))

@@ -1,0 +1,279 @@
+"""Microbenchmarks of every op kind through the runtime's own implementations (one process).
+
+Two sweeps, each returning a pandas DataFrame with one row per measured op shape:
+
+``op_sweep``   single-rank decode steps (``runtime.executor.RankRuntime.step``, world size 1) of
+               synthetic DeepSeek-shaped models (``CALIBRATION_SHAPES``) over batch sizes and
+               contexts: every op of the step is timed by the executor itself, so the rows cover
+               GEMMs at decode's skinny M, MLA decode attention over batch and context, the
+               torch-sorted MoE backend over tokens per expert, norms, elementwise, router,
+               embedding, LM head and sampling. The executor's own time between ops (the step's
+               wall time minus its ops) is kept per step as ``gap_s``.
+``gemm_sweep`` the runtime's GEMM implementation (``OP_IMPLS["gemm"]``) over an (M, N, K) grid
+               larger than the models', which pins the achievable FLOP/s.
+
+Every row carries the op's graph features (``flops``, ``bytes``, dims) exactly as
+``model.graph.build_step_graph`` computes them, so the fit works in the simulator's terms.
+torch is imported inside the functions: importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from model.graph import Op
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A synthetic DeepSeek-shaped model used only for calibration.
+
+    name: tag in the CSV. Example: ``"calib-b"``.
+    overrides: ``config.json`` keys replacing those of ``tiny-deepseek`` (hidden size, experts...).
+    """
+
+    name: str
+    overrides: dict[str, Any]
+
+
+#: model shapes the op sweep runs; none equals a shipped model (validate checks disjointness)
+CALIBRATION_SHAPES: tuple[Shape, ...] = (
+    Shape("calib-a", {"hidden_size": 32, "intermediate_size": 96, "moe_intermediate_size": 16,
+                      "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+                      "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2,
+                      "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 24,
+                      "qk_rope_head_dim": 8, "v_head_dim": 8, "qk_nope_head_dim": 8,
+                      "vocab_size": 256}),
+    Shape("calib-b", {"hidden_size": 128, "intermediate_size": 320, "moe_intermediate_size": 64,
+                      "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 6,
+                      "n_routed_experts": 24, "num_experts_per_tok": 6, "n_group": 4,
+                      "topk_group": 2, "kv_lora_rank": 48, "q_lora_rank": 64,
+                      "qk_rope_head_dim": 8, "v_head_dim": 24, "qk_nope_head_dim": 24,
+                      "vocab_size": 768}),
+    Shape("calib-c", {"hidden_size": 384, "intermediate_size": 768, "moe_intermediate_size": 192,
+                      "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 12,
+                      "n_routed_experts": 48, "num_experts_per_tok": 8, "n_group": 8,
+                      "topk_group": 4, "kv_lora_rank": 96, "q_lora_rank": 128,
+                      "qk_rope_head_dim": 16, "v_head_dim": 48, "qk_nope_head_dim": 48,
+                      "vocab_size": 1536}),
+)
+#: (batch, context) points of the op sweep; quick mode keeps a subset
+SWEEP_POINTS: tuple[tuple[int, int], ...] = (
+    (1, 40), (6, 160), (20, 40), (20, 400), (48, 160), (96, 40), (96, 400),
+)
+QUICK_POINTS: tuple[tuple[int, int], ...] = ((6, 160), (48, 40))
+#: (M, N, K) of the GEMM sweep
+GEMM_GRID: tuple[tuple[int, int, int], ...] = tuple(
+    (m, n, k) for m in (1, 8, 64, 256) for n in (192, 768) for k in (384, 1536))
+QUICK_GEMM_GRID: tuple[tuple[int, int, int], ...] = ((8, 768, 384), (256, 768, 1536))
+
+
+def write_shape_config(shape: Shape, folder: Path) -> Path:
+    """Write ``shape`` as a ``config.json`` (tiny-deepseek with the overrides) under ``folder``."""
+    from importlib import resources
+
+    base = json.loads((resources.files("model") / "configs" / "tiny-deepseek.json").read_text())
+    base.update(shape.overrides)
+    base["_comment"] = "calibration-only shape (epsim calibrate), not a shipped model"
+    path = folder / f"{shape.name}.json"
+    path.write_text(json.dumps(base, indent=1))
+    return path
+
+
+def op_features(op: Op) -> dict[str, Any]:
+    """The graph features of one op that the cost model and the fit read."""
+    d = op.dims
+    row: dict[str, Any] = {"kind": op.kind, "name": op.name, "dtype": op.dtype,
+                           "flops": op.flops, "bytes": op.bytes, "weight_bytes": op.weight_bytes}
+    if "batch" in d:  # a GEMM's batch (heads of MLA's absorption), not the step's sequences
+        row["gemm_batch"] = d["batch"]
+    for key in ("m", "n", "k", "tokens", "width", "seqs", "heads", "context", "pairs",
+                "experts", "active_experts", "gemms"):
+        if key in d:
+            row[key] = d[key]
+    if "kv_dtype" in d:
+        row["kv_dtype"] = d["kv_dtype"]
+    return row
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def op_sweep(folder: Path, shapes: Sequence[Shape] = CALIBRATION_SHAPES,
+             points: Iterable[tuple[int, int]] = SWEEP_POINTS, steps: int = 5,
+             device: str = "cpu", dbo_points: int = 1, rounds: int = 2
+             ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Time single-rank decode steps of each shape at each (batch, context).
+
+    Args:
+        folder: where the shapes' config.json files are written.
+        shapes / points: what to run; ``steps`` decode steps each (the first is a warm-up).
+        device: ``"cpu"`` or ``"cuda"`` (one GPU).
+        dbo_points: also run the first ``dbo_points`` points with two microbatches.
+        rounds: passes over everything (a configuration's samples spread over the sweep).
+
+    Returns:
+        ``ops``: one row per (shape, batch, context, dbo, op id): graph features and ``time_s``
+        (median over the timed steps of every round), ``p10_s``, ``p90_s``, ``repeats``;
+        ``steps``: one row per timed step: ``step_s``, ``ops_s`` (sum of its ops), ``n_ops``,
+        ``gap_s`` (executor time per op outside the ops).
+    """
+    import torch
+
+    from runtime.executor import RankRuntime
+    from runtime.options import RunOptions, validate
+
+    torch.set_num_threads(1)  # as each runtime rank does
+    samples: dict[tuple, list[float]] = {}
+    features: dict[tuple, dict[str, Any]] = {}
+    step_rows: list[dict[str, Any]] = []
+    points = list(points)
+    for rnd in range(rounds):  # rounds spread each configuration over the sweep's duration
+        for shape in shapes:
+            path = write_shape_config(shape, folder)
+            runs = [(b, c, False) for b, c in points] + [
+                (b, c, True) for b, c in points[:dbo_points] if b >= 2]
+            for batch, context, dbo in runs:
+                opts = RunOptions(model=str(path), world_size=1, batch=batch, context=context,
+                                  steps=steps, dbo=dbo, device=device, trace=True)
+                model, plan, placement = validate(opts)
+                rt = RankRuntime(opts, model, plan, placement, 0)
+                for s in range(steps):
+                    _sync(device)
+                    result = rt.step()
+                    if s == 0:
+                        continue  # warm-up
+                    ops_s = 0.0
+                    for e in result.events:
+                        key = (shape.name, batch, context, dbo, e.op_id)
+                        samples.setdefault(key, []).append(e.dur_us * 1e-6)
+                        ops_s += e.dur_us * 1e-6
+                    n_ops = len(rt.graph(s))
+                    step_s = result.step_us * 1e-6
+                    step_rows.append({"shape": shape.name, "batch": batch, "context": context,
+                                      "dbo": dbo, "round": rnd, "step": s, "step_s": step_s,
+                                      "ops_s": ops_s, "n_ops": n_ops,
+                                      "gap_s": max(0.0, step_s - ops_s) / n_ops})
+                # op features from the first timed step's graph (context grows by one per step)
+                graph = rt.graph(1)
+                for op_id, op in graph.ops.items():
+                    features[(shape.name, batch, context, dbo, op_id)] = op_features(op)
+                del rt
+    rows = []
+    for key, times in samples.items():
+        times.sort()
+        name, batch, context, dbo, op_id = key
+        rows.append({"shape": name, "batch": batch, "context": context, "dbo": dbo,
+                     "op_id": op_id, **features[key], "time_s": statistics.median(times),
+                     "p10_s": times[len(times) // 10], "p90_s": times[(len(times) * 9) // 10],
+                     "repeats": len(times)})
+    return pd.DataFrame(rows), pd.DataFrame(step_rows)
+
+
+def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 15,
+               device: str = "cpu") -> pd.DataFrame:
+    """Time the runtime's GEMM implementation (``runtime.executor.OP_IMPLS["gemm"]``) over an
+    (M, N, K) grid, fp32, one thread on the CPU.
+
+    Returns:
+        One row per shape: graph features of the equivalent ``gemm`` op (as ``build_step_graph``
+        computes them), ``time_s`` (median of ``repeats`` after two warm-ups), ``p10_s``,
+        ``p90_s``, ``gflops`` (measured).
+    """
+    import types
+
+    import torch
+
+    from runtime.executor import OP_IMPLS, MicrobatchState
+
+    torch.set_num_threads(1)
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for m, n, k in grid:
+        w = torch.randn(k, n, generator=gen).to(dev)
+        x = torch.randn(m, k, generator=gen).to(dev)
+        op = gemm_op(m, n, k)
+        rt = types.SimpleNamespace(weight=lambda op, suffix="", w=w: w)
+        st = MicrobatchState(0, slice(0, m), torch.zeros(m), torch.zeros(m), torch.zeros(m),
+                             torch.zeros(m, 1), torch.zeros(1), torch.zeros(1), values={"h": x})
+        impl = OP_IMPLS["gemm"]
+        times = []
+        for i in range(repeats + 2):
+            _sync(device)
+            t0 = time.perf_counter()
+            impl(rt, op, st)
+            _sync(device)
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        med = statistics.median(times)
+        rows.append({"shape": "gemm-grid", "batch": 0, "context": 0, "dbo": False,
+                     "op_id": f"gemm.{m}x{n}x{k}", **op_features(op), "time_s": med,
+                     "p10_s": times[len(times) // 10], "p90_s": times[(len(times) * 9) // 10],
+                     "repeats": len(times), "gflops": 2.0 * m * n * k / med / 1e9})
+    return pd.DataFrame(rows)
+
+
+def gemm_op(m: int, n: int, k: int) -> Op:
+    """A graph ``gemm`` op of shape ``[m, k] @ [k, n]`` with bf16 weights, as
+    ``model.graph._StepBuilder.gemm`` builds it (the role ``attn.q_a``: its input is ``h``)."""
+    w, act = 2.0, 2.0
+    return Op(id=f"gemm.{m}x{n}x{k}", kind="gemm", name="attn.q_a", layer=0, microbatch=0,
+              category="attention", dims={"batch": 1, "m": m, "n": n, "k": k}, dtype="bf16",
+              flops=2.0 * m * n * k, bytes_read=k * n * w + m * k * act,
+              bytes_written=m * n * act, weight_bytes=k * n * w)
+
+
+#: (batch, context) points the multi-rank sweep repeats (a subset of SWEEP_POINTS)
+RANKS_POINTS: tuple[tuple[int, int], ...] = ((6, 160), (96, 40), (20, 400))
+
+
+def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[int, int]],
+                worlds: Sequence[int] = (1, 2, 4), steps: int = 5, rounds: int = 2
+                ) -> pd.DataFrame:
+    """The op sweep's configurations again on ``world`` local ranks (EP over all of them, no
+    DBO), through ``runtime.launch.launch_local`` as ``epsim run`` starts them: how much slower
+    each op runs when it shares the machine with the other ranks and their exchanges (world 1
+    in the same way gives the reference).
+
+    Returns:
+        One row per (shape, world, batch, context, op id): ``kind``, ``time_s`` (median over the
+        timed steps, ranks and ``rounds``), ``repeats``.
+    """
+    from runtime import RunOptions, launch_local
+
+    points = list(points)
+    samples: dict[tuple, tuple[str, list[float]]] = {}
+    for _ in range(rounds):  # rounds alternate the world sizes (background load is bursty)
+        for world in worlds:
+            options, keys = [], []
+            for shape in shapes:
+                path = write_shape_config(shape, folder)
+                for batch, context in points:
+                    options.append(RunOptions(model=str(path), world_size=world, batch=batch,
+                                              context=context, steps=steps, trace=True))
+                    keys.append((shape.name, batch, context))
+            summaries = launch_local(options, world)
+            for (name, batch, context), summary in zip(keys, summaries, strict=True):
+                for e in summary["trace_events"]:
+                    if e.args.get("step", 0) < 1:
+                        continue  # warm-up
+                    key = (name, world, batch, context, e.op_id)
+                    samples.setdefault(key, (e.kind, []))[1].append(e.dur_us * 1e-6)
+    rows = [{"shape": name, "world": world, "batch": batch, "context": context, "op_id": op_id,
+             "kind": kind, "time_s": statistics.median(times), "repeats": len(times)}
+            for (name, world, batch, context, op_id), (kind, times) in samples.items()]
+    return pd.DataFrame(rows)

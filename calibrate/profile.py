@@ -1,0 +1,332 @@
+"""Calibration end to end: run the microbenchmarks, save their tables, fit, write the profile.
+
+``calibrate(out, device, quick)`` writes, next to ``PROFILE.json``, the raw tables as CSV
+(``PROFILE.ops.csv``, ``PROFILE.steps.csv``, ``PROFILE.ranks.csv``, ``PROFILE.a2a.csv``,
+``PROFILE.contention.csv``)
+and the fitted profile, whose ``sources`` name the CSV files and the machine, and whose
+``calibration`` section lists the configurations the microbenchmarks ran (``epsim validate``
+checks its grid against them). ``profile_from_tables`` does the fitting part alone (tests feed it
+synthetic tables).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from model.errors import EpsimError
+from model.trace import write_json_atomic
+from sim.hardware import EFFICIENCY_KEYS, load_profile, profile_from_dict
+
+from . import fit as F
+
+_FORM = {"max": "t = overhead + scale * max(flops/F, bytes/B)",
+         "sum": "t = overhead + scale * flops/F + bytes_scale * bytes/B"}
+TABLES = ("ops", "steps", "ranks", "a2a", "contention")
+
+
+def machine() -> dict[str, Any]:
+    """What ran the microbenchmarks."""
+    info: dict[str, Any] = {"host": platform.node(), "platform": platform.platform(),
+                            "processor": platform.processor() or platform.machine(),
+                            "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # torch missing or broken: the CPU facts still describe the machine
+        pass
+    return info
+
+
+def table_paths(out: str | Path) -> dict[str, Path]:
+    """Where the raw tables of profile ``out`` go: ``NAME.<table>.csv`` beside it."""
+    out = Path(out)
+    stem = out.name[: -len(".json")] if out.name.endswith(".json") else out.name
+    return {t: out.with_name(f"{stem}.{t}.csv") for t in TABLES}
+
+
+def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        df.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_tables(out: str | Path) -> dict[str, pd.DataFrame]:
+    """The raw tables saved beside profile ``out`` (refit without measuring again)."""
+    tables = {}
+    for name, path in table_paths(out).items():
+        if not path.is_file():
+            raise EpsimError(f"calibration table not found: {path}")
+        tables[name] = pd.read_csv(path)
+    return tables
+
+
+def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
+                        machine_info: dict[str, Any], csv_names: dict[str, str],
+                        configs: list[dict[str, Any]], base: str | None = None
+                        ) -> dict[str, Any]:
+    """Fit the tables and build a profile object in the simulator's schema.
+
+    Args:
+        tables: ``ops`` (op rows incl. the GEMM grid), ``steps`` (executor gaps), ``a2a``
+            ``ranks`` (op rows on several ranks; may be empty on one GPU), ``a2a`` (exchange
+            rows; may be empty), ``contention`` (may be empty).
+        name: the profile's name. device: ``"cpu"`` or ``"cuda"``.
+        machine_info: :func:`machine`'s facts. csv_names: table -> file name, for the sources.
+        configs: the configurations the microbenchmarks ran (``calibration.configs``).
+        base: a shipped profile whose communication figures are kept when ``a2a`` is empty.
+
+    Returns:
+        A JSON-ready profile dict, checked by ``sim.hardware.profile_from_dict``.
+    """
+    ops, steps, ranks, a2a, cont = (tables[t] for t in TABLES)
+    # a CPU core computes and moves bytes in turn (sum); a GPU overlaps them (max)
+    comp = F.fit_compute_sum(ops) if device == "cpu" else F.fit_compute(ops)
+    host = machine_info.get("gpu") or f"{machine_info.get('host')} " \
+        f"({machine_info.get('processor')}, {machine_info.get('cpu_count')} cores)"
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    fitted = f"fitted by epsim calibrate on {host}, torch {machine_info.get('torch', '?')}, " \
+        f"{when}"
+
+    def src(table: str, what: str) -> str:
+        return f"{fitted}, from {csv_names[table]}: {what}"
+
+    gemm = ops[ops["kind"] == "gemm"]
+    measured_peak = float((gemm["flops"] / gemm["time_s"]).max())
+    peak = max(measured_peak, comp.flops)
+    gap = float(steps["gap_s"].median()) if not steps.empty else 1e-9
+    eff: dict[str, Any] = {
+        "gemm_flops_fraction": {"bf16": comp.flops / peak, "fp8": comp.flops / peak,
+                                "fp32": comp.flops / peak},
+        "gemm_tile_m": 1,
+        "hbm_fraction": 1.0,
+        "attention_split_tokens": 1 << 30,
+        "graph_launch_s": 1e-9,
+        "graph_node_s": max(gap, 1e-9),
+        "op_overhead_s": {k: v for k, v in comp.overhead_s.items()},
+        "op_time_scale": dict(comp.scale),
+        "roofline": comp.mode,
+    }
+    if comp.mode == "sum":
+        eff["op_bytes_scale"] = dict(comp.bytes_scale)
+    sources: dict[str, str] = {
+        "peak_flops": src("ops", f"the fastest GEMM of the grid ({measured_peak / 1e9:.1f} "
+                          "GFLOP/s; the runtime computes in fp32 here, so every dtype has it)"),
+        "hbm_bytes": "physical memory of the machine (os.sysconf)",
+        "hbm_bandwidth": src("ops", "the roofline bandwidth B of the GEMM rows (bytes as the op "
+                             "graph counts them: bf16 weights, so about half the fp32 bytes "
+                             "really moved); hbm_fraction 1"),
+        "kernel_launch_s": "the CPU runtime has no separate host: what issuing an op costs is in "
+                           "efficiency.op_overhead_s; this is a negligible placeholder",
+        "efficiency.gemm_flops_fraction": src("ops", "roofline F of the GEMM rows over the "
+                                              "fastest measured GEMM"),
+        "efficiency.gemm_tile_m": "a CPU has no matrix-core tiles: 1",
+        "efficiency.hbm_fraction": "1: hbm_bandwidth is already the fitted achievable figure",
+        "efficiency.attention_split_tokens": "one compute unit: occupancy is always 1",
+        "efficiency.graph_launch_s": "no graph capture on this device: negligible placeholder",
+        "efficiency.graph_node_s": src("steps", "median executor time per op outside the ops "
+                                       "(step wall time minus its ops, over ops)"),
+        "efficiency.op_overhead_s": src("ops", f"per-kind fixed cost of the fit {_FORM[comp.mode]}"),
+        "efficiency.op_time_scale": src("ops", "per-kind factor of the same fit (gemm: 1)"),
+        "efficiency.op_bytes_scale": src("ops", "per-kind bytes factor of the same fit "
+                                         "(gemm: 1)"),
+        "efficiency.roofline": "sum on a CPU (one core computes and moves bytes in turn), max "
+                               "on a GPU",
+    }
+    obj: dict[str, Any] = {
+        "name": name,
+        "description": f"{device.upper()} profile {fitted}",
+        "vendor": "fitted",
+        "compute_units": 1,
+        "gpus_per_node": 64 if device == "cpu" else 1,
+        "peak_flops": {"bf16": peak, "fp8": peak, "fp32": peak},
+        "hbm_bytes": _memory_bytes(),
+        "hbm_bandwidth": comp.bandwidth,
+    }
+    if device == "cpu":
+        obj["compute_units"] = 1
+    if a2a is not None and not a2a.empty:
+        cf = F.fit_comm(a2a)
+        obj["fabric"] = {"topology": "full_mesh", "links_per_gpu": 63,
+                         "link_bandwidth": cf.bandwidth}
+        obj["nic_bandwidth_per_gpu"] = cf.bandwidth
+        lat = cf.latency_s
+        smallest = min(lat["dispatch"])
+        eff.update({
+            "link_bandwidth_usable": cf.bandwidth,
+            "nic_bandwidth_usable": cf.bandwidth,
+            "a2a_latency_s": max(lat["dispatch"][smallest], 1e-9),
+            "a2a_latency_by_group_s": {k: {str(g): max(v, 1e-9) for g, v in sorted(t.items())}
+                                       for k, t in lat.items()},
+            "collective_latency_s": max(lat["combine"][smallest], 1e-9),
+            "collective_latency_graph_s": max(lat["combine"][smallest], 1e-9),
+        })
+        what = (f"t = latency[kind][world] + link_bytes / W over the runtime's dispatch_dynamic "
+                f"/ combine_dynamic between compute (median |error| {cf.rel_err:.0%})")
+        sources.update({
+            "fabric": src("a2a", "every local rank reaches every other (loopback); the "
+                          "fitted W per link"),
+            "nic_bandwidth_per_gpu": src("a2a", "local ranks only: the fitted W"),
+            "efficiency.link_bandwidth_usable": src("a2a", what),
+            "efficiency.nic_bandwidth_usable": src("a2a", "no second node: the fitted W"),
+            "efficiency.a2a_latency_s": src("a2a", what + f": dispatch at world {smallest}"),
+            "efficiency.a2a_latency_by_group_s": src("a2a", what),
+            "efficiency.collective_latency_s": src("a2a", "not measured (the runtime has no "
+                                                   "TP collectives): the smallest group's "
+                                                   "combine latency"),
+            "efficiency.collective_latency_graph_s": src("a2a", "as collective_latency_s"),
+        })
+    else:
+        if base is None:
+            raise EpsimError("no all-to-all measurements and no --base profile to take the "
+                             "communication figures from")
+        b = load_profile(base)
+        braw, beff = b.raw, b.require_efficiency()
+        obj["fabric"] = dict(braw["fabric"])
+        obj["nic_bandwidth_per_gpu"] = braw["nic_bandwidth_per_gpu"]
+        obj["gpus_per_node"] = braw["gpus_per_node"]
+        for key in ("link_bandwidth_usable", "nic_bandwidth_usable", "a2a_latency_s",
+                    "collective_latency_s", "collective_latency_graph_s"):
+            eff[key] = getattr(beff, key)
+            sources[f"efficiency.{key}"] = f"not measured (one device): from profile {base}: " \
+                + str(b.sources.get(f"efficiency.{key}", ""))
+        for key in ("fabric", "nic_bandwidth_per_gpu"):
+            sources[key] = f"not measured (one device): from profile {base}: " \
+                + str(b.sources.get(key, ""))
+    obj["kernel_launch_s"] = 1e-9 if device == "cpu" else gap
+    if device != "cpu":
+        sources["kernel_launch_s"] = src("steps", "median executor time per op outside the ops")
+    if ranks is not None and not ranks.empty:
+        slow = F.fit_rank_slowdown(ops, ranks)
+        eff["rank_compute_slowdown"] = {str(w): max(f, 1e-3) for w, f in slow.items()}
+        sources["efficiency.rank_compute_slowdown"] = src(
+            "ranks", "median over ops of an op's time on W local ranks (EP decode steps of the "
+            "calibration shapes) over its time alone (" + ", ".join(
+                f"W={w}: {f:.2f}x" for w, f in slow.items()) + ")")
+    if cont is not None and not cont.empty:
+        slow_c = F.fit_comm_slowdown(cont["probe_s"].tolist(),
+                                     cont["probe_under_comm_s"].tolist())
+        eff["comm_compute_slowdown"] = slow_c
+        sources["efficiency.comm_compute_slowdown"] = src(
+            "contention", "1 - probe time / probe time under a large all-to-all in flight "
+            "(median over world sizes, clamped to [0.01, 0.9])")
+    else:
+        eff["comm_compute_slowdown"] = 0.01
+        sources["efficiency.comm_compute_slowdown"] = "not measured (one device): 0.01"
+    missing = [k for k in EFFICIENCY_KEYS if k not in eff]
+    assert not missing, missing
+    obj["efficiency"] = eff
+    obj["sources"] = sources
+    obj["calibration"] = {
+        "device": device, "machine": machine_info, "when": when, "tables": csv_names,
+        "configs": configs,
+        "fit": {"flops": comp.flops, "bandwidth": comp.bandwidth,
+                "median_abs_rel_err_by_kind": comp.rel_err, "rows_by_kind": comp.rows},
+    }
+    profile_from_dict(obj, name)  # the simulator accepts it, or this is a bug
+    return obj
+
+
+def _memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8e9
+
+
+def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
+              base: str | None = None, log: Any = None) -> dict[str, Any]:
+    """Measure, save the tables beside ``out``, fit, write the profile; returns the profile.
+
+    ``device="cuda"``: world size 1 on one GPU (no all-to-all: the communication figures come
+    from ``base``, default ``h200``). ``quick``: a small subset of every sweep (tests).
+    """
+    from model.config import load_model
+
+    from . import comm_bench, micro
+    from .validate import shape_signature
+
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise EpsimError(f"cannot write {out}: folder {out.parent} does not exist")
+    if device not in ("cpu", "cuda"):
+        raise EpsimError(f"device must be cpu or cuda, got {device!r}")
+    if device == "cuda":
+        try:
+            import torch
+
+            ok = torch.cuda.is_available()
+        except Exception:
+            ok = False
+        if not ok:
+            raise EpsimError("--device cuda but torch sees no CUDA device")
+        base = base or "h200"
+    say = log or (lambda msg: None)
+    points = micro.QUICK_POINTS if quick else micro.SWEEP_POINTS
+    shapes = micro.CALIBRATION_SHAPES[:2] if quick else micro.CALIBRATION_SHAPES
+    with tempfile.TemporaryDirectory(prefix="epsim-calib-shapes-") as folder:
+        say("op sweep (single-rank decode steps of the calibration shapes)")
+        ops, steps = micro.op_sweep(Path(folder), shapes, points, steps=3 if quick else 6,
+                                    device=device, rounds=1 if quick else 3)
+        signatures = {s.name: shape_signature(load_model(Path(folder) / f"{s.name}.json"))
+                      for s in shapes}
+    say("GEMM grid")
+    gemm = micro.gemm_sweep(micro.QUICK_GEMM_GRID if quick else micro.GEMM_GRID,
+                            repeats=5 if quick else 15, device=device)
+    ops = pd.concat([ops, gemm], ignore_index=True)
+    ranks = pd.DataFrame()
+    if device == "cpu":
+        say("the same ops on 2 and 4 local ranks")
+        with tempfile.TemporaryDirectory(prefix="epsim-calib-shapes-") as folder:
+            ranks = micro.ranks_sweep(Path(folder), shapes[1:2] if quick else shapes[:2],
+                                      micro.QUICK_POINTS[:1] if quick else micro.RANKS_POINTS,
+                                      worlds=(1, 2, 4), steps=3 if quick else 8,
+                                      rounds=1 if quick else 2)
+        say("all-to-all and contention (world sizes 2 and 4)")
+        a2a, cont = comm_bench.comm_sweep(
+            worlds=(2, 4), tokens=comm_bench.QUICK_A2A_TOKENS if quick else comm_bench.A2A_TOKENS,
+            repeats=3 if quick else 12, probe_rounds=10 if quick else 40,
+            probe_repeats=2 if quick else 5, comm_rows=1024 if quick else 8192,
+            rounds=1 if quick else 2)
+    else:
+        a2a, cont = pd.DataFrame(), pd.DataFrame()
+    tables = {"ops": ops, "steps": steps, "ranks": ranks, "a2a": a2a, "contention": cont}
+    paths = table_paths(out)
+    for t, df in tables.items():
+        write_csv_atomic(df, paths[t])
+    configs = [{"shape": signatures[s], "shape_name": s, "world_size": 1, "batch": int(b),
+                "context": int(c), "dbo": bool(d)}
+               for s, b, c, d in steps[["shape", "batch", "context", "dbo"]]
+               .drop_duplicates().itertuples(index=False)]
+    if not ranks.empty:
+        configs += [{"shape": signatures[s], "shape_name": s, "world_size": int(w),
+                     "batch": int(b), "context": int(c), "dbo": False}
+                    for s, w, b, c in ranks[ranks["world"] > 1][["shape", "world", "batch",
+                                                                  "context"]]
+                    .drop_duplicates().itertuples(index=False)]
+    if not a2a.empty:
+        configs += [{"shape": f"a2a-h{comm_bench.A2A_HIDDEN}-e{comm_bench.A2A_EXPERTS}"
+                              f"-k{comm_bench.A2A_TOP_K}", "shape_name": "all-to-all",
+                     "world_size": int(w), "batch": int(t), "context": 0, "dbo": False}
+                    for w, t in a2a[["world", "tokens"]].drop_duplicates()
+                    .itertuples(index=False)]
+    say("fit")
+    name = out.name[: -len(".json")] if out.name.endswith(".json") else out.name
+    obj = profile_from_tables(tables, name, device, machine(),
+                              {t: p.name for t, p in paths.items()}, configs, base)
+    write_json_atomic(obj, out)
+    return obj

@@ -1,0 +1,81 @@
+"""``epsim calibrate``: microbenchmark the device at hand and fit a hardware profile.
+
+The work is in ``calibrate.profile.calibrate``; this module parses, calls and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from model.errors import EpsimError
+
+from ..common import emit_json, print_table
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="fit a hardware profile from microbenchmarks on this machine",
+        description="Time every op kind through the runtime's own implementations (single-rank "
+        "decode steps of calibration-only model shapes, a GEMM grid), the EP all-to-all over "
+        "message sizes at world sizes 2 and 4, and how ranks share the cores; save the tables "
+        "as CSV beside the profile and fit a profile the simulator loads "
+        "(epsim step --hardware PROFILE.json).",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default), or cuda: one GPU, world size 1 (the communication "
+                   "figures then come from --base)")
+    p.add_argument("--out", required=True, metavar="PROFILE.json",
+                   help="where to write the fitted profile (tables go beside it)")
+    p.add_argument("--quick", action="store_true", help="a small subset of every sweep (seconds; "
+                   "for tests, not for a profile you rely on)")
+    p.add_argument("--base", metavar="HW", default=None,
+                   help="--device cuda: shipped profile whose communication figures are kept "
+                   "(default h200)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    try:
+        has_torch = importlib.util.find_spec("torch") is not None
+    except Exception:  # an import blocker or a broken install: as good as missing
+        has_torch = False
+    if not has_torch:
+        raise EpsimError("epsim calibrate needs torch: pip install 'epsim[runtime]'")
+    from calibrate.profile import calibrate, table_paths
+
+    t0 = time.perf_counter()
+    log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))
+    obj = calibrate(args.out, device=args.device, quick=args.quick, base=args.base, log=log)
+    wall = time.perf_counter() - t0
+    eff = obj["efficiency"]
+    tables = {k: str(v) for k, v in table_paths(args.out).items()}
+    if args.json:
+        emit_json({"profile": args.out, "tables": tables, "wall_s": wall,
+                   "efficiency": eff, "calibration": obj["calibration"]})
+        return 0
+    rows = [("profile", args.out), ("tables", ", ".join(tables.values())),
+            ("roofline", f"{obj['calibration']['fit']['flops'] / 1e9:.1f} GFLOP/s, "
+                         f"{obj['hbm_bandwidth'] / 1e9:.2f} GB/s (graph bytes)"),
+            ("executor gap per op", f"{eff['graph_node_s'] * 1e6:.2f} us")]
+    for kind, over in sorted(eff.get("op_overhead_s", {}).items()):
+        extra = f", bytes scale {eff['op_bytes_scale'].get(kind, 1.0):.3g}" \
+            if "op_bytes_scale" in eff else ""
+        rows.append((f"  {kind}", f"overhead {over * 1e6:8.1f} us, scale "
+                                  f"{eff.get('op_time_scale', {}).get(kind, 1.0):.3g}{extra}"))
+    for kind, table in eff.get("a2a_latency_by_group_s", {}).items():
+        rows.append((f"{kind} latency", ", ".join(f"{g} ranks: {v * 1e3:.3f} ms"
+                                                  for g, v in table.items())))
+    if "a2a_latency_by_group_s" in eff:
+        rows.append(("link bandwidth", f"{eff['link_bandwidth_usable'] / 1e6:.1f} MB/s"))
+    if "rank_compute_slowdown" in eff:
+        rows.append(("ranks sharing cores", ", ".join(
+            f"{w} ranks: {f:.2f}x" for w, f in eff["rank_compute_slowdown"].items())))
+    rows.append(("comm/compute slowdown", f"{eff['comm_compute_slowdown']:.2f}"))
+    rows.append(("wall time", f"{wall:.1f} s"))
+    print_table(rows, title=f"epsim calibrate: {args.device}")
+    return 0
