@@ -152,7 +152,9 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         "description": f"{device.upper()} profile {fitted}",
         "vendor": "fitted",
         "compute_units": 1,
-        "gpus_per_node": 64 if device == "cpu" else 1,
+        # a CPU node's "GPUs" are its local ranks: one per core by default (epsim step
+        # --gpus-per-node W simulates W local ranks, as epsim run --world-size W runs them)
+        "gpus_per_node": int(machine_info.get("cpu_count") or 1) if device == "cpu" else 1,
         "peak_flops": {"bf16": peak, "fp8": peak, "fp32": peak},
         "hbm_bytes": _memory_bytes(),
         "hbm_bandwidth": comp.bandwidth,
@@ -294,11 +296,12 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
         with tempfile.TemporaryDirectory(prefix="epsim-calib-shapes-") as folder:
             ranks = micro.ranks_sweep(Path(folder), shapes[1:2] if quick else shapes[:2],
                                       micro.QUICK_POINTS[:1] if quick else micro.RANKS_POINTS,
-                                      worlds=(1, 2, 4), steps=3 if quick else 8,
+                                      worlds=(1, 2) if quick else (1, 2, 4),
+                                      steps=3 if quick else 8,
                                       rounds=1 if quick else 2)
         say("all-to-all and contention (world sizes 2 and 4)")
         a2a, cont = comm_bench.comm_sweep(
-            worlds=(2, 4), tokens=comm_bench.QUICK_A2A_TOKENS if quick else comm_bench.A2A_TOKENS,
+            worlds=(2,) if quick else (2, 4), tokens=comm_bench.QUICK_A2A_TOKENS if quick else comm_bench.A2A_TOKENS,
             repeats=3 if quick else 12, probe_rounds=10 if quick else 40,
             probe_repeats=2 if quick else 5, comm_rows=1024 if quick else 8192,
             rounds=1 if quick else 2)

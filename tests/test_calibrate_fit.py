@@ -1,0 +1,246 @@
+"""The fitting in calibrate/fit.py recovers known parameters from synthetic tables; a fitted
+profile drives the simulator's cost model with exactly the fitted formula; the tables round-trip
+through CSV; the simulator's optional fitted keys behave as documented."""
+
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calibrate import fit as F
+from calibrate.micro import gemm_op
+from calibrate.profile import profile_from_tables, read_tables, table_paths, write_csv_atomic
+from model import EpsimError
+from model.graph import Op
+from sim import cost
+from sim.hardware import load_profile, profile_from_dict
+
+KINDS_TRUE = {  # kind: (overhead s, flops factor, bytes factor)
+    "gemm": (7e-6, 1.0, 1.0),
+    "gemm.batched": (3e-5, 2.0, 4.0),
+    "attention_decode": (4e-4, 0.5, 150.0),
+    "norm": (3.5e-5, 0.0, 20.0),
+    "router": (2e-4, 9.0, 50.0),
+}
+F_TRUE, B_TRUE = 1.2e11, 2.5e10
+
+
+def synthetic_ops(rng: np.random.Generator, mode: str = "sum", n: int = 40) -> pd.DataFrame:
+    """Op rows timed exactly by the model with the true parameters."""
+    rows = []
+    for kind, (a, sf, sb) in KINDS_TRUE.items():
+        for _ in range(n):
+            flops = float(10 ** rng.uniform(4, 9))
+            nbytes = float(10 ** rng.uniform(3, 7))
+            if mode == "sum":
+                t = a + sf * flops / F_TRUE + sb * nbytes / B_TRUE
+            else:
+                t = a + (1.0 if kind == "gemm" else sf) * max(flops / F_TRUE, nbytes / B_TRUE)
+            base_kind = "gemm" if kind.startswith("gemm") else kind
+            rows.append({"shape": "s", "batch": 1, "context": 1, "dbo": False,
+                         "op_id": f"{kind}.{len(rows)}", "kind": base_kind,
+                         "gemm_batch": 4 if kind == "gemm.batched" else 1,
+                         "flops": flops, "bytes": nbytes, "time_s": t})
+    return pd.DataFrame(rows)
+
+
+def test_sum_fit_recovers_known_parameters():
+    fit = F.fit_compute_sum(synthetic_ops(np.random.default_rng(0)))
+    assert fit.mode == "sum"
+    assert fit.flops == pytest.approx(F_TRUE, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(B_TRUE, rel=1e-6)
+    for kind, (a, sf, sb) in KINDS_TRUE.items():
+        assert fit.overhead_s[kind] == pytest.approx(a, rel=1e-6, abs=1e-12)
+        if kind != "gemm":
+            assert fit.scale[kind] == pytest.approx(sf, rel=1e-5, abs=1e-9)
+            assert fit.bytes_scale[kind] == pytest.approx(sb, rel=1e-5, abs=1e-9)
+        assert fit.rel_err[kind] < 1e-6
+
+
+def test_max_fit_recovers_the_roofline_and_overheads():
+    df = synthetic_ops(np.random.default_rng(1), mode="max")
+    df = df[df["gemm_batch"] == 1]  # the max-mode fit keys gemm rows on their kind only
+    fit = F.fit_compute(df, points=61)
+    # the grid is refined to ~1/8 of a 0.1-decade step around the optimum
+    assert fit.flops == pytest.approx(F_TRUE, rel=0.05)
+    assert fit.bandwidth == pytest.approx(B_TRUE, rel=0.05)
+    assert fit.overhead_s["gemm"] == pytest.approx(7e-6, rel=0.05)
+    assert fit.overhead_s["norm"] == pytest.approx(3.5e-5, rel=0.1)
+    assert max(fit.rel_err.values()) < 0.05
+
+
+def test_fit_needs_gemm_rows():
+    df = synthetic_ops(np.random.default_rng(2))
+    with pytest.raises(EpsimError, match="no gemm rows"):
+        F.fit_compute_sum(df[df["kind"] != "gemm"])
+
+
+def test_comm_fit_recovers_latencies_and_bandwidth():
+    lat = {("dispatch", 2): 2.5e-3, ("dispatch", 4): 9e-3, ("combine", 2): 8e-4,
+           ("combine", 4): 4.6e-3}
+    bw = 2e8
+    rows = [{"kind": k, "world": w, "peers": w - 1, "tokens": t, "link_bytes": t * 100.0,
+             "time_s": lat[(k, w)] + t * 100.0 / bw}
+            for (k, w), t in itertools.product(lat, (1, 16, 128, 1024, 3072))]
+    fit = F.fit_comm(pd.DataFrame(rows))
+    assert fit.bandwidth == pytest.approx(bw, rel=1e-6)
+    for (k, w), v in lat.items():
+        assert fit.latency_s[k][w] == pytest.approx(v, rel=1e-6)
+    assert fit.rel_err < 1e-9
+
+
+def test_rank_slowdown_is_time_weighted_against_world_one():
+    rows = []
+    for world, factor in ((1, 1.0), (2, 1.3), (4, 2.2)):
+        for i, t in enumerate((1e-5, 4e-4, 2e-3)):
+            rows.append({"shape": "s", "world": world, "batch": 6, "context": 160,
+                         "op_id": f"op{i}", "kind": "norm", "time_s": t * factor})
+        rows.append({"shape": "s", "world": world, "batch": 6, "context": 160,
+                     "op_id": "x", "kind": "dispatch", "time_s": 1.0 * world})  # skipped
+    got = F.fit_rank_slowdown(pd.DataFrame(), pd.DataFrame(rows))
+    assert got == pytest.approx({2: 1.3, 4: 2.2})
+
+
+def test_comm_slowdown_inverts_the_fluid_model():
+    # a probe of 3 ms stretched to 5 ms by an exchange in flight all along: s = 1 - 3/5
+    assert F.fit_comm_slowdown([3e-3, 3e-3], [5e-3, 5e-3]) == pytest.approx(0.4)
+    assert F.fit_comm_slowdown([3e-3], [2e-3]) == 0.01  # faster under comm: clamped
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000))
+def test_nnls_satisfies_the_optimality_conditions(seed):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(12, 4))
+    b = rng.normal(size=12)
+    x = F.nnls(A, b)
+    grad = A.T @ (A @ x - b)
+    assert (x >= 0).all()
+    # KKT: zero gradient on free variables, non-negative gradient on the bound ones
+    assert np.allclose(grad[x > 1e-12], 0.0, atol=1e-8)
+    assert (grad[x <= 1e-12] >= -1e-8).all()
+
+
+# --------------------------------------------------------------------------------------------
+# profile building, the CSV round trip, and the simulator's reading of the fitted keys
+# --------------------------------------------------------------------------------------------
+
+
+def synthetic_tables(rng: np.random.Generator) -> dict[str, pd.DataFrame]:
+    ops = synthetic_ops(rng)
+    steps = pd.DataFrame({"shape": ["s"] * 3, "batch": [1] * 3, "context": [1] * 3,
+                          "dbo": [False] * 3, "gap_s": [2e-6, 3e-6, 2.5e-6]})
+    lat = {("dispatch", 2): 2e-3, ("dispatch", 4): 8e-3, ("combine", 2): 1e-3,
+           ("combine", 4): 4e-3}
+    a2a = pd.DataFrame([{"kind": k, "world": w, "peers": w - 1, "tokens": t,
+                         "link_bytes": t * 100.0, "time_s": lat[(k, w)] + t * 100.0 / 3e8}
+                        for (k, w), t in itertools.product(lat, (1, 64, 1024))])
+    ranks = pd.DataFrame([{"shape": "s", "world": w, "batch": 1, "context": 1, "op_id": "o",
+                           "kind": "norm", "time_s": 1e-4 * f}
+                          for w, f in ((1, 1.0), (2, 1.25), (4, 2.0))])
+    cont = pd.DataFrame({"world": [2, 4], "alone_s": [3e-3, 3e-3], "probe_s": [3e-3, 6e-3],
+                         "probe_under_comm_s": [4e-3, 8e-3], "comm_alone_s": [1e-2, 3e-2]})
+    return {"ops": ops, "steps": steps, "ranks": ranks, "a2a": a2a, "contention": cont}
+
+
+def build(tables):
+    return profile_from_tables(tables, "fitted-test", "cpu", {"host": "testhost",
+                               "processor": "x86_64", "cpu_count": 2, "torch": "test"},
+                               {t: f"p.{t}.csv" for t in tables}, [])
+
+
+def test_profile_from_tables_is_a_valid_profile_that_says_it_was_fitted():
+    obj = build(synthetic_tables(np.random.default_rng(3)))
+    prof = profile_from_dict(json.loads(json.dumps(obj)))
+    e = prof.require_efficiency()
+    assert e.roofline == "sum"
+    assert e.a2a_latency("dispatch", 2) == pytest.approx(2e-3, rel=1e-6)
+    assert e.a2a_latency("combine", 4) == pytest.approx(4e-3, rel=1e-6)
+    assert e.core_share(2) == pytest.approx(1.25) and e.core_share(4) == pytest.approx(2.0)
+    assert e.graph_node_s == pytest.approx(2.5e-6)
+    for key, text in obj["sources"].items():
+        if key.startswith("efficiency.op_") or key in ("efficiency.a2a_latency_by_group_s",
+                                                       "efficiency.rank_compute_slowdown"):
+            assert "fitted by epsim calibrate on testhost" in text and "p." in text
+
+
+def test_fitted_profile_drives_the_cost_model_with_the_fitted_formula():
+    prof = profile_from_dict(build(synthetic_tables(np.random.default_rng(4))))
+    # a plain GEMM: overhead + flops / F + bytes / B (tile 1, no occupancy)
+    op = gemm_op(8, 192, 384)
+    want = KINDS_TRUE["gemm"][0] + op.flops / F_TRUE + op.bytes / B_TRUE
+    assert cost.op_time(op, prof) == pytest.approx(want, rel=1e-6)
+    # a batched GEMM is the gemm.batched class
+    bop = Op(id="b", kind="gemm", name="attn.q_absorb", layer=0, microbatch=0,
+             category="attention", dims={"batch": 4, "m": 8, "n": 32, "k": 16}, dtype="bf16",
+             flops=2e4, bytes_read=5e3, bytes_written=1e3)
+    a, sf, sb = KINDS_TRUE["gemm.batched"]
+    assert cost.op_class(bop) == "gemm.batched"
+    assert cost.op_time(bop, prof) == pytest.approx(a + sf * 2e4 / F_TRUE + sb * 6e3 / B_TRUE,
+                                                    rel=1e-5)
+
+
+def test_tables_round_trip_through_csv(tmp_path):
+    tables = synthetic_tables(np.random.default_rng(5))
+    out = tmp_path / "p.json"
+    for name, path in table_paths(out).items():
+        write_csv_atomic(tables[name], path)
+    again = read_tables(out)
+    for name in tables:
+        pd.testing.assert_frame_equal(again[name], tables[name], check_dtype=False)
+    a, b = build(tables)["efficiency"], build(again)["efficiency"]
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    with pytest.raises(EpsimError, match="calibration table not found"):
+        read_tables(tmp_path / "other.json")
+
+
+def test_optional_keys_leave_gpu_profiles_alone():
+    prof = load_profile("mi300x")
+    e = prof.require_efficiency()
+    assert e.roofline == "max" and not e.op_overhead_s and not e.rank_compute_slowdown
+    assert e.core_share(8) == 1.0
+    assert e.a2a_latency("combine", 8) == e.a2a_latency_s
+    op = gemm_op(512, 1536, 7168)
+    assert cost.op_time(op, prof) == pytest.approx(
+        max(op.flops / (prof.peak("bf16") * e.gemm_fraction("bf16")),
+            op.bytes / (prof.hbm_bandwidth * e.hbm_fraction)))
+
+
+def test_latency_table_and_rank_slowdown_interpolate():
+    raw = json.loads(json.dumps(load_profile("mi300x").raw))
+    raw["efficiency"]["a2a_latency_by_group_s"] = {"dispatch": {"2": 2e-3, "4": 8e-3}}
+    raw["efficiency"]["rank_compute_slowdown"] = {"2": 1.5, "4": 2.5}
+    raw["sources"]["efficiency.a2a_latency_by_group_s"] = "test"
+    raw["sources"]["efficiency.rank_compute_slowdown"] = "test"
+    e = profile_from_dict(raw).require_efficiency()
+    assert e.a2a_latency("dispatch", 3) == pytest.approx(5e-3)
+    assert e.a2a_latency("dispatch", 8) == pytest.approx(8e-3 + 3e-3 * 4)  # last slope
+    assert e.a2a_latency("dispatch", 1) == pytest.approx(2e-3)
+    assert e.a2a_latency("combine", 4) == e.a2a_latency_s  # not in the table: the formula
+    assert [e.core_share(r) for r in (1, 2, 3, 4, 8)] == pytest.approx([1, 1.5, 2, 2.5, 5])
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("rank_compute_slowdown", {"0": 1.2}, "keys must be positive integers"),
+    ("rank_compute_slowdown", {"2": -1}, "must be a positive number"),
+    ("a2a_latency_by_group_s", {"gather": {"2": 1e-3}}, "a2a_latency_by_group_s must be"),
+    ("op_overhead_s", {"norm": -1e-6}, "must be a non-negative number"),
+    ("roofline", "min", "roofline must be max or sum"),
+])
+def test_bad_optional_keys(key, value, message):
+    raw = json.loads(json.dumps(load_profile("mi300x").raw))
+    raw["efficiency"][key] = value
+    raw["sources"][f"efficiency.{key}"] = "test"
+    with pytest.raises(EpsimError, match=message):
+        profile_from_dict(raw)
+
+
+def test_optional_keys_need_a_source():
+    raw = json.loads(json.dumps(load_profile("mi300x").raw))
+    raw["efficiency"]["op_overhead_s"] = {"norm": 1e-5}
+    with pytest.raises(EpsimError, match="efficiency.op_overhead_s"):
+        profile_from_dict(raw)
