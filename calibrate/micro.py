@@ -95,10 +95,12 @@ def op_features(op: Op) -> dict[str, Any]:
                            "flops": op.flops, "bytes": op.bytes, "weight_bytes": op.weight_bytes}
     if "batch" in d:  # a GEMM's batch (heads of MLA's absorption), not the step's sequences
         row["gemm_batch"] = d["batch"]
-    for key in ("m", "n", "k", "tokens", "width", "seqs", "heads", "context", "pairs",
-                "experts", "active_experts", "gemms"):
+    for key in ("m", "n", "k", "tokens", "width", "seqs", "heads", "pairs", "experts",
+                "active_experts", "gemms"):
         if key in d:
             row[key] = d[key]
+    if "context" in d:  # the op's own context (the step's grows by one per step)
+        row["kv_context"] = d["context"]
     if "kv_dtype" in d:
         row["kv_dtype"] = d["kv_dtype"]
     return row

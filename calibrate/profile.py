@@ -54,11 +54,19 @@ def table_paths(out: str | Path) -> dict[str, Path]:
     return {t: out.with_name(f"{stem}.{t}.csv") for t in TABLES}
 
 
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
+    """Write ``df`` as CSV whole or not at all (temp file + rename, usual file mode)."""
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         df.to_csv(tmp, index=False)
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -298,7 +306,7 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
                                       micro.QUICK_POINTS[:1] if quick else micro.RANKS_POINTS,
                                       worlds=(1, 2) if quick else (1, 2, 4),
                                       steps=3 if quick else 8,
-                                      rounds=1 if quick else 2)
+                                      rounds=1 if quick else 3)
         say("all-to-all and contention (world sizes 2 and 4)")
         a2a, cont = comm_bench.comm_sweep(
             worlds=(2,) if quick else (2, 4), tokens=comm_bench.QUICK_A2A_TOKENS if quick else comm_bench.A2A_TOKENS,

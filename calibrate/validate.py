@@ -311,6 +311,9 @@ def plot(report: Mapping[str, Any], path: str | Path) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
