@@ -289,22 +289,22 @@ def fit_comm(df: pd.DataFrame) -> CommFit:
 def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,
                       skip: Sequence[str] = ("grouped_gemm", "dispatch", "combine")
                       ) -> dict[int, float]:
-    """``{world: factor}``: the ops' summed time on ``world`` ranks over their summed time alone.
+    """``{world: factor}``: the ops' summed time on ``world`` local ranks over their summed time
+    in the single-process op sweep (world 1 included: the launcher's own conditions).
+
+    Anchoring every world size, 1 included, to the op sweep folds any difference between the
+    sweep's moment and the launched runs' (the machine's background load) into the factors, which
+    are measured the way validation runs are.
 
     Args:
-        single: op rows of one rank (``shape``, ``batch``, ``context``, ``op_id``, ``time_s``),
-            used when ``ranks`` has no world-1 rows.
-        ranks: the same configurations on ``world`` ranks (plus a ``world`` column); its
-            world-1 rows (same launcher, same moment) are the preferred reference.
+        single: op rows of the op sweep (``shape``, ``batch``, ``context``, ``op_id``,
+            ``time_s``; DBO rows are ignored).
+        ranks: the same configurations on ``world`` ranks (plus a ``world`` column).
         skip: kinds whose work differs between one rank and EP ranks (the routed experts get
             other tokens; exchanges exist only with peers).
     """
     keys = ["shape", "batch", "context", "op_id"]
-    if (ranks["world"] == 1).any():
-        one = ranks[ranks["world"] == 1]
-        ranks = ranks[ranks["world"] > 1]
-    else:
-        one = single[~single["dbo"].astype(bool)] if "dbo" in single else single
+    one = single[~single["dbo"].astype(bool)] if "dbo" in single else single
     merged = ranks[~ranks["kind"].isin(skip)].merge(one[keys + ["time_s"]], on=keys,
                                                     suffixes=("", "_single"))
     if merged.empty:

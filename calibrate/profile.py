@@ -42,6 +42,7 @@ def machine() -> dict[str, Any]:
         info["torch"] = torch.__version__
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_memory_bytes"] = float(torch.cuda.get_device_properties(0).total_memory)
     except Exception:  # torch missing or broken: the CPU facts still describe the machine
         pass
     return info
@@ -134,7 +135,8 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     sources: dict[str, str] = {
         "peak_flops": src("ops", f"the fastest GEMM of the grid ({measured_peak / 1e9:.1f} "
                           "GFLOP/s; the runtime computes in fp32 here, so every dtype has it)"),
-        "hbm_bytes": "physical memory of the machine (os.sysconf)",
+        "hbm_bytes": "the GPU's memory (torch.cuda.get_device_properties)" if device == "cuda"
+        else "physical memory of the machine (os.sysconf)",
         "hbm_bandwidth": src("ops", "the roofline bandwidth B of the GEMM rows (bytes as the op "
                              "graph counts them: bf16 weights, so about half the fp32 bytes "
                              "really moved); hbm_fraction 1"),
@@ -164,7 +166,8 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         # --gpus-per-node W simulates W local ranks, as epsim run --world-size W runs them)
         "gpus_per_node": int(machine_info.get("cpu_count") or 1) if device == "cpu" else 1,
         "peak_flops": {"bf16": peak, "fp8": peak, "fp32": peak},
-        "hbm_bytes": _memory_bytes(),
+        "hbm_bytes": (machine_info.get("gpu_memory_bytes") or _memory_bytes())
+        if device == "cuda" else _memory_bytes(),
         "hbm_bandwidth": comp.bandwidth,
     }
     if device == "cpu":
@@ -224,8 +227,9 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         slow = F.fit_rank_slowdown(ops, ranks)
         eff["rank_compute_slowdown"] = {str(w): max(f, 1e-3) for w, f in slow.items()}
         sources["efficiency.rank_compute_slowdown"] = src(
-            "ranks", "median over ops of an op's time on W local ranks (EP decode steps of the "
-            "calibration shapes) over its time alone (" + ", ".join(
+            "ranks", "summed time of the ops on W local ranks (decode steps of the calibration "
+            "shapes launched as epsim run does, EP for W > 1) over their summed time in the "
+            "op sweep (" + ", ".join(
                 f"W={w}: {f:.2f}x" for w, f in slow.items()) + ")")
     if cont is not None and not cont.empty:
         slow_c = F.fit_comm_slowdown(cont["probe_s"].tolist(),

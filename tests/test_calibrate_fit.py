@@ -93,16 +93,27 @@ def test_comm_fit_recovers_latencies_and_bandwidth():
     assert fit.rel_err < 1e-9
 
 
-def test_rank_slowdown_is_time_weighted_against_world_one():
-    rows = []
-    for world, factor in ((1, 1.0), (2, 1.3), (4, 2.2)):
+def test_rank_slowdown_is_time_weighted_against_the_op_sweep():
+    single, rows = [], []
+    for i, t in enumerate((1e-5, 4e-4, 2e-3)):
+        single.append({"shape": "s", "batch": 6, "context": 160, "dbo": False,
+                       "op_id": f"op{i}", "kind": "norm", "time_s": t})
+        single.append({"shape": "s", "batch": 6, "context": 160, "dbo": True,  # ignored
+                       "op_id": f"op{i}", "kind": "norm", "time_s": 1.0})
+    for world, factor in ((1, 1.05), (2, 1.3), (4, 2.2)):
         for i, t in enumerate((1e-5, 4e-4, 2e-3)):
+            # the long op is slowed more: the time-weighted factor follows it
+            f = factor if i else 1.0
             rows.append({"shape": "s", "world": world, "batch": 6, "context": 160,
-                         "op_id": f"op{i}", "kind": "norm", "time_s": t * factor})
+                         "op_id": f"op{i}", "kind": "norm", "time_s": t * f})
         rows.append({"shape": "s", "world": world, "batch": 6, "context": 160,
                      "op_id": "x", "kind": "dispatch", "time_s": 1.0 * world})  # skipped
-    got = F.fit_rank_slowdown(pd.DataFrame(), pd.DataFrame(rows))
-    assert got == pytest.approx({2: 1.3, 4: 2.2})
+    got = F.fit_rank_slowdown(pd.DataFrame(single), pd.DataFrame(rows))
+    total = 1e-5 + 4e-4 + 2e-3
+    assert got == pytest.approx({w: (1e-5 + f * 2.4e-3) / total
+                                 for w, f in ((1, 1.05), (2, 1.3), (4, 2.2))})
+    with pytest.raises(EpsimError, match="no op was timed"):
+        F.fit_rank_slowdown(pd.DataFrame(single), pd.DataFrame(rows).assign(shape="t"))
 
 
 def test_comm_slowdown_inverts_the_fluid_model():
@@ -139,6 +150,7 @@ def synthetic_tables(rng: np.random.Generator) -> dict[str, pd.DataFrame]:
     a2a = pd.DataFrame([{"kind": k, "world": w, "peers": w - 1, "tokens": t,
                          "link_bytes": t * 100.0, "time_s": lat[(k, w)] + t * 100.0 / 3e8}
                         for (k, w), t in itertools.product(lat, (1, 64, 1024))])
+    ops.loc[0, ["op_id", "kind", "time_s"]] = ["o", "norm", 1e-4]
     ranks = pd.DataFrame([{"shape": "s", "world": w, "batch": 1, "context": 1, "op_id": "o",
                            "kind": "norm", "time_s": 1e-4 * f}
                           for w, f in ((1, 1.0), (2, 1.25), (4, 2.0))])
