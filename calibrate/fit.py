@@ -317,6 +317,29 @@ def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,
     return out
 
 
+def fit_rank_slowdown_by_kind(single: pd.DataFrame, ranks: pd.DataFrame,
+                              skip: Sequence[str] = ("grouped_gemm", "dispatch", "combine"),
+                              min_rows: int = 3) -> dict[str, dict[int, float]]:
+    """``{op class: {world: factor}}``: :func:`fit_rank_slowdown` per op class (classes with at
+    least ``min_rows`` matched ops at every world size). Short ops and long ones are slowed
+    differently when ranks share cores (long ones are the ones preempted)."""
+    keys = ["shape", "batch", "context", "op_id"]
+    one = with_classes(single)
+    one = one[~one["dbo"].astype(bool)] if "dbo" in one else one
+    # the op class comes from the op sweep's rows (they carry the GEMM batch)
+    rows = ranks[~ranks["kind"].isin(skip)].drop(columns=["kind"]).merge(
+        one[keys + ["kind"]], on=keys)
+    worlds = set(ranks["world"])
+    out: dict[str, dict[int, float]] = {}
+    for kind in sorted(set(rows["kind"])):
+        sub = rows[rows["kind"] == kind]
+        counts = sub.groupby("world").size()
+        if set(counts.index) != worlds or counts.min() < min_rows:
+            continue
+        out[kind] = fit_rank_slowdown(one, sub, skip)
+    return out
+
+
 def fit_comm_slowdown(together_s: Sequence[float], under_comm_s: Sequence[float],
                       floor: float = 0.01, cap: float = 0.9) -> float:
     """The fluid model's ``s`` from a probe's time alone and with an exchange in flight all

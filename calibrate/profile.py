@@ -226,6 +226,13 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     if ranks is not None and not ranks.empty:
         slow = F.fit_rank_slowdown(ops, ranks)
         eff["rank_compute_slowdown"] = {str(w): max(f, 1e-3) for w, f in slow.items()}
+        by_kind = F.fit_rank_slowdown_by_kind(ops, ranks)
+        if by_kind:
+            eff["rank_compute_slowdown_by_kind"] = {
+                k: {str(w): max(f, 1e-3) for w, f in t.items()} for k, t in by_kind.items()}
+            sources["efficiency.rank_compute_slowdown_by_kind"] = src(
+                "ranks", "the same ratio per op class (classes with at least 3 ops at every "
+                "world size); other classes use rank_compute_slowdown")
         sources["efficiency.rank_compute_slowdown"] = src(
             "ranks", "summed time of the ops on W local ranks (decode steps of the calibration "
             "shapes launched as epsim run does, EP for W > 1) over their summed time in the "

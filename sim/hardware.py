@@ -56,6 +56,9 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
       rank_compute_slowdown  {ranks per node: factor}: each compute op takes ``factor`` times as
                              long when that many ranks share the node's cores (measured points;
                              linear in between from (1, 1), proportional to ranks beyond the last)
+      rank_compute_slowdown_by_kind  {op class: {ranks per node: factor}}: the same per op class
+                             (short ops and long ones suffer differently); classes not listed
+                             use ``rank_compute_slowdown``
     sources["efficiency.<key>"] gives each one's source (optional keys included when present).
 
 Shipped profiles are built from public component measurements (``docs/hardware.md``); ``epsim
@@ -112,6 +115,7 @@ _FRACTION_KEYS = ("hbm_fraction", "comm_compute_slowdown")
 OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "op_overhead_s", "op_time_scale", "op_bytes_scale", "roofline", "a2a_latency_per_peer_s", "combine_latency_s",
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
+    "rank_compute_slowdown_by_kind",
 )
 
 
@@ -141,6 +145,8 @@ class Efficiency:
         (gloo, 2 cores): ``{"dispatch": {2: 3.1e-3, 4: 9.0e-3}}``.
     rank_compute_slowdown: ``{ranks: factor}``, empty: every rank has its own device. Example
         (4 local ranks on a 2-core CPU): ``{2: 1.4, 4: 2.1}``.
+    rank_compute_slowdown_by_kind: ``{op class: {ranks: factor}}``, empty unless fitted.
+        Example: ``{"norm": {2: 1.3, 4: 1.5}, "attention_decode": {2: 1.15, 4: 1.9}}``.
     """
 
     gemm_flops_fraction: Mapping[str, float]
@@ -164,6 +170,8 @@ class Efficiency:
     combine_latency_per_peer_s: float | None = None
     a2a_latency_by_group_s: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     rank_compute_slowdown: Mapping[int, float] = field(default_factory=dict)
+    rank_compute_slowdown_by_kind: Mapping[str, Mapping[int, float]] = field(
+        default_factory=dict)
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
@@ -203,10 +211,13 @@ class Efficiency:
         """Factor on the bytes term of ``kind`` under ``roofline == "sum"`` (1 unless fitted)."""
         return self._lookup(self.op_bytes_scale, kind, 1.0)
 
-    def core_share(self, ranks_per_node: int) -> float:
-        """How much longer a compute op takes when ``ranks_per_node`` ranks share a node's cores
-        (``rank_compute_slowdown``; 1 without it)."""
+    def core_share(self, ranks_per_node: int, kind: str | None = None) -> float:
+        """How much longer a compute op (of op class ``kind``) takes when ``ranks_per_node``
+        ranks share a node's cores (``rank_compute_slowdown[_by_kind]``; 1 without them)."""
         table = self.rank_compute_slowdown
+        if kind is not None and self.rank_compute_slowdown_by_kind:
+            by_kind = self.rank_compute_slowdown_by_kind
+            table = by_kind.get(kind) or by_kind.get(kind.split(".")[0]) or table
         if not table:
             return 1.0
         points = sorted({1: 1.0, **table}.items())
@@ -274,6 +285,14 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
                              "{dispatch|combine: {group size: seconds}}")
         out["a2a_latency_by_group_s"] = {
             kind: _int_keyed(sub, f"{where}: efficiency.a2a_latency_by_group_s.{kind}")
+            for kind, sub in table.items()}
+    if "rank_compute_slowdown_by_kind" in obj:
+        table = obj["rank_compute_slowdown_by_kind"]
+        if not isinstance(table, Mapping):
+            raise EpsimError(f"{where}: efficiency.rank_compute_slowdown_by_kind must be an "
+                             "object {op class: {ranks: factor}}")
+        out["rank_compute_slowdown_by_kind"] = {
+            str(kind): _int_keyed(sub, f"{where}: efficiency.rank_compute_slowdown_by_kind.{kind}")
             for kind, sub in table.items()}
     if "rank_compute_slowdown" in obj:
         out["rank_compute_slowdown"] = _int_keyed(obj["rank_compute_slowdown"],

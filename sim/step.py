@@ -123,7 +123,7 @@ class _Compiled:
     program: Program
     routed: dict[str, np.ndarray]  # "experts" / "dispatch" / "combine": [moe_layers, mb] op index
     mb_tokens: tuple[int, ...]  # dispatch tokens per rank per microbatch
-    share: float = 1.0  # compute slowdown of ranks sharing a node's host cores (CPU profiles)
+    share: float = 1.0  # the fused MoE's slowdown when ranks share a node's cores (CPU profiles)
 
 
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
@@ -165,7 +165,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     nodes_of = np.arange(ranks) // plan.gpus_per_node
     seen: dict[tuple, float] = {}  # layers repeat: cost each distinct op once
     # CPU runtimes: more ranks than cores on a node stretch every compute op (1 on GPUs)
-    share = eff.core_share(min(ranks, plan.gpus_per_node))
+    ranks_on_node = min(ranks, plan.gpus_per_node)
     for i, op in enumerate(ops):
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         if op.is_collective:
@@ -180,7 +180,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
             seen[sig] = cost.op_time(op, profile)
         work[i] = seen[sig] + node_s
         if not op.is_collective:
-            work[i] *= share
+            work[i] *= eff.core_share(ranks_on_node, cost.op_class(op))
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(n, eff.graph_launch_s if captured else 0.0)
     launch_s = 0.0 if captured else profile.kernel_launch_s
@@ -208,7 +208,9 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                                      for layer in moe_layers])
         mb_tokens = tuple(int(graph.ops[f"L{moe_layers[0]}.moe.dispatch.mb{mb}"].dims["tokens"])
                           for mb in range(mbs))
-    return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens, share))
+    share_experts = eff.core_share(ranks_on_node, "grouped_gemm")
+    return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens,
+                                               share_experts))
 
 
 def _loads_key(loads: np.ndarray) -> tuple:

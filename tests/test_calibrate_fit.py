@@ -256,3 +256,33 @@ def test_optional_keys_need_a_source():
     raw["efficiency"]["op_overhead_s"] = {"norm": 1e-5}
     with pytest.raises(EpsimError, match="efficiency.op_overhead_s"):
         profile_from_dict(raw)
+
+
+def test_rank_slowdown_by_kind_overrides_the_flat_table():
+    raw = json.loads(json.dumps(load_profile("mi300x").raw))
+    raw["efficiency"]["rank_compute_slowdown"] = {"2": 1.5, "4": 2.5}
+    raw["efficiency"]["rank_compute_slowdown_by_kind"] = {"norm": {"2": 1.2, "4": 1.4},
+                                                          "gemm": {"4": 3.0}}
+    for key in ("rank_compute_slowdown", "rank_compute_slowdown_by_kind"):
+        raw["sources"][f"efficiency.{key}"] = "test"
+    e = profile_from_dict(raw).require_efficiency()
+    assert e.core_share(4, "norm") == pytest.approx(1.4)
+    assert e.core_share(2, "gemm.batched") == pytest.approx(2.0)  # class -> kind, (1,1)..(4,3)
+    assert e.core_share(4, "attention_decode") == pytest.approx(2.5)  # not listed: flat table
+    assert e.core_share(4) == pytest.approx(2.5)
+
+
+def test_rank_slowdown_by_kind_fit():
+    single, ranks = [], []
+    for kind, factor in (("norm", 1.3), ("gemm", 1.1)):
+        for i in range(3):
+            single.append({"shape": "s", "batch": 1, "context": 1, "dbo": False,
+                           "op_id": f"{kind}{i}", "kind": kind, "gemm_batch": 1,
+                           "time_s": 1e-4 * (i + 1)})
+            for w in (1, 2):
+                ranks.append({"shape": "s", "world": w, "batch": 1, "context": 1,
+                              "op_id": f"{kind}{i}", "kind": kind,
+                              "time_s": 1e-4 * (i + 1) * (factor if w == 2 else 1.0)})
+    got = F.fit_rank_slowdown_by_kind(pd.DataFrame(single), pd.DataFrame(ranks))
+    assert got == {"gemm": pytest.approx({1: 1.0, 2: 1.1}),
+                   "norm": pytest.approx({1: 1.0, 2: 1.3})}
