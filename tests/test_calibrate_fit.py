@@ -267,7 +267,7 @@ def test_rank_slowdown_by_kind_overrides_the_flat_table():
         raw["sources"][f"efficiency.{key}"] = "test"
     e = profile_from_dict(raw).require_efficiency()
     assert e.core_share(4, "norm") == pytest.approx(1.4)
-    assert e.core_share(2, "gemm.batched") == pytest.approx(2.0)  # class -> kind, (1,1)..(4,3)
+    assert e.core_share(2, "gemm.batched") == pytest.approx(5 / 3)  # -> gemm: (1,1)..(4,3)
     assert e.core_share(4, "attention_decode") == pytest.approx(2.5)  # not listed: flat table
     assert e.core_share(4) == pytest.approx(2.5)
 
