@@ -30,6 +30,11 @@ def test_default_grid_meets_the_acceptance_shape():
     assert {c.model for c in cases} == {"tiny-deepseek", "tiny-deepseek-wide"}
 
 
+def test_gpu_grid_is_single_rank():
+    cases = read_grid(DEFAULT_GRID.parent / "gpu1.json")
+    assert {c.world_size for c in cases} == {1} and {c.dbo for c in cases} == {False, True}
+
+
 def test_grid_parsing_defaults():
     cases = parse_grid([{"model": "tiny-deepseek", "world_size": 2, "batch": 8, "context": 64,
                          "placement": "contiguous"}])
