@@ -78,7 +78,7 @@ def _stats(name: str, values_s: np.ndarray, percentiles: Sequence[float], with_p
     out = {f"mean_{name}_ms": float(np.mean(ms)), f"median_{name}_ms": float(np.median(ms)),
            f"std_{name}_ms": float(np.std(ms))}
     if with_pct:
-        for p, v in zip(percentiles, np.percentile(ms, list(percentiles))):
+        for p, v in zip(percentiles, np.percentile(ms, list(percentiles)), strict=True):
             out[f"p{percentile_word(p)}_{name}_ms"] = float(v)
     return out
 

@@ -124,8 +124,8 @@ class MemoStepTime:
     """Memoise and interpolate any exact step-time function on the (batch, context) grid.
 
     ``decode(seqs, context)`` is bilinear between the four surrounding grid points (the step
-    time is smooth in both); ``prefill`` rounds seqs, new tokens and prefix to the nearest grid
-    point. ``calls`` counts the exact evaluations made.
+    time is smooth in both); ``prefill`` rounds seqs and new tokens to the nearest grid point and
+    the prefix to a coarser one. ``calls`` counts the exact evaluations made.
     """
 
     def __init__(self, decode_exact: Callable[[int, int], StepCost],
@@ -162,7 +162,9 @@ class MemoStepTime:
     def prefill(self, seqs: int, prompt: int, prefix: int) -> StepCost:
         s = grid_nearest(seqs, self.per_octave)
         new = grid_nearest(prompt - prefix, self.per_octave)
-        pre = grid_nearest(prefix, self.per_octave) if prefix else 0
+        # a chunk's mean prefix matters through attention only, next to the new tokens' own
+        # attention: under 1/16 of them it is dropped, above it a coarse grid (2 per octave)
+        pre = grid_nearest(prefix, 2) if prefix * 16 >= new else 0
         return self._get(("p", s, new, pre), lambda: self._prefill_exact(s, pre + new, pre))
 
 
