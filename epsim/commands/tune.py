@@ -52,8 +52,10 @@ def space_from_args(args: argparse.Namespace) -> SearchSpace:
     conc = args.concurrency or DEFAULT_CONCURRENCY
     return SearchSpace(
         concurrency=tuple(_list(conc, _pos_int, "concurrency")),
-        dbo=tuple(dict.fromkeys(_list(args.dbo, _onoff, "dbo"))),
-        graph=tuple(dict.fromkeys(_list(args.graph, _onoff, "graph"))),
+        # --no-dbo / --no-graph pin the knob off; otherwise the lists say what to try
+        dbo=(False,) if args.no_dbo else tuple(dict.fromkeys(_list(args.dbo, _onoff, "dbo"))),
+        graph=(False,) if args.no_graph else tuple(dict.fromkeys(
+            _list(args.graph, _onoff, "graph"))),
         splits=tuple(_list(args.splits, _split, "splits")) if args.splits else (None,),
         kv_dtype=tuple(dict.fromkeys(_list(args.kv_dtype, _kv, "kv-dtype"))),
     )
