@@ -187,3 +187,44 @@ def test_open_loop_poisson_rate_is_the_request_throughput():
     # far below saturation: the server keeps up, so requests finish at the offered rate
     assert r["request_throughput"] == pytest.approx(40.0, rel=0.1)
     assert math.isfinite(r["p99_ttft_ms"])
+
+
+def test_least_loaded_dispatch_picks_the_idle_rank():
+    # request 0 (long) on rank 0, request 1 (short) on rank 1 finishes; request 2 comes later:
+    # round robin sends it to rank 0, least loaded to the now idle rank 1
+    r = Requests(np.array([10, 10, 10]), np.array([50, 2, 2]), np.array([0.0, 0.0, 0.3]))
+    for method, rank in (("round_robin", 0), ("least_loaded", 1)):
+        cfg = ServingConfig(dp=2, kv_capacity_tokens=10**6, dp_balance=method)
+        run = simulate_serving(r, cfg, Affine(base=0.01, p_base=0.1))
+        ttft = run.first_token_s[2] - run.send_s[2]
+        # on rank 1 it prefills at once (0.1 s); on rank 0 as well, but rank 0's decodes stall
+        assert ttft == pytest.approx(0.1, abs=0.011)
+        stalled = run.itls_s.max() > 0.1 + 1e-9
+        assert stalled == (rank == 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 40), dp=st.integers(1, 4), cap_seqs=st.integers(1, 10),
+       conc=st.one_of(st.none(), st.integers(1, 20)), chunk=st.integers(50, 400),
+       seed=st.integers(0, 1000), disagg=st.booleans())
+def test_serving_invariants(n, dp, cap_seqs, conc, chunk, seed, disagg):
+    rng = np.random.default_rng(seed)
+    ins, outs = rng.integers(1, 300, n), rng.integers(1, 20, n)
+    req = Requests(ins, outs, np.sort(rng.exponential(0.05, n)))
+    cap = int((ins + outs).max()) * cap_seqs
+    cfg = ServingConfig(dp=dp, kv_capacity_tokens=cap, chunked_prefill_size=chunk,
+                        **({"prefill_dp": 2, "prefill_kv_capacity_tokens": 600,
+                            "kv_transfer_s_per_token": 1e-5} if disagg else {}))
+    run = simulate_serving(req, cfg, Affine(base=0.01, per_seq=1e-3, p_base=0.02, p_token=1e-4),
+                           max_concurrency=conc)
+    assert np.all(run.send_s >= req.issue_times_s - 1e-12)
+    assert np.all(run.first_token_s > run.send_s)
+    assert np.all(run.done_s >= run.first_token_s)
+    assert len(run.itls_s) == int((outs - 1).sum()) and np.all(run.itls_s > 0)
+    assert max(s.kv_usage for s in run.steps) <= 1.0 + 1e-12
+    m = compute_metrics(run)
+    assert m["completed"] == n and m["total_output_tokens"] == int(outs.sum())
+    if conc is not None:  # never more than conc requests in flight
+        events = sorted([(t, 1) for t in run.send_s] + [(t, -1) for t in run.done_s],
+                        key=lambda e: (e[0], e[1]))
+        assert max(np.cumsum([e[1] for e in events])) <= conc
