@@ -8,8 +8,11 @@ in ``BALANCERS`` (each maps ``[rows, n]`` weights and a group count to ``[rows, 
     greedy     heaviest item first onto the least-loaded GPU that still has a free slot
                (the public baseline, as in DeepSeek's EPLB ``balanced_packing``).
     kk         balanced largest differencing (Karmarkar-Karp with group sizes kept), no refinement.
-    kk_swap    ``kk``, then pairwise-swap refinement (epsim's default).
-    greedy_swap  ``greedy``, then the same refinement.
+    kk-swap    ``kk``, then pairwise-swap refinement.
+    greedy-swap  ``greedy``, then the same refinement (epsim's default).
+    exact      every partition tried (small instances only).
+
+The ``-swap`` methods solve instances with at most ``EXACT_LIMIT`` partitions exactly.
 
 Options around the packer (all vectorised over layers, numpy only):
 
@@ -23,8 +26,11 @@ Options around the packer (all vectorised over layers, numpy only):
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -360,12 +366,68 @@ class _SwapState:
         return out
 
 
-def _greedy_swap(weights: np.ndarray, num_groups: int) -> np.ndarray:
-    return refine_swaps(weights, greedy_groups(weights, num_groups), num_groups)
+#: enumerate every partition up to this many (a few ms); beyond, the heuristics
+EXACT_LIMIT = 20_000
 
 
-def _kk_swap(weights: np.ndarray, num_groups: int) -> np.ndarray:
-    return refine_swaps(weights, kk_groups(weights, num_groups), num_groups)
+def partition_count(n: int, num_groups: int) -> int:
+    """Ways to split ``n`` items into ``num_groups`` unlabelled groups of ``n / num_groups``."""
+    s = n // num_groups
+    return math.factorial(n) // (math.factorial(s) ** num_groups * math.factorial(num_groups))
+
+
+@lru_cache(maxsize=16)
+def _all_partitions(n: int, num_groups: int) -> np.ndarray:
+    """``[P, n]`` group labels of every partition (item 0 always in group 0, the lowest
+    unplaced item opens the next group, so each partition appears once)."""
+    s = n // num_groups
+    out: list[list[int]] = []
+    labels = [-1] * n
+
+    def place(group: int) -> None:
+        if group == num_groups:
+            out.append(labels.copy())
+            return
+        free = [i for i in range(n) if labels[i] < 0]
+        for rest in itertools.combinations(free[1:], s - 1):
+            for i in (free[0], *rest):
+                labels[i] = group
+            place(group + 1)
+            for i in (free[0], *rest):
+                labels[i] = -1
+
+    place(0)
+    return np.asarray(out, dtype=np.int64)
+
+
+def exact_groups(weights: np.ndarray, num_groups: int) -> np.ndarray:
+    """The optimum (lowest heaviest group) by trying every partition; small cases only.
+
+    Args / returns: as :func:`greedy_groups`. Raises when there are more than
+    ``EXACT_LIMIT`` partitions (e.g. 16 items in 4 groups)."""
+    layers, n = weights.shape
+    if partition_count(n, num_groups) > EXACT_LIMIT:
+        raise EpsimError(f"exact balancing of {n} items in {num_groups} groups would try "
+                         f"{partition_count(n, num_groups):,} partitions (limit {EXACT_LIMIT:,})")
+    parts = _all_partitions(n, num_groups)  # [P, n]
+    onehot = (parts[:, :, None] == np.arange(num_groups)).astype(np.float64)  # [P, n, k]
+    sums = np.einsum("ln,pnk->lpk", weights, onehot)  # [layers, P, k]
+    best = np.argmin(sums.max(axis=2), axis=1)
+    return parts[best]
+
+
+def _with_swaps(start: Callable[[np.ndarray, int], np.ndarray]
+                ) -> Callable[[np.ndarray, int], np.ndarray]:
+    """``start`` then :func:`refine_swaps`; instances small enough are solved exactly."""
+    def packer(weights: np.ndarray, num_groups: int) -> np.ndarray:
+        if partition_count(weights.shape[1], num_groups) <= EXACT_LIMIT:
+            return exact_groups(weights, num_groups)
+        return refine_swaps(weights, start(weights, num_groups), num_groups)
+    return packer
+
+
+_greedy_swap = _with_swaps(greedy_groups)
+_kk_swap = _with_swaps(kk_groups)
 
 
 #: name -> packer(weights [rows, n], num_groups) -> groups [rows, n] (exactly n / num_groups each)
@@ -374,6 +436,7 @@ BALANCERS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
     "kk": kk_groups,
     "kk-swap": _kk_swap,
     "greedy-swap": _greedy_swap,
+    "exact": exact_groups,
 }
 
 #: epsim's choice: heaviest-first spreads the hottest experts one per GPU (which is what holds
@@ -682,3 +745,81 @@ def _pack_from_previous(loads: np.ndarray, prev_p2l: np.ndarray, prev_counts: np
                            prev_p2l.shape)
     groups = refine_swaps(item_w, home, num_gpus, home=home, max_moves=max_moves)
     return _Packed(item_log, groups)
+
+
+# --------------------------------------------------------------------------------------------
+# Summaries (what ``epsim balance`` prints)
+# --------------------------------------------------------------------------------------------
+
+
+def imbalance_summary(placement: Placement, loads: np.ndarray) -> dict[str, float]:
+    """``{"mean", "max"}`` over the loaded layers of max GPU load / mean GPU load."""
+    rows = np.flatnonzero(loads.sum(axis=1) > 0)
+    imb = placement.imbalance(loads)[rows]
+    return {"mean": float(np.mean(imb)), "max": float(np.max(imb))}
+
+
+def lower_bound(loads: np.ndarray, num_gpus: int, redundant: int = 0) -> dict[str, float]:
+    """``{"mean", "max"}`` over loaded layers of an imbalance no placement can beat.
+
+    The busiest GPU carries at least the mean, at least the hottest expert's share (its load
+    over the replicas it can have, one per GPU at most), and, for integer counts without
+    replicas, the mean rounded up."""
+    rows = loads[loads.sum(axis=1) > 0]
+    mean = rows.sum(axis=1) / num_gpus
+    split = min(num_gpus, redundant + 1)
+    bound = np.maximum(mean, rows.max(axis=1) / split)
+    if redundant == 0 and np.all(rows == np.round(rows)):
+        bound = np.maximum(bound, np.ceil(mean - 1e-9))
+    lb = bound / mean
+    return {"mean": float(np.mean(lb)), "max": float(np.max(lb))}
+
+
+def balance_report(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_METHOD, *,
+                   redundant: int = 0, nodes: int = 1, expert_groups: int | None = None,
+                   previous: Placement | None = None, max_moves: int | None = None,
+                   eval_loads: np.ndarray | None = None) -> tuple[Placement, dict]:
+    """Balance, and measure the result: the placement and the summary ``epsim balance --json``
+    prints (keys ``layers``, ``imbalance_before``/``imbalance_after`` as ``{"mean", "max"}``,
+    ``lower_bound``, ``eval`` on ``eval_loads``, ``moved_experts`` with a previous placement,
+    ``wall_ms`` of the balancing alone).
+
+    "Before" is the previous placement when there is one, else the contiguous placement.
+    """
+    from time import perf_counter
+
+    from .placement import contiguous_placement
+
+    loads = np.asarray(loads, dtype=np.float64)
+    if eval_loads is not None and eval_loads.shape != loads.shape:
+        raise EpsimError(f"evaluation loads of shape {list(eval_loads.shape)} do not match the "
+                         f"fitted loads' {list(loads.shape)}")
+    start = perf_counter()
+    placement = balance_placement(loads, num_gpus, method, redundant=redundant, nodes=nodes,
+                                  expert_groups=expert_groups, previous=previous,
+                                  max_moves=max_moves)
+    wall_ms = (perf_counter() - start) * 1e3
+    before = previous if previous is not None else contiguous_placement(
+        loads.shape[0], loads.shape[1], num_gpus)
+    out: dict = {
+        "layers": int(np.count_nonzero(loads.sum(axis=1) > 0)),
+        "experts": loads.shape[1],
+        "gpus": num_gpus,
+        "nodes": nodes,
+        "redundant": redundant,
+        "slots_per_gpu": placement.slots_per_gpu,
+        "method": method,
+        "before": "previous" if previous is not None else "contiguous",
+        "imbalance_before": imbalance_summary(before, loads),
+        "imbalance_after": imbalance_summary(placement, loads),
+        "lower_bound": lower_bound(loads, num_gpus, redundant),
+    }
+    if eval_loads is not None:
+        out["eval"] = {"imbalance_before": imbalance_summary(before, eval_loads),
+                       "imbalance_after": imbalance_summary(placement, eval_loads)}
+    if previous is not None:
+        moved = moved_experts(previous, placement)
+        out["moved_experts"] = int(moved.sum())
+        out["moved_experts_max_layer"] = int(moved.max())
+    out["wall_ms"] = wall_ms
+    return placement, out
