@@ -54,20 +54,26 @@ def greedy_groups(weights: np.ndarray, num_groups: int) -> np.ndarray:
     """
     layers, n = weights.shape
     size = n // num_groups
-    groups = np.empty((layers, n), dtype=np.int64)
     rows = np.arange(layers)
     # Step 1: visit items heaviest first (stable, so ties keep expert order)
     order = np.argsort(-weights, axis=1, kind="stable")
-    sums = np.zeros((layers, num_groups))
+    sorted_w = np.take_along_axis(weights, order, axis=1)
+    # key: a group's load, or +inf once it is full
+    key = np.zeros((layers, num_groups))
     fill = np.zeros((layers, num_groups), dtype=np.int64)
+    chosen = np.empty((layers, n), dtype=np.int64)
     for step in range(n):
-        item = order[:, step]
         # Step 2: the lightest group that still has room takes it (all layers at once)
-        candidate = np.where(fill < size, sums, np.inf)
-        g = np.argmin(candidate, axis=1)
-        groups[rows, item] = g
-        sums[rows, g] += weights[rows, item]
+        g = np.argmin(key, axis=1)
+        chosen[:, step] = g
+        key[rows, g] += sorted_w[:, step]
         fill[rows, g] += 1
+        if step >= size - 1:  # no group can be full earlier
+            full = fill[rows, g] == size
+            if full.any():
+                key[rows[full], g[full]] = np.inf
+    groups = np.empty((layers, n), dtype=np.int64)
+    np.put_along_axis(groups, order, chosen, axis=1)
     return groups
 
 
@@ -314,7 +320,7 @@ class _SwapState:
         bs = np.take_along_axis(wb, ob, axis=1)
         # Step 2: merge targets into b's sorted weights; count the b's before each target
         both = np.concatenate([bs, targets], axis=1)
-        merged = np.argsort(both, axis=1, kind="stable")  # b's first among equals
+        merged = np.argsort(both, axis=1)  # ties: either neighbour is checked below
         below = np.cumsum(merged < s, axis=1)  # b weights at or before each merged position
         where = np.empty_like(merged)
         np.put_along_axis(where, merged, np.broadcast_to(np.arange(2 * s), merged.shape), axis=1)
