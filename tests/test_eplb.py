@@ -21,7 +21,7 @@ from model.eplb import (
 from model.loads import read_loads
 from model.placement import contiguous_placement, remap
 
-HEURISTICS = ("greedy", "kk", "kk-swap", "greedy-swap")
+HEURISTICS = ("greedy", "kk", "kk-swap", "greedy-swap", "greedy-swap2")
 
 
 def brute_force_best(w, k):
@@ -66,7 +66,7 @@ def test_kk_hand_example():
 def test_default_and_exact_are_optimal_on_small_cases(n, k):
     rng = np.random.default_rng(n * 10 + k)
     w = rng.integers(1, 100, size=(12, n)).astype(float)
-    for method in ("greedy-swap", "kk-swap", "exact"):
+    for method in ("greedy-swap", "greedy-swap2", "kk-swap", "exact"):
         groups = BALANCERS[method](w, k)
         for row, g in zip(w, groups, strict=True):
             assert np.bincount(g, minlength=k).tolist() == [n // k] * k
@@ -90,10 +90,11 @@ def test_every_packer_keeps_group_sizes_and_swaps_never_hurt(k, s, layers, seed)
         for g in groups:
             assert np.bincount(g, minlength=k).tolist() == [s] * k, method
     start = greedy_groups(w, k)
-    refined = refine_swaps(w, start, k)
-    for row, a, b in zip(w, start, refined, strict=True):
-        assert np.bincount(b, minlength=k).tolist() == [s] * k
-        assert group_max(row, b, k) <= group_max(row, a, k) + 1e-9
+    for exchange in (False, True):
+        refined = refine_swaps(w, start, k, exchange=exchange)
+        for row, a, b in zip(w, start, refined, strict=True):
+            assert np.bincount(b, minlength=k).tolist() == [s] * k
+            assert group_max(row, b, k) <= group_max(row, a, k) + 1e-9
 
 
 @settings(max_examples=40, deadline=None)
