@@ -42,7 +42,8 @@ GPUS = 8
 
 
 def summary(imb: np.ndarray) -> str:
-    return f"{imb.mean():.5f} / {imb.max():.5f}"
+    digits = 7 if imb.max() < 1.001 else 5
+    return f"{imb.mean():.{digits}f} / {imb.max():.{digits}f}"
 
 
 def moe(placement, loads) -> np.ndarray:
@@ -52,7 +53,7 @@ def moe(placement, loads) -> np.ndarray:
 def timing(files: dict[str, np.ndarray], repeats: int) -> None:
     print("## Time to balance 58 layers x 256 experts on 8 GPUs: median wall ms / median CPU ms "
           "of this process\n")
-    cases = [("greedy", {}), ("kk-swap", {}), (DEFAULT_METHOD, {}),
+    cases = [("greedy", {}), ("kk-swap", {}), (DEFAULT_METHOD, {}), ("greedy-swap2", {}),
              (DEFAULT_METHOD, {"redundant": 32}), (DEFAULT_METHOD, {"nodes": 2}),
              ]
     print("| method | " + " | ".join(files) + " |")
@@ -75,10 +76,10 @@ def timing(files: dict[str, np.ndarray], repeats: int) -> None:
 
 def quality(files: dict[str, np.ndarray]) -> None:
     print("## Imbalance, mean / worst over the 58 MoE layers (8 GPUs, no replicas)\n")
-    print("| fitted on | contiguous | greedy | kk-swap | epsim | lower bound "
-          "| held out on | contiguous | greedy | kk-swap | epsim |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    held = {"greedy": [], "kk-swap": [], DEFAULT_METHOD: []}
+    print("| fitted on | contiguous | greedy | kk-swap | epsim | greedy-swap2 | lower bound "
+          "| held out on | contiguous | greedy | kk-swap | epsim | greedy-swap2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    held = {"greedy": [], "kk-swap": [], DEFAULT_METHOD: [], "greedy-swap2": []}
     for name, loads in files.items():
         other = files[PAIRS[name]]
         cont = contiguous_placement(*loads.shape, GPUS)
@@ -112,6 +113,9 @@ def held_out_helpers(files: dict[str, np.ndarray]) -> None:
                      for r in (0, 16, 32, 64)]
             cells += [f"{moe(mixed[r], other).mean():.5f}" for r in (0, 32)]
             print(f"| {fit} | {PAIRS[fit]} | " + " | ".join(cells) + " |")
+    print("\nFitted with R=32 (36 slots per GPU), mean / worst: " + ", ".join(
+        f"{n} {summary(moe(balance_placement(files[n], GPUS, redundant=32), files[n]))}"
+        for n in files))
     # a truly held-out mixture: fitted on one phase's mixture, measured on the other phase
     dec = sum(frequencies(files[n]) for n in files if n.startswith("decode")) / 2
     pre = sum(frequencies(files[n]) for n in files if n.startswith("prefill")) / 2
