@@ -21,7 +21,7 @@ an upper bound on what a runtime that streams weights in the background would pa
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,6 +219,8 @@ class RebalanceRun:
         GPU load / mean GPU load. Example: 1.09 / 1.01.
     move_seconds: ``[steps]`` rebalance cost charged to each step (0 where none).
     costs: the :class:`MoveCost` of each rebalance, in order; steps: the step indices.
+    static_step_s / online_step_s: ``[steps]`` step times from a step-time function (the
+        online ones with the move cost added on the rebalancing steps), or None.
     """
 
     static_imbalance: np.ndarray
@@ -226,6 +228,8 @@ class RebalanceRun:
     move_seconds: np.ndarray
     costs: list[MoveCost] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    static_step_s: np.ndarray | None = None
+    online_step_s: np.ndarray | None = None
 
     def summary(self) -> dict[str, float]:
         """Means over the run (imbalance, copies, bytes and seconds)."""
@@ -238,6 +242,10 @@ class RebalanceRun:
             "moved_bytes": float(sum(c.bytes for c in self.costs)),
             "move_seconds_total": float(self.move_seconds.sum()),
             "move_seconds_max": float(self.move_seconds.max(initial=0.0)),
+            **({"static_step_ms_mean": float(np.mean(self.static_step_s)) * 1e3,
+                "online_step_ms_mean": float(np.mean(self.online_step_s)) * 1e3,
+                "online_step_ms_max": float(np.max(self.online_step_s)) * 1e3}
+               if self.static_step_s is not None else {}),
         }
 
 
@@ -266,3 +274,48 @@ def simulate_rebalancing(stream: Iterable[np.ndarray], initial: Placement,
         raise EpsimError("the load stream has no steps")
     return RebalanceRun(np.asarray(static), np.asarray(dynamic), np.asarray(seconds),
                         costs, steps)
+
+
+#: step_seconds(load statistics [layers, experts], placement, seed) -> one step's seconds
+StepTime = Callable[[np.ndarray, Placement, int], float]
+
+
+def simulate_timed_rebalancing(phases: Sequence[tuple[np.ndarray, int]], initial: Placement,
+                               policy: RebalancePolicy, expert_bytes: float,
+                               profile: HardwareProfile, step_seconds: StepTime,
+                               assignments: int, seed: int = 0) -> RebalanceRun:
+    """Like :func:`simulate_rebalancing`, with step times: each step of each phase is timed by
+    ``step_seconds(phase loads, placement in use, step seed)`` (the per-step simulator, e.g.
+    ``lambda l, p, s: simulate_step(model, plan, batch, profile, loads=l, placement=p,
+    seed=s).step_s``), once with the static placement and once with the online one; a
+    rebalance's move cost is added to the online time of the step that does it.
+
+    The rebalancer's window gets this module's own sample of the step's routing
+    (:func:`sample_step_loads` from the phase's loads, ``assignments`` tokens x top-k), drawn
+    from the same distribution as the step function's.
+    """
+    online = OnlineRebalancer(initial, policy, expert_bytes, profile)
+    rng = np.random.default_rng(seed)
+    static, dynamic, seconds, costs, steps, t_static, t_online = [], [], [], [], [], [], []
+    t = 0
+    for loads, count in phases:
+        loads = np.asarray(loads, dtype=np.float64)
+        freqs = frequencies(loads)
+        rows = np.flatnonzero(loads.sum(axis=1) > 0)
+        for _ in range(count):
+            sample = sample_step_loads(freqs, assignments, rng)
+            static.append(_step_imbalance(initial, sample, rows))
+            dynamic.append(_step_imbalance(online.placement, sample, rows))
+            t_static.append(float(step_seconds(loads, initial, seed + t)))
+            t_on = float(step_seconds(loads, online.placement, seed + t))
+            cost = online.observe(sample)
+            seconds.append(cost.seconds if cost else 0.0)
+            t_online.append(t_on + seconds[-1])
+            if cost:
+                costs.append(cost)
+                steps.append(t)
+            t += 1
+    if not static:
+        raise EpsimError("the phases have no steps")
+    return RebalanceRun(np.asarray(static), np.asarray(dynamic), np.asarray(seconds), costs,
+                        steps, np.asarray(t_static), np.asarray(t_online))

@@ -87,3 +87,29 @@ def test_online_rebalancing_follows_a_workload_shift(shared_loads):
     assert all(c.experts <= 16 * 58 for c in run.costs)
     summary = run.summary()
     assert summary["rebalances"] == 4 and summary["move_seconds_total"] > 0
+
+
+def test_timed_rebalancing_charges_the_move_to_its_step(shared_loads):
+    from sim.rebalance import simulate_timed_rebalancing
+
+    a = read_loads(shared_loads / "prefill_in2048.json")
+    b = read_loads(shared_loads / "decode_in2000out100.json")
+
+    def step_seconds(loads, placement, seed):
+        # a stand-in for the per-step simulator: 10 ms times the placement's mean imbalance
+        return 0.01 * float(np.mean(placement.imbalance(loads)[3:]))
+
+    initial = balance_placement(a, 8)
+    run = simulate_timed_rebalancing([(a, 5), (b, 10)], initial,
+                                     RebalancePolicy(5, 5, max_moves=8), 44e6,
+                                     load_profile("mi300x"), step_seconds, 4096 * 8)
+    assert run.steps == [4, 9, 14]
+    # the rebalancing steps pay the move on top; the others pay the placement's imbalance only
+    moves = np.zeros(15)
+    moves[run.steps] = [c.seconds for c in run.costs]
+    np.testing.assert_allclose(run.move_seconds, moves)
+    assert (run.online_step_s[[4, 9, 14]] > run.online_step_s[[3, 8, 13]]).all()
+    # after the shift to decode at step 5 the step rebalanced at step 9 serves steps 10-14
+    assert run.online_step_s[10:14].max() < run.static_step_s[10:14].min()
+    s = run.summary()
+    assert s["online_step_ms_max"] > s["online_step_ms_mean"] and s["static_step_ms_mean"] > 10
