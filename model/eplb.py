@@ -797,10 +797,17 @@ def balance_placement(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_ME
     else:
         packed = _pack_flat(w, num_gpus, redundant, method)
     if previous is not None and max_moves is None:
+        # renumber GPUs (within each node, which keeps the node split) to move the fewest
         inc = gpu_incidence(previous)[rows]
-        if nodes == 1:
-            packed = _Packed(packed.item_log,
-                             _match_labels(packed.groups, packed.item_log, inc, num_gpus))
+        per = num_gpus // nodes
+        n_rows, n_items = packed.groups.shape
+        groups = packed.groups.reshape(n_rows, nodes, n_items // nodes).copy()
+        logs = packed.item_log.reshape(n_rows, nodes, n_items // nodes)
+        for node in range(nodes):
+            local = groups[:, node] - node * per  # node-major items (see _pack_hierarchical)
+            block = inc[:, node * per:(node + 1) * per]
+            groups[:, node] = _match_labels(local, logs[:, node], block, per) + node * per
+        packed = _Packed(packed.item_log, groups.reshape(n_rows, n_items))
     p2l[rows] = _to_p2l(packed, num_gpus)
     return Placement(p2l, num_gpus=num_gpus, num_logical=e)
 

@@ -244,3 +244,21 @@ def test_hierarchical_keeps_routing_groups_on_one_node():
 def test_bad_arguments(kwargs, message):
     with pytest.raises(EpsimError, match=message):
         balance_placement(np.ones((2, 16)), **kwargs)
+
+
+def test_previous_placement_matching_keeps_the_node_split():
+    rng = np.random.default_rng(5)
+    old_loads, new_loads = (np.floor(rng.pareto(1.2, size=(3, 64)) * 100) + 1 for _ in range(2))
+    kw = dict(nodes=2, expert_groups=8, redundant=8)
+    old = balance_placement(old_loads, 8, **kw)
+    fresh = balance_placement(new_loads, 8, **kw)
+    matched = balance_placement(new_loads, 8, previous=old, **kw)
+    np.testing.assert_allclose(matched.imbalance(new_loads), fresh.imbalance(new_loads))
+    assert moved_experts(old, matched).sum() <= moved_experts(old, fresh).sum()
+    # every node holds the same experts as in the fresh placement, only GPU numbers changed
+    half = matched.num_slots // 2
+    for layer in range(3):
+        for node in (0, 1):
+            part = slice(node * half, (node + 1) * half)
+            assert sorted(matched.physical_to_logical[layer, part]) == \
+                sorted(fresh.physical_to_logical[layer, part])
