@@ -24,7 +24,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from model import load_model  # noqa: E402
-from model.eplb import DEFAULT_METHOD, balance_placement, lower_bound  # noqa: E402
+from model.eplb import (  # noqa: E402
+    DEFAULT_METHOD,
+    balance_placement,
+    lower_bound,
+    moved_experts,
+)
 from model.loads import frequencies, read_loads  # noqa: E402
 from model.placement import contiguous_placement  # noqa: E402
 from sim.hardware import load_profile  # noqa: E402
@@ -129,6 +134,31 @@ def held_out_helpers(files: dict[str, np.ndarray]) -> None:
     print("\n")
 
 
+def moves(files: dict[str, np.ndarray]) -> None:
+    print("## Re-placing for new loads: imbalance vs experts moved\n")
+    print("Placement in use fitted on the first file; new loads = the second. Moved = expert "
+          "copies (GPU, expert pairs new to the placement), total over 58 layers and worst "
+          "layer.\n")
+    print("| in use -> new loads | mode | imbalance on new loads | moved total | moved worst "
+          "layer |")
+    print("|---|---|---|---|---|")
+    for old_name, new_name in (("decode_in2000out100", "decode_in1000out1000"),
+                               ("prefill_in2048", "prefill_in4096")):
+        old_loads, new_loads = files[old_name], files[new_name]
+        old = balance_placement(old_loads, GPUS)
+        cases = [("keep", old), ("fresh fit, GPUs not matched", balance_placement(new_loads, GPUS)),
+                 ("fresh fit, GPUs matched", balance_placement(new_loads, GPUS, previous=old))]
+        for k in (4, 8, 16, 32, 64):
+            cases.append((f"max_moves {k}", balance_placement(new_loads, GPUS, previous=old,
+                                                              max_moves=k)))
+        for label, p in cases:
+            moved = moved_experts(old, p)
+            imb = moe(p, new_loads)
+            print(f"| {old_name} -> {new_name} | {label} | {imb.mean():.6f} / {imb.max():.6f} "
+                  f"| {int(moved.sum())} | {int(moved.max())} |")
+    print()
+
+
 def online(files: dict[str, np.ndarray]) -> None:
     print("## Online rebalancing (simulated steps; decode, 512 tokens per GPU, top-8)\n")
     a, b = files["decode_in2000out100"], files["decode_in1000out1000"]
@@ -180,6 +210,7 @@ def main() -> None:
     timing(files, args.repeats)
     quality(files)
     held_out_helpers(files)
+    moves(files)
     if not args.skip_online:
         online(files)
 
