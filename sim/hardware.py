@@ -14,6 +14,27 @@ FLOP/s, seconds):
     kernel_launch_s          CPU launch cost per kernel outside a captured graph
     sources                  {key: where the figure was published}; every key above needs one
 
+Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
+
+    efficiency               achievable-efficiency tables, every key required when present:
+      gemm_flops_fraction    {dtype: achievable / peak FLOP/s of a large GEMM}, at least bf16, fp8
+      gemm_tile_m            rows of the matrix-core tile: a GEMM of M rows computes
+                             ceil(M / tile) * tile rows (the skinny-M decode penalty)
+      hbm_fraction           achievable / peak HBM bandwidth (streaming kernels)
+      attention_split_tokens KV tokens per split-KV work item of decode attention; work items =
+                             seqs * ceil(context / split), occupancy = items over whole waves of CUs
+      link_bandwidth_usable  bytes/s per direction one xGMI link (full_mesh) or one GPU's NVLink
+                             (switch) delivers to an all-to-all
+      nic_bandwidth_usable   bytes/s per direction per GPU over the inter-node NIC
+      a2a_latency_s          fixed cost of one EP dispatch or combine kernel
+      collective_latency_s   fixed cost of a small all-reduce / all-gather, eager
+      collective_latency_graph_s   the same inside a captured graph
+      graph_launch_s         CPU cost of launching one captured graph
+      graph_node_s           GPU-side gap between two kernels of a replayed graph
+      comm_compute_slowdown  share of compute throughput lost while a comm kernel runs on the GPU
+                             (the CUs/SMs the comm kernel occupies)
+    sources["efficiency.<key>"] gives each one's source.
+
 Shipped profiles are built from public component measurements (``docs/hardware.md``); ``epsim
 calibrate`` writes profiles of the same schema. ``load_profile`` takes a shipped name or a path.
 """
@@ -57,6 +78,81 @@ class Fabric:
         return self.links_per_gpu * self.link_bandwidth
 
 
+EFFICIENCY_KEYS: tuple[str, ...] = (
+    "gemm_flops_fraction", "gemm_tile_m", "hbm_fraction", "attention_split_tokens",
+    "link_bandwidth_usable", "nic_bandwidth_usable", "a2a_latency_s", "collective_latency_s",
+    "collective_latency_graph_s", "graph_launch_s", "graph_node_s", "comm_compute_slowdown",
+)
+_FRACTION_KEYS = ("hbm_fraction", "comm_compute_slowdown")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achievable-efficiency figures the cost model reads (see the module docstring).
+
+    gemm_flops_fraction: ``{dtype: fraction}``. Example (MI300X hipBLASLt): ``{"bf16": 0.5415,
+        "fp8": 0.4868}`` (708 / 1307.4 and 1273 / 2614.9).
+    gemm_tile_m: 16 (CDNA3 MFMA 16x16 tiles).
+    hbm_fraction: 0.7925 (4.2 of 5.3 TB/s).
+    attention_split_tokens: 512.
+    link_bandwidth_usable: 48e9 (xGMI per link).
+    nic_bandwidth_usable: 45e9.
+    a2a_latency_s: 21.8e-6 (MORI-EP, derived in docs/hardware.md).
+    collective_latency_s / collective_latency_graph_s: 13e-6 / 6.8e-6.
+    graph_launch_s / graph_node_s: 4.5e-6 / 1e-6.
+    comm_compute_slowdown: 0.21 (64 of 304 CUs).
+    """
+
+    gemm_flops_fraction: Mapping[str, float]
+    gemm_tile_m: int
+    hbm_fraction: float
+    attention_split_tokens: int
+    link_bandwidth_usable: float
+    nic_bandwidth_usable: float
+    a2a_latency_s: float
+    collective_latency_s: float
+    collective_latency_graph_s: float
+    graph_launch_s: float
+    graph_node_s: float
+    comm_compute_slowdown: float
+
+    def gemm_fraction(self, dtype: str) -> float:
+        """Achievable fraction for a compute dtype (fp16/fp32 fall back to bf16)."""
+        if dtype in self.gemm_flops_fraction:
+            return self.gemm_flops_fraction[dtype]
+        return self.gemm_flops_fraction["bf16"]
+
+
+def _efficiency(obj: Any, sources: Mapping[str, Any], where: str) -> Efficiency:
+    if not isinstance(obj, Mapping):
+        raise EpsimError(f"{where}: efficiency must be an object")
+    for key in EFFICIENCY_KEYS:
+        if key not in obj:
+            raise EpsimError(f"{where}: efficiency lacks required key {key!r}")
+    fractions = obj["gemm_flops_fraction"]
+    if not isinstance(fractions, Mapping) or not {"bf16", "fp8"} <= set(fractions):
+        raise EpsimError(f"{where}: efficiency.gemm_flops_fraction must be an object with at "
+                         "least bf16 and fp8")
+    gemm = {d: _number(fractions, d, f"{where}: efficiency.gemm_flops_fraction")
+            for d in fractions}
+    values: dict[str, Any] = {"gemm_flops_fraction": gemm}
+    for key in EFFICIENCY_KEYS[1:]:
+        values[key] = _number(obj, key, f"{where}: efficiency")
+    for key in ("gemm_flops_fraction", *_FRACTION_KEYS):
+        numbers = gemm.values() if key == "gemm_flops_fraction" else [values[key]]
+        if any(v > 1 for v in numbers):
+            raise EpsimError(f"{where}: efficiency.{key} must be a fraction in (0, 1]")
+    if values["comm_compute_slowdown"] >= 1:
+        raise EpsimError(f"{where}: efficiency.comm_compute_slowdown must be below 1")
+    missing = [k for k in EFFICIENCY_KEYS if not sources.get(f"efficiency.{k}")]
+    if missing:
+        raise EpsimError(f"{where}: sources lacks an entry for "
+                         + ", ".join(f"efficiency.{k}" for k in missing))
+    values["gemm_tile_m"] = int(values["gemm_tile_m"])
+    values["attention_split_tokens"] = int(values["attention_split_tokens"])
+    return Efficiency(**values)
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """One device type. ``raw`` keeps the whole JSON object for the tables the cost model reads.
@@ -67,6 +163,8 @@ class HardwareProfile:
     fabric: see :class:`Fabric`.
     nic_bandwidth_per_gpu: inter-node bytes/s per GPU per direction. Example: 50e9 (400 Gb/s).
     kernel_launch_s: 4.5e-6 on MI300X.
+    efficiency: the achievable-efficiency tables (:class:`Efficiency`), ``None`` when the
+        profile has none (it then describes hardware but cannot drive the simulator).
     """
 
     name: str
@@ -82,6 +180,14 @@ class HardwareProfile:
     kernel_launch_s: float
     sources: Mapping[str, str]
     raw: Mapping[str, Any]
+    efficiency: Efficiency | None = None
+
+    def require_efficiency(self) -> Efficiency:
+        """The efficiency tables, or an error naming the profile that lacks them."""
+        if self.efficiency is None:
+            raise EpsimError(f"profile {self.name} has no 'efficiency' tables; the simulator "
+                             "needs them (see sim/hardware.py)")
+        return self.efficiency
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a compute dtype (fp16 falls back to bf16, fp32 to bf16 / 8)."""
@@ -154,6 +260,7 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
         kernel_launch_s=numbers["kernel_launch_s"],
         sources=dict(sources),
         raw=dict(obj),
+        efficiency=_efficiency(obj["efficiency"], sources, where) if "efficiency" in obj else None,
     )
 
 

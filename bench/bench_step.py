@@ -1,0 +1,72 @@
+"""Speed of the step simulator on the acceptance scenario (issue 3).
+
+One DeepSeek-R1 decode step on 8x MI300X, DP8/EP8, 512 sequences per rank, context 2100, DBO on,
+graph mode, synthetic skewed loads. Targets: fast mode <= 20 ms, exact mode <= 1 s, the same step
+time within 1%.
+
+    python bench/bench_step.py [--repeat N]
+
+Prints the wall time of: the first (cold) call, which builds and compiles the op graph; warm fast
+calls (what the serving simulator pays per new routing sample, the compiled graph memoised);
+exact calls; and the step times each mode gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model import Batch, load_model, make_plan  # noqa: E402
+from sim.hardware import load_profile  # noqa: E402
+from sim.step import simulate_step  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    model = load_model("deepseek-r1")
+    profile = load_profile("mi300x")
+    plan = make_plan(model, dp=8, ep=8)  # DBO and graph mode on by default
+    batch = Batch.decode(512, 2100)
+
+    t = time.perf_counter()
+    cold = simulate_step(model, plan, batch, profile, seed=0)
+    cold_s = time.perf_counter() - t
+
+    fast_times, fast_steps = [], []
+    for seed in range(args.repeat):
+        t = time.perf_counter()
+        r = simulate_step(model, plan, batch, profile, seed=seed)
+        fast_times.append(time.perf_counter() - t)
+        fast_steps.append(r.step_ms)
+
+    exact_times, exact_steps = [], []
+    for seed in range(min(args.repeat, 3)):
+        t = time.perf_counter()
+        r = simulate_step(model, plan, batch, profile, seed=seed, mode="exact")
+        exact_times.append(time.perf_counter() - t)
+        exact_steps.append(r.step_ms)
+
+    worst = max(abs(f - e) / e for f, e in zip(fast_steps[:len(exact_steps)], exact_steps, strict=True))
+    print("scenario: deepseek-r1 decode, mi300x, DP8/EP8, 512 seqs/rank, context 2100, DBO, graph")
+    print(f"cold first call (build + compile graph + fast step): {cold_s * 1e3:8.1f} ms")
+    print(f"fast mode, warm:  median {statistics.median(fast_times) * 1e3:7.2f} ms, "
+          f"min {min(fast_times) * 1e3:7.2f} ms over {len(fast_times)} seeds")
+    print(f"exact mode:       median {statistics.median(exact_times) * 1e3:7.1f} ms, "
+          f"min {min(exact_times) * 1e3:7.1f} ms over {len(exact_times)} seeds")
+    print(f"step time, seed 0: fast {fast_steps[0]:.3f} ms, exact {exact_steps[0]:.3f} ms "
+          f"(cold call {cold.step_ms:.3f} ms)")
+    print(f"largest fast/exact step-time difference over {len(exact_steps)} seeds: "
+          f"{worst * 100:.2e} %")
+    print("breakdown (ms, seed 0): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in cold.breakdown_ms.items()))
+
+
+if __name__ == "__main__":
+    main()

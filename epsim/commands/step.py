@@ -1,0 +1,126 @@
+"""``epsim step``: simulate one decode or prefill step and show where the time goes."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from model import Batch, accounting, load_model, make_plan
+from model.errors import EpsimError
+from model.loads import read_loads
+from model.trace import write_chrome_trace
+from sim.hardware import load_profile
+from sim.step import MODES, simulate_step
+
+from ..common import add_model_arg, add_plan_args, emit_json, positive_int, print_table
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "step", help="simulate one forward step: step time and its breakdown",
+        description="Simulate one decode (or prefill) step of every rank: compute streams, EP "
+        "dispatch/combine over the fabric, dual-batch overlap, graph replay, and this step's "
+        "sampled expert routing. --batch is per dp rank.",
+    )
+    add_model_arg(p)
+    p.add_argument("--hardware", required=True, metavar="H",
+                   help="hardware profile name (e.g. mi300x) or path to a profile JSON")
+    add_plan_args(p)
+    p.add_argument("--batch", type=positive_int, required=True, help="sequences per dp rank")
+    p.add_argument("--context", type=positive_int, required=True,
+                   help="decode: cached tokens per sequence (the new one included); "
+                   "prefill: prompt length")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+    p.add_argument("--no-dbo", action="store_true", help="one microbatch (no dual-batch overlap)")
+    p.add_argument("--no-eplb", action="store_true",
+                   help="contiguous expert placement instead of the balanced one")
+    p.add_argument("--no-graph", action="store_true",
+                   help="eager launches instead of one captured graph per decode step")
+    p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8")
+    p.add_argument("--mem-fraction", type=float, default=0.9,
+                   help="share of HBM for weights + activations + KV cache (default 0.9); the "
+                   "batch's KV cache must fit")
+    loads = p.add_mutually_exclusive_group()
+    loads.add_argument("--loads", metavar="FILE",
+                       help="expert loads {\"logical_count\": [layers][experts]} (.json or .pt)")
+    loads.add_argument("--uniform", action="store_true",
+                       help="uniform routing instead of the synthetic skewed loads")
+    p.add_argument("--mode", choices=MODES, default="fast",
+                   help="fast (vectorised) or exact (simpy, every op of every rank)")
+    p.add_argument("--seed", type=int, default=0, help="routing sample seed (default 0)")
+    p.add_argument("--trace", metavar="OUT", help="write a Chrome trace JSON of every rank")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    model = load_model(args.model)
+    profile = load_profile(args.hardware)
+    plan = make_plan(model, nodes=args.nodes,
+                     gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
+                     dp=args.dp, tp=args.tp, ep=args.ep,
+                     microbatches=1 if args.no_dbo else 2, kv_dtype=args.kv_dtype,
+                     graph_mode=not args.no_graph, mem_fraction=args.mem_fraction)
+    batch = Batch(args.phase, args.batch, args.context)
+    # the batch's KV cache must fit next to the weights
+    budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
+    need = accounting.kv_bytes_for_sequence(model, plan.kv_dtype, args.context, plan.tp) * args.batch
+    if need > budget.kv_bytes:
+        raise EpsimError(
+            f"batch {args.batch} x context {args.context} needs {need / 1e9:.1f} GB of KV cache "
+            f"per GPU, only {budget.kv_bytes / 1e9:.1f} GB fit on {profile.name} "
+            f"({plan.kv_dtype} KV, mem fraction {plan.mem_fraction:g})")
+    loads = read_loads(args.loads) if args.loads else None
+    started = time.perf_counter()
+    result = simulate_step(model, plan, batch, profile, loads=loads, eplb=not args.no_eplb,
+                           mode=args.mode, seed=args.seed, trace=bool(args.trace),
+                           synthetic="uniform" if args.uniform else "skewed")
+    wall = time.perf_counter() - started
+    out: dict[str, Any] = {
+        "model": model.name, "hardware": profile.name,
+        "plan": {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "dp": plan.dp,
+                 "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
+                 "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype, "eplb": not args.no_eplb,
+                 "mem_fraction": plan.mem_fraction},
+        "batch": {"phase": batch.phase, "seqs_per_rank": batch.seqs, "context": batch.context},
+        "loads": args.loads or ("uniform" if args.uniform else "synthetic-skewed"),
+        "kv_bytes_per_gpu": need, "kv_bytes_available": budget.kv_bytes,
+        **result.to_json(),
+        "sim_wall_s": wall,
+    }
+    if args.trace:
+        write_chrome_trace(result.events, args.trace,
+                           metadata={k: out[k] for k in ("model", "hardware", "plan", "batch")})
+        out["trace"] = args.trace
+    return out, result
+
+
+def run(args: argparse.Namespace) -> int:
+    out, _ = simulate(args)
+    if args.json:
+        emit_json(out)
+        return 0
+    plan, b = out["plan"], out["batch"]
+    rows = [
+        ("model", f"{out['model']} on {out['hardware']}: dp {plan['dp']}, tp {plan['tp']}, "
+                  f"ep {plan['ep']}, {'DBO' if plan['dbo'] else 'no DBO'}, "
+                  f"{'graph' if plan['graph'] else 'eager'}, KV {plan['kv_dtype']}"),
+        ("batch", f"{b['phase']}: {b['seqs_per_rank']} seqs/rank, context {b['context']}"),
+        ("step", f"{out['step_ms']:.2f} ms ({out['mode']}, seed {out['seed']})"),
+    ]
+    for name, ms in out["breakdown_ms"].items():
+        share = 100 * ms / out["step_ms"] if out["step_ms"] else 0.0
+        rows.append((f"  {name}", f"{ms:8.2f} ms  {share:5.1f}%"))
+    busy = sum(out["comm_busy_ms"].values())
+    rows += [
+        ("comm in flight", f"{busy:.2f} ms, {out['overlapped_comm_ms']:.2f} ms hidden behind "
+                           f"compute, {out['exposed_comm_ms']:.2f} ms exposed"),
+        ("comm interference", f"{out['compute_slowdown_ms']:.2f} ms (inside the compute parts)"),
+        ("expert imbalance", f"{out['expert_imbalance']:.3f} mean, "
+                             f"{out['expert_imbalance_max']:.3f} worst layer ({out['loads']})"),
+    ]
+    if "trace" in out:
+        rows.append(("trace", out["trace"]))
+    print_table(rows)
+    return 0

@@ -1,0 +1,214 @@
+"""The cost model: how long one op takes on one GPU under a hardware profile.
+
+Every compute op is a roofline with achievable (not peak) figures from the profile's
+``efficiency`` tables:
+
+    time = max(flops_done / (peak_flops[dtype] * gemm_flops_fraction[dtype]),
+               bytes / (hbm_bandwidth * hbm_fraction)) / occupancy
+
+* GEMMs pay for whole matrix-core tiles: a GEMM of ``M`` rows computes ``ceil(M / tile) * tile``
+  rows (``gemm_tile_m``). At decode's skinny ``M`` the weight bytes dominate and the op is
+  memory-bound at the achievable HBM bandwidth: no separate "small-M efficiency" constant.
+* A grouped (fused-MoE) GEMM reads the weights of the experts that received tokens and pays the
+  tile padding per expert (``grouped_gemm_time`` takes the per-expert counts of this step).
+* Decode attention is the same roofline (its math runs as matrix ops in the KV cache's dtype: FP8
+  with an FP8 cache, as aiter's FP8 MLA decode kernel does, else BF16; the FP8 cache also halves the
+  bytes) times a wave-quantisation occupancy: ``seqs * ceil(context / attention_split_tokens)``
+  work items fill ``ceil(items / CUs)`` waves of the GPU's CUs.
+* Collectives (``collective_time``): a fixed latency plus the slowest link's bytes over its usable
+  bandwidth: per peer link on a full mesh (xGMI), per GPU egress/ingress through a switch (NVLink),
+  per GPU egress/ingress through the NIC for peers on another node.
+
+Launch costs (per-kernel CPU launch, graph replay) are the engine's business (:mod:`sim.engine`).
+Cost functions are registered per op kind in ``COST_MODELS``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from model.errors import EpsimError
+from model.graph import Op
+from sim.hardware import Efficiency, HardwareProfile
+
+
+def _eff(profile: HardwareProfile) -> Efficiency:
+    return profile.require_efficiency()
+
+
+def achievable_flops(profile: HardwareProfile, dtype: str) -> float:
+    """Achievable FLOP/s of a large GEMM in ``dtype``."""
+    compute = "bf16" if dtype.startswith("fp8_") else dtype
+    return profile.peak(compute) * _eff(profile).gemm_fraction(compute)
+
+
+def achievable_bandwidth(profile: HardwareProfile) -> float:
+    """Achievable HBM bytes/s."""
+    return profile.hbm_bandwidth * _eff(profile).hbm_fraction
+
+
+def roofline(profile: HardwareProfile, flops: float, bytes_moved: float, dtype: str) -> float:
+    """Seconds for ``flops`` in ``dtype`` and ``bytes_moved`` of HBM traffic, whichever binds."""
+    return max(flops / achievable_flops(profile, dtype), bytes_moved / achievable_bandwidth(profile))
+
+
+def padded_rows(m: float, tile: int) -> float:
+    """Rows a GEMM of ``m`` rows computes on ``tile``-row matrix-core tiles."""
+    return math.ceil(m / tile) * tile if m > 0 else 0.0
+
+
+def gemm_time(op: Op, profile: HardwareProfile) -> float:
+    d = op.dims
+    tile = _eff(profile).gemm_tile_m
+    flops = op.flops * padded_rows(d["m"], tile) / d["m"] if d["m"] else 0.0
+    return roofline(profile, flops, op.bytes, op.dtype)
+
+
+def attention_occupancy(profile: HardwareProfile, seqs: int, context: int) -> float:
+    """Share of the CUs busy on average: ``items / (waves * CUs)`` for the split-KV work items."""
+    split = _eff(profile).attention_split_tokens
+    items = seqs * math.ceil(context / split)
+    cus = profile.compute_units
+    return items / (math.ceil(items / cus) * cus)
+
+
+def attention_math_dtype(op: Op) -> str:
+    """FP8 KV cache: the kernel runs FP8 matrix ops (aiter's FP8 MLA decode quantises the query
+    to FP8); a BF16 cache: BF16 matrix ops."""
+    return "fp8" if op.dims.get("kv_dtype") == "fp8" else "bf16"
+
+
+def attention_decode_time(op: Op, profile: HardwareProfile) -> float:
+    d = op.dims
+    occ = attention_occupancy(profile, int(d["seqs"]), int(d["context"]))
+    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op)) / occ
+
+
+def attention_prefill_time(op: Op, profile: HardwareProfile) -> float:
+    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op))
+
+
+def streaming_time(op: Op, profile: HardwareProfile) -> float:
+    """Norms, RoPE, activations, embedding, router, LM head, sampling: a plain roofline."""
+    dtype = op.dtype if op.dtype in profile.peak_flops else "bf16"
+    return roofline(profile, op.flops, op.bytes, dtype)
+
+
+def grouped_gemm_nominal(op: Op, profile: HardwareProfile) -> float:
+    """The fused-MoE op under the graph's nominal (uniform) routing."""
+    d = op.dims
+    experts = float(d["active_experts"])
+    # one representative expert with the mean count, counted ``experts`` times
+    per_expert = np.full(1, d["pairs"] / experts if experts else 0.0)
+    return float(grouped_gemm_time(op, profile, per_expert, scale_experts=experts))
+
+
+def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray,
+                      scale_experts: float = 1.0) -> np.ndarray:
+    """A grouped GEMM (fused MoE) over this step's per-expert pair counts.
+
+    Args:
+        op: the graph's grouped_gemm op (its FLOPs and bytes per pair and per expert are used).
+        profile: the hardware.
+        expert_pairs: ``[..., experts]`` pairs each local expert received.
+        scale_experts: internal (nominal routing: one representative expert counted this often).
+
+    Returns:
+        ``[...]`` seconds.
+    """
+    d = op.dims
+    tile = _eff(profile).gemm_tile_m
+    pairs_nominal = float(d["pairs"])
+    active_nominal = float(d["active_experts"])
+    flops_per_pair = op.flops / pairs_nominal if pairs_nominal else 0.0
+    weight_per_expert = op.weight_bytes / active_nominal if active_nominal else 0.0
+    act_per_pair = (op.bytes - op.weight_bytes) / pairs_nominal if pairs_nominal else 0.0
+    counts = np.asarray(expert_pairs, dtype=np.float64)
+    padded = np.ceil(counts / tile) * tile
+    flops = flops_per_pair * padded.sum(axis=-1) * scale_experts
+    active = (counts > 0).sum(axis=-1) * scale_experts
+    moved = weight_per_expert * active + act_per_pair * counts.sum(axis=-1) * scale_experts
+    return np.maximum(flops / achievable_flops(profile, op.dtype),
+                      moved / achievable_bandwidth(profile))
+
+
+def _collective_nominal(op: Op, profile: HardwareProfile) -> float:
+    """A collective under the graph's nominal per-peer bytes (uniform routing), eager latency."""
+    peers = np.asarray(op.peer_bytes, dtype=np.float64)
+    n = len(peers)
+    traffic = np.tile(peers, (n, 1))
+    return float(collective_time(op.kind, traffic, profile, np.zeros(n, dtype=np.int64),
+                                 captured=False))
+
+
+#: op kind -> (op, profile) -> seconds (nominal routing for grouped GEMMs and collectives)
+COST_MODELS: dict[str, Callable[[Op, HardwareProfile], float]] = {
+    "gemm": gemm_time,
+    "grouped_gemm": grouped_gemm_nominal,
+    "attention_decode": attention_decode_time,
+    "attention_prefill": attention_prefill_time,
+    "norm": streaming_time,
+    "rope": streaming_time,
+    "router": streaming_time,
+    "elementwise": streaming_time,
+    "embedding": streaming_time,
+    "lm_head": streaming_time,
+    "sample": streaming_time,
+    "dispatch": _collective_nominal,
+    "combine": _collective_nominal,
+    "all_reduce": _collective_nominal,
+    "all_gather": _collective_nominal,
+}
+
+
+def op_time(op: Op, profile: HardwareProfile) -> float:
+    """Seconds one op takes on its own (no launch cost, no interference)."""
+    try:
+        model = COST_MODELS[op.kind]
+    except KeyError:
+        raise EpsimError(f"no cost model for op kind {op.kind!r} ({op.id})") from None
+    return model(op, profile)
+
+
+def collective_latency(kind: str, profile: HardwareProfile, captured: bool) -> float:
+    """The fixed cost of one collective kernel."""
+    e = _eff(profile)
+    if kind in ("dispatch", "combine"):
+        return e.a2a_latency_s
+    return e.collective_latency_graph_s if captured else e.collective_latency_s
+
+
+def collective_time(kind: str, traffic: np.ndarray, profile: HardwareProfile,
+                    nodes: np.ndarray, captured: bool) -> np.ndarray:
+    """Seconds from a collective's start until its slowest link has delivered.
+
+    Args:
+        kind: dispatch, combine, all_reduce or all_gather (sets the latency).
+        traffic: ``[..., n, n]`` bytes from group member ``s`` to member ``d`` (diagonal ignored).
+        profile: the hardware.
+        nodes: ``[n]`` node of each member; bytes between different nodes go through the NICs.
+        captured: inside a captured graph (small collectives are cheaper there).
+
+    Returns:
+        ``[...]`` seconds.
+    """
+    e = _eff(profile)
+    traffic = np.asarray(traffic, dtype=np.float64)
+    n = traffic.shape[-1]
+    nodes = np.asarray(nodes)
+    same = nodes[:, None] == nodes[None, :]
+    off_diag = ~np.eye(n, dtype=bool)
+    intra = np.where(same & off_diag, traffic, 0.0)
+    inter = np.where(~same, traffic, 0.0)
+    if profile.fabric.topology == "full_mesh":
+        # one link per peer: the most loaded link binds
+        t_intra = intra.max(axis=(-2, -1)) / e.link_bandwidth_usable
+    else:  # switch: any pattern at the per-GPU bandwidth; the busiest GPU port binds
+        port = np.maximum(intra.sum(axis=-1).max(axis=-1), intra.sum(axis=-2).max(axis=-1))
+        t_intra = port / e.link_bandwidth_usable
+    nic = np.maximum(inter.sum(axis=-1).max(axis=-1), inter.sum(axis=-2).max(axis=-1))
+    t_inter = nic / e.nic_bandwidth_usable
+    return collective_latency(kind, profile, captured) + np.maximum(t_intra, t_inter)

@@ -1,0 +1,511 @@
+"""The step engine: every rank's compute stream and communication engine, walking the schedule.
+
+Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` checks they agree):
+
+* The host issues the ops of ``OpGraph.schedule`` in order. Eager: every kernel (compute or comm)
+  costs the host ``kernel_launch_s`` and cannot start before it is issued, and after issuing an EP
+  dispatch the host waits until that dispatch has finished (it reads the received-token counts
+  to size the expert buffers; the reason a captured graph must pad them to a static maximum).
+  Captured graph: one launch (``graph_launch_s``), then the GPU runs every kernel without the host.
+  In both modes every kernel pays ``graph_node_s`` on its stream: the GPU-side gap between kernels.
+* Per rank, a **compute stream** runs compute ops in issue order; an op starts when the stream is
+  free, its data dependencies are done and the host has issued it.
+* Per rank, a **communication engine** runs collectives in issue order. A collective starts when
+  every rank of its group has reached it (dependencies done, engine free, issued) and lasts its
+  cost-model duration (slowest link); every member finishes together.
+* While a collective is in flight on a rank, compute ops there progress at ``1 - s`` of their
+  speed (``s`` = ``efficiency.comm_compute_slowdown``: the CUs the comm kernel holds): a fluid
+  model, so an op overlapping half its length with communication takes ``d * (1 + s / 2 / (1-s))``.
+* The step ends when the last op of the last rank ends.
+
+``run_exact`` simulates that with simpy (one compute process and one comm process per rank, a
+barrier per collective and group, rate changes as events). ``run_fast`` computes the same times
+directly in issue order, vectorised over ranks with numpy, and folds runs of compute ops that wait
+on nothing but the previous op into one step (their fluid progress composes exactly). The fold is
+exact when every collective depends on the op issued just before it, which is how
+``model.graph.build_step_graph`` builds them.
+
+The fast executor's folded runs know only the run's total time, so when comm interference
+stretches a run that mixes categories, the stretch is shared among them in proportion to their own
+time (the exact executor charges it op by op); step times and totals are identical.
+
+Breakdown: on the rank that finishes last, every instant of its compute stream is either busy
+(charged to the op's category; the graph-node cost to ``launch``) or idle waiting (charged to the
+binding constraint: the collective it waited for, ``launch`` when it waited for the host, or the
+dispatch the host was itself waiting for (eager)), so the parts sum to the step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+CATEGORIES: tuple[str, ...] = (
+    "attention", "moe_experts", "dense", "other", "dispatch", "combine", "tp_comm", "launch",
+)
+_CAT = {c: i for i, c in enumerate(CATEGORIES)}
+_LAUNCH = _CAT["launch"]
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """One step, compiled for the executors: ops in issue order with per-rank durations.
+
+    op_ids / kinds / categories / layers / microbatches: per op, issue order. Example op id
+        ``"L3.moe.dispatch.mb0"``.
+    is_coll: ``[n]`` bool, collective or compute.
+    deps: per op, the indices of its data dependencies.
+    work: ``[n, ranks]`` seconds: compute ops: cost-model time plus the graph-node cost;
+        collectives: start-to-end duration.
+    node_s: the graph-node cost included in ``work`` of every op (0 when eager).
+    floor: ``[n]`` earliest start set by the graph launch (0 when eager).
+    launch_s: eager: host seconds to launch each kernel (0 inside a captured graph).
+    host_sync: ``[n]`` bool: eager: the host waits for this op to finish before issuing more
+        (EP dispatch: the host reads the received-token counts to size the expert buffers).
+    group_size: ``[n]`` ranks per collective group (consecutive ranks form a group); 0 for compute.
+    slowdown: compute speed lost while a collective is in flight.
+    steps: the fast executor's precomputed steps (``plan_steps``), empty to compute them per run.
+    """
+
+    op_ids: tuple[str, ...]
+    kinds: tuple[str, ...]
+    categories: np.ndarray
+    layers: tuple[int, ...]
+    microbatches: tuple[int, ...]
+    is_coll: np.ndarray
+    deps: tuple[tuple[int, ...], ...]
+    work: np.ndarray
+    node_s: float
+    floor: np.ndarray
+    launch_s: float
+    host_sync: np.ndarray
+    group_size: np.ndarray
+    slowdown: float
+    steps: tuple = field(default=())
+
+    @property
+    def ranks(self) -> int:
+        return self.work.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.op_ids)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What an executor computed.
+
+    start / end: ``[n, ranks]`` seconds per op and rank (NaN for ops folded into a run).
+    rank_end: ``[ranks]`` when each rank's last op ended.
+    breakdown: ``[ranks, len(CATEGORIES)]`` seconds per category (sums to each rank's compute end).
+    slowdown_s: ``[ranks]`` compute time added by comm interference (inside ``breakdown``).
+    comm_busy: ``[ranks, len(CATEGORIES)]`` seconds each comm category was in flight.
+    """
+
+    start: np.ndarray
+    end: np.ndarray
+    rank_end: np.ndarray
+    breakdown: np.ndarray
+    slowdown_s: np.ndarray
+    comm_busy: np.ndarray
+
+
+def build_chains(is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...], fold: bool
+                 ) -> tuple[tuple[int, ...], ...]:
+    """Cut the issue order into executor steps: a collective alone, or a run of compute ops of
+    which only the first waits on a collective and none is interrupted by a collective in issue
+    order. ``fold=False``: every op alone."""
+    chains: list[tuple[int, ...]] = []
+    current: list[int] = []
+    # a collective reads the end time of each of its dependencies: they must end a run
+    ends_run = {d for i in range(len(is_coll)) if is_coll[i] for d in deps[i]}
+    for i in range(len(is_coll)):
+        if is_coll[i]:
+            if current:
+                chains.append(tuple(current))
+                current = []
+            chains.append((i,))
+            continue
+        waits = any(is_coll[d] for d in deps[i])
+        if current and (waits or not fold):
+            chains.append(tuple(current))
+            current = []
+        current.append(i)
+        if i in ends_run:
+            chains.append(tuple(current))
+            current = []
+    if current:
+        chains.append(tuple(current))
+    return tuple(chains)
+
+
+# --------------------------------------------------------------------------------------------
+# The fast executor
+# --------------------------------------------------------------------------------------------
+
+
+def _fluid(t0: np.ndarray, work: np.ndarray, intervals: list[tuple], s: float) -> np.ndarray:
+    """End times of ``work`` seconds of compute starting at ``t0`` ([ranks] each) that runs at
+    ``1 - s`` inside the given comm intervals (sorted, disjoint per rank) and at full speed
+    elsewhere."""
+    if s == 0.0:
+        return t0 + work
+    t = t0
+    w = work
+    slow = 1.0 - s
+    for cs, ce, *_ in intervals:
+        # full speed until the interval starts
+        use = np.minimum(w, np.maximum(cs - t, 0.0))
+        t = t + use
+        w = w - use
+        # slowed inside it
+        at = np.maximum(t, cs)
+        use = np.minimum(w, np.maximum(ce - at, 0.0) * slow)
+        t = np.where(use > 0, at + use / slow, t)
+        w = w - use
+    return t + w
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One executor step (a collective, or a run of compute ops), precomputed."""
+
+    coll: bool
+    first: int
+    last: int
+    ops: tuple[int, ...]
+    waits: tuple[int, ...]  # collectives the first op depends on (compute: coll deps only)
+    group: int
+    cat: int
+    cats: np.ndarray  # runs: the categories present
+    shares: np.ndarray  # runs: each category's share of the run's own time (uniform over ranks)
+    nodes: float  # runs: graph-node time inside the run
+
+
+def plan_steps(prog: Program, fold: bool) -> tuple[_Step, ...]:
+    """The executor steps of ``prog``. Runs of several ops are folded only when their ops take the
+    same time on every rank (true of every op but the fused MoE, which waits on its dispatch)."""
+    chains = build_chains(prog.is_coll, prog.deps, fold)
+    uniform = (prog.work == prog.work[:, :1]).all(axis=1)
+    net_all = prog.work[:, 0] - prog.node_s
+    cats_all = prog.categories.tolist()
+    steps = []
+    for chain in chains:
+        first = chain[0]
+        if prog.is_coll[first]:
+            steps.append(_Step(True, first, first, chain, tuple(prog.deps[first]),
+                               int(prog.group_size[first]), cats_all[first],
+                               np.zeros(0, dtype=np.int64), np.zeros(0), 0.0))
+            continue
+        if len(chain) > 1 and not all(uniform[i] for i in chain):
+            # rank-dependent durations inside a run: do not fold it
+            for i in chain:
+                steps.extend(plan_steps_single(prog, i))
+            continue
+        by_cat: dict[int, float] = {}
+        for i in chain:
+            by_cat[cats_all[i]] = by_cat.get(cats_all[i], 0.0) + float(net_all[i])
+        total = sum(by_cat.values())
+        ucats = np.array(sorted(by_cat), dtype=np.int64)
+        shares = np.array([by_cat[c] for c in sorted(by_cat)]) / (total if total > 0 else 1.0)
+        waits = tuple(d for d in prog.deps[first] if prog.is_coll[d])
+        steps.append(_Step(False, first, chain[-1], chain, waits, 0, cats_all[first], ucats,
+                           shares, prog.node_s * len(chain)))
+    return tuple(steps)
+
+
+def plan_steps_single(prog: Program, i: int) -> list[_Step]:
+    cat = int(prog.categories[i])
+    waits = tuple(d for d in prog.deps[i] if prog.is_coll[d])
+    return [_Step(False, i, i, (i,), waits, 0, cat, np.array([cat]), np.ones(1), prog.node_s)]
+
+
+_shares: dict[int, tuple[tuple, np.ndarray, np.ndarray]] = {}
+
+
+def _step_shares(steps: tuple, compute_steps: list[_Step]) -> tuple[np.ndarray, np.ndarray]:
+    """``[steps]`` graph-node time and ``[steps, categories]`` shares of each compute step
+    (memoised per steps tuple: the compiled programs reuse theirs)."""
+    hit = _shares.get(id(steps))
+    if hit is not None and hit[0] is steps:
+        return hit[1], hit[2]
+    nodes = np.array([st.nodes for st in compute_steps])
+    share = np.zeros((len(compute_steps), len(CATEGORIES)))
+    for j, st in enumerate(compute_steps):
+        share[j, st.cats] = st.shares
+    if isinstance(steps, tuple):
+        if len(_shares) > 64:
+            _shares.clear()
+        _shares[id(steps)] = (steps, nodes, share)
+    return nodes, share
+
+
+def run_fast(prog: Program, fold: bool = True) -> Timeline:
+    """The engine's semantics computed in issue order, vectorised over ranks (module docstring)."""
+    n, ranks = prog.work.shape
+    eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
+    fold = fold and not eager  # the host may hold any eager kernel: no runs
+    steps = prog.steps if (fold and prog.steps) else plan_steps(prog, fold)
+    start = np.full((n, ranks), np.nan)
+    end = np.full((n, ranks), np.nan)
+    stream = np.zeros(ranks)
+    comm = np.zeros(ranks)
+    intervals: list[tuple] = []  # (start, end, latest end) of the collectives in flight
+    s = prog.slowdown
+    cats = prog.categories
+    work_all = prog.work
+    floor = prog.floor
+    launch = np.full(ranks, _LAUNCH)
+    host = np.zeros(ranks)
+    sync_end = np.zeros(ranks)  # eager: when the host last resumed after a sync, and on what
+    sync_cat = _LAUNCH
+    # per compute step, for the accounting after the walk
+    compute_steps = [st for st in steps if not st.coll]
+    held = np.zeros((len(compute_steps), ranks))
+    held_cat = np.full(len(compute_steps), _LAUNCH)
+    gaps = np.zeros((len(compute_steps), ranks))
+    gap_cat = np.empty((len(compute_steps), ranks), dtype=np.int64)
+    busy_all = np.zeros((len(compute_steps), ranks))
+    work_steps = np.zeros((len(compute_steps), ranks))
+    k = 0
+    for st in steps:
+        first = st.first
+        if eager:
+            # the host launches this kernel (eager runs are never folded)
+            host = host + prog.launch_s
+            f = np.maximum(host, floor[first])
+        else:
+            f = floor[first]
+        if st.coll:
+            # a collective: every member has arrived, then the slowest link delivers
+            arrive = np.maximum(comm, f)
+            for d in st.waits:
+                arrive = np.maximum(arrive, end[d])
+            g = st.group
+            if g == ranks:
+                begin = arrive.max()  # a scalar: every rank starts together
+            elif g > 1:
+                begin = arrive.reshape(-1, g).max(axis=1).repeat(g)
+            else:
+                begin = arrive
+            done = begin + work_all[first]
+            start[first] = begin
+            end[first] = done
+            comm = done
+            intervals.append((begin, done, done.max()))
+            if eager and prog.host_sync[first]:
+                host = np.maximum(host, done)
+                sync_end, sync_cat = done, st.cat
+            continue
+        # a run of compute ops: only the first waits on anything but its predecessor
+        ready = np.maximum(stream, f)
+        if st.waits:
+            wait_cat = launch
+            wait_end = f
+            for d in st.waits:
+                e = end[d]
+                wait_cat = np.where(e > wait_end, cats[d], wait_cat)
+                wait_end = np.maximum(wait_end, e)
+            ready = np.maximum(ready, wait_end)
+            gap_cat[k] = wait_cat
+        else:
+            wait_cat = launch
+            gap_cat[k] = _LAUNCH
+        gap = ready - stream
+        if eager:
+            # waiting for a host that was itself waiting on a sync: that part is the sync's
+            hold = np.where(wait_cat == _LAUNCH,
+                            np.clip(np.minimum(sync_end, ready) - stream, 0.0, None), 0.0)
+            held[k], held_cat[k] = hold, sync_cat
+            gap = gap - hold
+        gaps[k] = gap
+        if intervals:
+            # intervals over on every rank can no longer slow anything
+            ready_min = ready.min()
+            while intervals and intervals[0][2] <= ready_min:
+                intervals.pop(0)
+        work = work_all[first] if len(st.ops) == 1 else work_all[list(st.ops)].sum(axis=0)
+        finish = _fluid(ready, work, intervals, s) if intervals else ready + work
+        start[first] = ready
+        end[st.last] = finish
+        busy_all[k] = finish - ready
+        work_steps[k] = work
+        k += 1
+        stream = finish
+        if eager and prog.host_sync[first]:
+            host = np.maximum(host, finish)
+            sync_end, sync_cat = finish, st.cat
+    # accounting: idle gaps to what they waited for, busy time to the runs' categories
+    breakdown = np.zeros((ranks, len(CATEGORIES)))
+    rows = np.broadcast_to(np.arange(ranks), gaps.shape)
+    np.add.at(breakdown, (rows, gap_cat), gaps)
+    if eager:
+        np.add.at(breakdown.T, held_cat, held)
+    nodes, share = _step_shares(steps, compute_steps)
+    breakdown[:, _LAUNCH] += nodes.sum()
+    breakdown += (busy_all - nodes[:, None]).T @ share
+    coll = np.flatnonzero(prog.is_coll)
+    comm_busy = np.zeros((ranks, len(CATEGORIES)))
+    np.add.at(comm_busy.T, cats[coll], work_all[coll])
+    slowdown = (busy_all - work_steps).sum(axis=0)
+    rank_end = np.maximum(stream, comm)
+    return Timeline(start=start, end=end, rank_end=rank_end, breakdown=breakdown,
+                    slowdown_s=slowdown, comm_busy=comm_busy)
+
+
+# --------------------------------------------------------------------------------------------
+# The exact executor (simpy)
+# --------------------------------------------------------------------------------------------
+
+
+class _Barrier:
+    """Members of one collective group arriving; fires when the last one has."""
+
+    def __init__(self, env: simpy.Environment, size: int) -> None:
+        self.left = size
+        self.event = env.event()
+
+    def arrive(self) -> simpy.Event:
+        self.left -= 1
+        if self.left == 0:
+            self.event.succeed()
+        return self.event
+
+
+def run_exact(prog: Program) -> Timeline:
+    """The engine's semantics as a discrete-event simulation (simpy), every op of every rank."""
+    n, ranks = prog.work.shape
+    env = simpy.Environment()
+    start = np.full((n, ranks), np.nan)
+    end = np.full((n, ranks), np.nan)
+    done = [[env.event() for _ in range(ranks)] for _ in range(n)]
+    comm_active = [False] * ranks
+    comm_change = [env.event() for _ in range(ranks)]
+    barriers: dict[tuple[int, int], _Barrier] = {}
+    s = prog.slowdown
+    compute_ops = [i for i in range(n) if not prog.is_coll[i]]
+    coll_ops = [i for i in range(n) if prog.is_coll[i]]
+    eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
+    issued = [[env.event() for _ in range(ranks)] for _ in range(n)] if eager else None
+    issue = np.tile(prog.floor[:, None], (1, ranks))
+
+    def host(rank: int):
+        for i in range(n):
+            if prog.launch_s > 0.0:
+                yield env.timeout(prog.launch_s)
+            if prog.floor[i] > env.now:
+                yield env.timeout(prog.floor[i] - env.now)
+            issue[i, rank] = env.now
+            issued[i][rank].succeed()
+            if prog.host_sync[i] and not done[i][rank].processed:
+                yield done[i][rank]
+
+    def wait_issue(i: int, rank: int):
+        if eager:
+            if not issued[i][rank].processed:
+                yield issued[i][rank]
+        elif prog.floor[i] > env.now:
+            yield env.timeout(prog.floor[i] - env.now)
+
+    def flip(rank: int, active: bool) -> None:
+        comm_active[rank] = active
+        old = comm_change[rank]
+        comm_change[rank] = env.event()
+        old.succeed()
+
+    def compute(rank: int):
+        for i in compute_ops:
+            for d in prog.deps[i]:
+                if not done[d][rank].processed:
+                    yield done[d][rank]
+            yield from wait_issue(i, rank)
+            start[i, rank] = env.now
+            w = prog.work[i, rank]
+            while w > 0.0:
+                rate = (1.0 - s) if comm_active[rank] else 1.0
+                t0 = env.now
+                timer = env.timeout(w / rate)
+                change = comm_change[rank]
+                yield timer | change
+                if timer.processed or (timer.triggered and env.now >= t0 + w / rate):
+                    w = 0.0
+                else:
+                    w -= (env.now - t0) * rate
+                    if w <= 1e-15:
+                        w = 0.0
+            end[i, rank] = env.now
+            done[i][rank].succeed()
+
+    def communicate(rank: int):
+        for i in coll_ops:
+            for d in prog.deps[i]:
+                if not done[d][rank].processed:
+                    yield done[d][rank]
+            yield from wait_issue(i, rank)
+            g = int(prog.group_size[i])
+            key = (i, rank // g)
+            if key not in barriers:
+                barriers[key] = _Barrier(env, g)
+            yield barriers[key].arrive()
+            start[i, rank] = env.now
+            flip(rank, True)
+            yield env.timeout(prog.work[i, rank])
+            flip(rank, False)
+            end[i, rank] = env.now
+            done[i][rank].succeed()
+
+    for r in range(ranks):
+        if eager:
+            env.process(host(r))
+        env.process(compute(r))
+        env.process(communicate(r))
+    env.run()
+    return attribute(prog, start, end, issue)
+
+
+def attribute(prog: Program, start: np.ndarray, end: np.ndarray,
+              issue: np.ndarray | None = None) -> Timeline:
+    """Breakdown of per-op start/end times (every op timed) as in the module docstring."""
+    n, ranks = prog.work.shape
+    breakdown = np.zeros((ranks, len(CATEGORIES)))
+    comm_busy = np.zeros((ranks, len(CATEGORIES)))
+    slowdown = np.zeros(ranks)
+    stream = np.zeros(ranks)
+    comm_end = np.zeros(ranks)
+    cats = prog.categories
+    rows = np.arange(ranks)
+    sync_end = np.zeros(ranks)
+    sync_cat = _LAUNCH
+    for i in range(n):
+        if prog.is_coll[i]:
+            comm_busy[:, cats[i]] += end[i] - start[i]
+            comm_end = np.maximum(comm_end, end[i])
+            if prog.host_sync[i]:
+                # the ops issued after this one were issued after it ended
+                sync_end, sync_cat = end[i], cats[i]
+            continue
+        wait_cat = np.full(ranks, _LAUNCH)
+        wait_end = np.full(ranks, prog.floor[i]) if issue is None else issue[i]
+        for d in prog.deps[i]:
+            if prog.is_coll[d]:
+                later = end[d] > wait_end
+                wait_cat = np.where(later, cats[d], wait_cat)
+                wait_end = np.maximum(wait_end, end[d])
+        gap = start[i] - stream
+        # waiting for a host that was itself waiting on a sync: that part is the sync's
+        hold = np.where(wait_cat == _LAUNCH,
+                        np.clip(np.minimum(sync_end, start[i]) - stream, 0.0, None), 0.0)
+        breakdown[:, sync_cat] += hold
+        np.add.at(breakdown, (rows, wait_cat), gap - hold)
+        busy = end[i] - start[i]
+        breakdown[:, _LAUNCH] += prog.node_s
+        breakdown[:, cats[i]] += busy - prog.node_s
+        slowdown += busy - prog.work[i]
+        stream = end[i]
+        if prog.host_sync[i]:
+            sync_end, sync_cat = end[i], cats[i]
+    return Timeline(start=start, end=end, rank_end=np.maximum(stream, comm_end),
+                    breakdown=breakdown, slowdown_s=slowdown, comm_busy=comm_busy)
+

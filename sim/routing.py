@@ -1,0 +1,214 @@
+"""Per-step expert routing: which GPU's experts each token goes to, sampled from load statistics.
+
+Glossary:
+    loads       ``[layers, experts]`` counts (``model.loads``); dense layers are all-zero rows.
+    frequencies each MoE layer's loads normalised to probabilities.
+    pairs       (token, expert) assignments; a token makes ``top_k`` of them per MoE layer.
+    slot        a physical expert place (``model.placement``); GPU ``g`` holds slots
+                ``g * slots_per_gpu ..``.
+
+Sampling model (documented in docs/simulator.md): for every MoE layer, microbatch and source rank,
+the ``tokens * top_k`` pairs of that rank's microbatch are one multinomial draw over the layer's
+expert frequencies (DP attention: every rank has its own batch, so every rank draws its own).
+It is drawn in two exact stages: each rank's pairs over the GPUs (a multinomial over the GPUs'
+summed frequencies), then each GPU's total over its slots (the sum of independent multinomials with
+the same probabilities, conditioned on its total, is multinomial with the within-GPU shares). When
+a GPU's slots average 16 pairs or more, that last split is drawn from the normal law with the
+multinomial's mean and covariance (rounded, clipped at 0): it only sets tile padding and which
+experts are idle, and costs a tenth of the exact draw.
+Logical experts go to physical slots through :func:`model.placement.remap` (a replicated expert's
+pairs are shared round-robin among its replicas). Tokens sent from rank ``r`` to GPU ``g`` count a
+token once however many of its experts sit on ``g``: with ``n`` of the rank's ``T * k`` pairs on
+``g``, a token misses ``g`` with probability ``(1 - n / (T k)) ** k``, so
+``tokens = T * (1 - (1 - n / (T k)) ** k)`` (exact for uniform routing up to sampling without
+replacement: 0.656 vs 0.662 of the tokens for 32 of 256 experts and top-8).
+
+Synthetic loads (no ``--loads`` file): each layer's expert weights are a lognormal group factor
+(sigma 0.5, one per router group of contiguous experts; DeepSeek-V3 routes to 4 of 8 groups) times a
+lognormal expert factor (sigma 0.6), drawn with a fixed seed. Over DeepSeek-R1's 58 MoE layers they
+give a hottest/mean expert ratio of 5.85 and a contiguous-placement imbalance over 8 GPUs of 1.86
+(mean over layers, 3.24 at worst); the real decode counts in ``shared/data/expert_loads`` give 6.07
+and 1.88 (3.72 at worst), the four files 5.6-8.1 and 1.86-2.07.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.config import ModelConfig
+from model.errors import EpsimError
+from model.placement import Placement, remap
+
+SYNTHETIC_SEED = 0
+SYNTHETIC_GROUP_SIGMA = 0.5
+SYNTHETIC_EXPERT_SIGMA = 0.6
+SYNTHETIC_TOKENS_PER_LAYER = 1_000_000.0
+LOAD_KINDS = ("skewed", "uniform")
+
+
+def synthetic_loads(model: ModelConfig, kind: str = "skewed") -> np.ndarray:
+    """Load statistics standing in for measured ones.
+
+    Args:
+        model: the model (its layers, MoE layers, experts and router groups).
+        kind: ``"skewed"`` (the DeepSeek-like distribution of the module docstring) or
+            ``"uniform"`` (every expert equally likely).
+
+    Returns:
+        float64 ``[num_layers, num_experts]`` counts; dense layers are zero rows.
+    """
+    if kind not in LOAD_KINDS:
+        raise EpsimError(f"synthetic loads must be one of {', '.join(LOAD_KINDS)}, got {kind!r}")
+    experts = model.moe.num_experts
+    loads = np.zeros((model.num_layers, experts))
+    rows = np.asarray(model.moe_layers, dtype=np.int64)
+    if kind == "uniform":
+        loads[rows] = SYNTHETIC_TOKENS_PER_LAYER / experts
+        return loads
+    groups = model.moe.n_group if model.moe.n_group > 1 and experts % model.moe.n_group == 0 else 8
+    if experts % groups:
+        groups = 1
+    rng = np.random.default_rng(SYNTHETIC_SEED)
+    # Step 1: a hot or cold factor per router group of contiguous experts
+    group_factor = rng.lognormal(0.0, SYNTHETIC_GROUP_SIGMA, (len(rows), groups))
+    # Step 2: a factor per expert, times its group's
+    weights = rng.lognormal(0.0, SYNTHETIC_EXPERT_SIGMA, (len(rows), experts))
+    weights *= np.repeat(group_factor, experts // groups, axis=1)
+    loads[rows] = weights / weights.sum(axis=1, keepdims=True) * SYNTHETIC_TOKENS_PER_LAYER
+    return loads
+
+
+@dataclass(frozen=True)
+class RoutingSample:
+    """One step's routing, per MoE layer and microbatch.
+
+    layers: ``[L]`` the model layer of each row. Example: ``[3, 4, ..., 60]``.
+    slot_pairs: ``[L, mb, slots]`` pairs each physical slot receives from all ranks.
+    pairs: ``[L, mb, ranks, gpus]`` pairs rank ``r`` sends to GPU ``g`` (``g == r`` stays local).
+    tokens: ``[L, mb, ranks, gpus]`` token copies rank ``r`` sends to GPU ``g`` (dispatch rows).
+    slots_per_gpu: 32 for 256 experts on 8 GPUs.
+    """
+
+    layers: np.ndarray
+    slot_pairs: np.ndarray
+    pairs: np.ndarray
+    tokens: np.ndarray
+    slots_per_gpu: int
+
+    @property
+    def gpu_pairs(self) -> np.ndarray:
+        """``[L, mb, gpus]`` pairs each GPU's experts process."""
+        return self.pairs.sum(axis=2)
+
+    def imbalance(self) -> np.ndarray:
+        """``[L, mb]`` busiest GPU's pairs over the mean GPU's."""
+        g = self.gpu_pairs
+        return g.max(axis=-1) / np.maximum(g.mean(axis=-1), 1e-12)
+
+
+def slot_frequencies(freqs: np.ndarray, placement: Placement, rows: np.ndarray) -> np.ndarray:
+    """Per-slot probability of a pair: ``[L, experts]`` logical -> ``[L, slots]`` physical.
+
+    Each logical expert's probability is shared among its replicas through ``remap``: replica ``j``
+    of an expert with ``n`` replicas gets ``1 / n`` (round-robin over tokens, on average).
+    """
+    l2p = placement.logical_to_physical
+    counts = placement.replica_counts
+    num_logical = placement.num_logical
+    out = np.zeros((len(rows), placement.num_slots))
+    ids = np.arange(num_logical, dtype=np.int64)[:, None]  # one "token" per logical expert
+    for i, layer in enumerate(rows):
+        reps = counts[layer]
+        for j in range(int(reps.max())):
+            slots = remap(ids, l2p[layer], reps, np.full((num_logical, 1), j))[:, 0]
+            share = np.where(j < reps, freqs[i] / reps, 0.0)
+            np.add.at(out[i], slots, share)
+    return out
+
+
+#: mean pairs per slot from which a GPU's split over its slots is drawn from the normal law with the
+#: multinomial's mean and covariance instead of exactly (numpy's multinomial costs one binomial
+#: draw per slot; at 16+ pairs per slot the two laws differ by well under a tile of padding)
+NORMAL_SPLIT_MIN_MEAN = 16.0
+
+
+def _split_counts(total: np.ndarray, probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``[..., G]`` totals split over ``[..., G, S]`` shares: multinomial counts ``[..., G, S]``."""
+    slots = probs.shape[-1]
+    if total.size == 0 or total.min() / slots < NORMAL_SPLIT_MIN_MEAN:
+        return rng.multinomial(total, probs)
+    # mean N p, covariance N (diag p - p p^T): sqrt(N p) z has N diag(p); removing p times its
+    # sum gives the multinomial covariance exactly
+    mean = total[..., None] * probs
+    y = np.sqrt(mean) * rng.standard_normal(mean.shape)
+    counts = np.maximum(np.rint(mean + y - probs * y.sum(axis=-1, keepdims=True)), 0.0)
+    # rounding leaves each total off by a few pairs: the likeliest slot absorbs the difference
+    hot = probs.argmax(axis=-1)[..., None]
+    diff = total[..., None] - counts.sum(axis=-1, keepdims=True)
+    np.put_along_axis(counts, hot, np.maximum(np.take_along_axis(counts, hot, -1) + diff, 0), -1)
+    return counts
+
+
+def placed_frequencies(loads: np.ndarray, placement: Placement, rows: np.ndarray) -> np.ndarray:
+    """``[layers, experts]`` counts -> ``[len(rows), slots]`` per-slot pair probabilities."""
+    moe_loads = loads[rows]
+    totals = moe_loads.sum(axis=1, keepdims=True)
+    if np.any(totals <= 0):
+        layer = int(rows[np.flatnonzero(totals[:, 0] <= 0)[0]])
+        raise EpsimError(f"loads carry no tokens for MoE layer {layer}")
+    return slot_frequencies(moe_loads / totals, placement, rows)
+
+
+def sample_routing(model: ModelConfig, loads: np.ndarray, placement: Placement,
+                   microbatch_tokens: tuple[int, ...], ranks: int,
+                   rng: np.random.Generator, p_slot: np.ndarray | None = None
+                   ) -> RoutingSample:
+    """Sample one step's routing (module docstring).
+
+    Args:
+        model: the model (top-k, MoE layers).
+        loads: ``[num_layers, experts]`` counts.
+        placement: where the experts sit (``num_gpus`` GPUs, ``[num_layers, slots]``).
+        microbatch_tokens: tokens per rank in each microbatch. Example: ``(256, 256)``.
+        ranks: source ranks (each draws its own tokens' experts).
+        rng: the step's random generator.
+        p_slot: ``[moe_layers, slots]`` precomputed :func:`slot_frequencies` (a cache's).
+
+    Returns:
+        A :class:`RoutingSample`.
+    """
+    rows = np.asarray(model.moe_layers, dtype=np.int64)
+    if loads.shape != (model.num_layers, model.moe.num_experts):
+        raise EpsimError(f"loads of shape {list(loads.shape)} do not match the model's "
+                         f"[{model.num_layers}, {model.moe.num_experts}] layers x experts")
+    if placement.num_layers != model.num_layers or placement.num_logical != model.moe.num_experts:
+        raise EpsimError(f"placement of {placement.num_layers} layers x {placement.num_logical} "
+                         f"experts does not match {model.name}")
+    if p_slot is None:
+        p_slot = placed_frequencies(loads, placement, rows)  # [L, S]
+    k = model.moe.top_k
+    num_gpus = placement.num_gpus
+    per_gpu = placement.slots_per_gpu
+    mbs = len(microbatch_tokens)
+    layers = len(rows)
+    # the GPU of each pair, and the slot of a pair given its GPU
+    p_gpu = p_slot.reshape(layers, num_gpus, per_gpu).sum(axis=2)  # [L, G]
+    p_within = p_slot.reshape(layers, num_gpus, per_gpu) / np.maximum(p_gpu, 1e-300)[..., None]
+    slot_pairs = np.zeros((layers, mbs, placement.num_slots))
+    pairs = np.zeros((layers, mbs, ranks, num_gpus))
+    tokens = np.zeros_like(pairs)
+    for mb, t in enumerate(microbatch_tokens):
+        # Step 1: every rank's T * k pairs over the GPUs (a multinomial over the GPUs' summed
+        # frequencies: the per-slot multinomial grouped by GPU)
+        n = rng.multinomial(t * k, p_gpu[:, None, :], size=(layers, ranks))  # [L, R, G]
+        pairs[:, mb] = n
+        # Step 2: given each GPU's total from all ranks, its slots' counts (the sum of the ranks'
+        # per-slot multinomials, conditioned on that total, is this multinomial)
+        total = n.sum(axis=1)  # [L, G]
+        slot_pairs[:, mb] = _split_counts(total, p_within, rng).reshape(layers, -1)
+        # Step 3: a token goes once to each GPU holding any of its experts
+        tokens[:, mb] = t * (1.0 - (1.0 - n / (t * k)) ** k)
+    return RoutingSample(layers=rows, slot_pairs=slot_pairs, pairs=pairs, tokens=tokens,
+                         slots_per_gpu=per_gpu)

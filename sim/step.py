@@ -1,0 +1,364 @@
+"""One forward step of a deployment, simulated: ``simulate_step`` and its ``StepResult``.
+
+What happens in a call:
+
+1. the op graph of one rank (``model.graph.build_step_graph``) is compiled into a
+   :class:`sim.engine.Program`: every op's cost-model time (:mod:`sim.cost`), the host's issue
+   times (eager) or the graph-replay costs (captured), the collective groups. Compilation is
+   memoised per (model, plan, batch, profile), so repeated calls (the serving simulator's) pay
+   only for steps 2-4;
+2. this step's routing is sampled (:mod:`sim.routing`): per MoE layer, microbatch and rank a
+   multinomial over the load statistics, mapped to GPUs by the placement (balanced by
+   ``model.eplb.balance_placement`` unless ``eplb=False``: then contiguous);
+3. each rank's fused-MoE time follows its own experts' counts, and each dispatch/combine lasts as
+   long as its busiest link (traffic matrix from the sampled routing);
+4. the engine runs every rank (:mod:`sim.engine`): ``mode="exact"`` through simpy, ``"fast"`` the
+   same semantics vectorised (they agree; a test checks it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from model.config import ModelConfig
+from model.eplb import balance_placement
+from model.errors import EpsimError
+from model.graph import Batch, OpGraph, build_step_graph
+from model.placement import Placement, contiguous_placement
+from model.plan import ParallelPlan
+from model.trace import TraceEvent
+from sim import cost
+from sim.engine import CATEGORIES, Program, Timeline, plan_steps, run_exact, run_fast
+from sim.hardware import HardwareProfile
+from sim.routing import (
+    LOAD_KINDS,
+    RoutingSample,
+    placed_frequencies,
+    sample_routing,
+    synthetic_loads,
+)
+
+MODES = ("fast", "exact")
+_CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A simulated step.
+
+    step_s / step_ms: the step time (the last rank's end). Example: 0.0612 / 61.2.
+    breakdown_ms: ``{category: ms}`` on the rank that finishes last: attention, moe_experts,
+        dense, other (compute busy time, including comm interference), dispatch, combine,
+        tp_comm (time its compute stream sat waiting for that collective, or, eager, for a host
+        waiting on it: exposed communication, stragglers included), launch (waiting for the
+        host to launch kernels, graph launch, the per-kernel GPU gap).
+        The values sum to ``step_ms``.
+    exposed_comm_ms: dispatch + combine + tp_comm of ``breakdown_ms``.
+    comm_busy_ms: ``{category: ms}`` that rank's collectives were in flight (overlapped or not).
+    overlapped_comm_ms: ``sum(comm_busy_ms) - exposed_comm_ms``, at least 0.
+    compute_slowdown_ms: compute time added by comm kernels running alongside (inside the
+        compute categories).
+    expert_imbalance: mean over MoE layers and microbatches of the busiest GPU's routed pairs over
+        the mean GPU's (1.0 without EP). Example: 1.04 balanced, 1.9 contiguous on real loads.
+    expert_imbalance_max: the worst layer's.
+    critical_rank: the rank that finished last.
+    rank_ms: ``[ranks]`` each rank's end.
+    mode / seed: as called.
+    events: per-op trace events (``model.trace.TraceEvent``, op ids = the graph's) when
+        ``trace=True``, else empty.
+    """
+
+    step_s: float
+    breakdown_ms: dict[str, float]
+    exposed_comm_ms: float
+    comm_busy_ms: dict[str, float]
+    overlapped_comm_ms: float
+    compute_slowdown_ms: float
+    expert_imbalance: float
+    expert_imbalance_max: float
+    critical_rank: int
+    rank_ms: tuple[float, ...]
+    mode: str
+    seed: int
+    events: tuple[TraceEvent, ...] = field(default=(), repr=False)
+
+    @property
+    def step_ms(self) -> float:
+        return self.step_s * 1e3
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``epsim step --json`` keys."""
+        return {
+            "step_ms": self.step_ms,
+            "breakdown_ms": dict(self.breakdown_ms),
+            "exposed_comm_ms": self.exposed_comm_ms,
+            "comm_busy_ms": dict(self.comm_busy_ms),
+            "overlapped_comm_ms": self.overlapped_comm_ms,
+            "compute_slowdown_ms": self.compute_slowdown_ms,
+            "expert_imbalance": self.expert_imbalance,
+            "expert_imbalance_max": self.expert_imbalance_max,
+            "critical_rank": self.critical_rank,
+            "rank_ms": list(self.rank_ms),
+            "mode": self.mode,
+            "seed": self.seed,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Compilation (memoised)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Compiled:
+    """A graph compiled for one profile, before this step's routing is applied."""
+
+    graph: OpGraph
+    program: Program
+    routed: dict[str, np.ndarray]  # "experts" / "dispatch" / "combine": [moe_layers, mb] op index
+    mb_tokens: tuple[int, ...]  # dispatch tokens per rank per microbatch
+
+
+_compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
+_placements: OrderedDict[tuple, Placement] = OrderedDict()
+_frequencies: OrderedDict[tuple, tuple[Placement, np.ndarray]] = OrderedDict()
+_synthetic: dict[tuple, np.ndarray] = {}
+
+
+def _profile_key(profile: HardwareProfile) -> str:
+    return json.dumps(profile.raw, sort_keys=True, default=str)
+
+
+def _remember(cache: OrderedDict, key: tuple, value: Any) -> Any:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
+                 profile: HardwareProfile) -> _Compiled:
+    """Build and compile one rank's step graph (memoised)."""
+    key = (model, plan, batch, _profile_key(profile))
+    hit = _compiled.get(key)
+    if hit is not None:
+        _compiled.move_to_end(key)
+        return hit
+    eff = profile.require_efficiency()
+    graph = build_step_graph(model, plan, batch)
+    order = graph.schedule.order()
+    index = {op_id: i for i, op_id in enumerate(order)}
+    n, ranks = len(order), plan.world_size
+    ops = [graph.ops[o] for o in order]
+    captured = graph.captured
+    node_s = eff.graph_node_s  # the GPU-side gap between kernels, graph or not
+    work = np.zeros(n)
+    group_size = np.zeros(n, dtype=np.int64)
+    nodes_of = np.arange(ranks) // plan.gpus_per_node
+    seen: dict[tuple, float] = {}  # layers repeat: cost each distinct op once
+    for i, op in enumerate(ops):
+        sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
+        if op.is_collective:
+            size = ranks if op.dims["group"] == "ep" else plan.tp
+            group_size[i] = size
+            if sig not in seen:
+                peers = np.asarray(op.peer_bytes, dtype=np.float64)
+                traffic = np.tile(peers, (len(peers), 1))
+                seen[sig] = float(cost.collective_time(op.kind, traffic, profile,
+                                                       nodes_of[:size], captured))
+        elif sig not in seen:
+            seen[sig] = cost.op_time(op, profile)
+        work[i] = seen[sig] + node_s
+    # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
+    floor = np.full(n, eff.graph_launch_s if captured else 0.0)
+    launch_s = 0.0 if captured else profile.kernel_launch_s
+    host_sync = np.array([(not captured) and op.kind == "dispatch" for op in ops])
+    deps = tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order)
+    is_coll = np.array([op.is_collective for op in ops])
+    program = Program(
+        op_ids=tuple(order), kinds=tuple(op.kind for op in ops),
+        categories=np.array([CATEGORIES.index(op.category) for op in ops]),
+        layers=tuple(op.layer for op in ops), microbatches=tuple(op.microbatch for op in ops),
+        is_coll=is_coll, deps=deps, work=np.tile(work[:, None], (1, ranks)), node_s=node_s,
+        floor=floor, launch_s=launch_s, host_sync=host_sync, group_size=group_size, slowdown=eff.comm_compute_slowdown,
+    )
+    # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
+    program = replace(program, steps=plan_steps(program, fold=captured))
+    # the ops whose cost this step's routing sets
+    moe_layers = list(model.moe_layers)
+    mbs = len(graph.microbatch_tokens)
+    routed: dict[str, np.ndarray] = {}
+    mb_tokens: tuple[int, ...] = ()
+    if plan.expert_parallel and moe_layers and plan.fusion.fused_moe:
+        for name, suffix in (("experts", "moe.experts"), ("dispatch", "moe.dispatch"),
+                             ("combine", "moe.combine")):
+            routed[name] = np.array([[index[f"L{layer}.{suffix}.mb{mb}"] for mb in range(mbs)]
+                                     for layer in moe_layers])
+        mb_tokens = tuple(int(graph.ops[f"L{moe_layers[0]}.moe.dispatch.mb{mb}"].dims["tokens"])
+                          for mb in range(mbs))
+    return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens))
+
+
+def _loads_key(loads: np.ndarray) -> tuple:
+    return (hashlib.sha1(np.ascontiguousarray(loads).tobytes()).hexdigest(), loads.shape)
+
+
+def _default_placement(loads_key: tuple, loads: np.ndarray, gpus: int, eplb: bool,
+                       layers: int, experts: int) -> Placement:
+    key = (loads_key, gpus, eplb)
+    hit = _placements.get(key)
+    if hit is None:
+        placement = (balance_placement(loads, gpus) if eplb
+                     else contiguous_placement(layers, experts, gpus))
+        hit = _remember(_placements, key, placement)
+    return hit
+
+
+def _slot_frequencies(loads_key: tuple, loads: np.ndarray, placement: Placement,
+                      model: ModelConfig) -> np.ndarray:
+    key = (loads_key, id(placement))
+    hit = _frequencies.get(key)
+    if hit is None or hit[0] is not placement:
+        rows = np.asarray(model.moe_layers, dtype=np.int64)
+        hit = _remember(_frequencies, key, (placement, placed_frequencies(loads, placement, rows)))
+    return hit[1]
+
+
+def _synthetic_loads(model: ModelConfig, kind: str) -> np.ndarray:
+    key = (model, kind)
+    if key not in _synthetic:
+        loads = synthetic_loads(model, kind)
+        loads.setflags(write=False)
+        _synthetic[key] = loads
+    return _synthetic[key]
+
+
+# --------------------------------------------------------------------------------------------
+# One step
+# --------------------------------------------------------------------------------------------
+
+
+def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
+                   profile: HardwareProfile, routing: RoutingSample) -> Program:
+    """The compiled program with this step's expert and dispatch/combine durations."""
+    prog = comp.program
+    work = prog.work.copy()
+    graph = comp.graph
+    ranks = plan.world_size
+    gpus = routing.pairs.shape[-1]
+    captured = graph.captured
+    node_s = prog.node_s
+    ex_idx, di_idx, co_idx = comp.routed["experts"], comp.routed["dispatch"], comp.routed["combine"]
+    # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
+    per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
+    ex_op = graph.ops[prog.op_ids[ex_idx[0, 0]]]
+    t_exp = cost.grouped_gemm_time(ex_op, profile, per_expert)
+    work[ex_idx] = t_exp + node_s
+    # dispatch: token rows from rank r to GPU g; combine: the results back (transpose)
+    nodes = np.arange(ranks) // plan.gpus_per_node
+    di_op = graph.ops[prog.op_ids[di_idx[0, 0]]]
+    co_op = graph.ops[prog.op_ids[co_idx[0, 0]]]
+    t_di = cost.collective_time("dispatch", routing.tokens * di_op.dims["bytes_per_token"],
+                                profile, nodes, captured)
+    t_co = cost.collective_time("combine", np.swapaxes(routing.tokens, -1, -2)
+                                * co_op.dims["bytes_per_token"], profile, nodes, captured)
+    work[di_idx] = (t_di + node_s)[..., None]
+    work[co_idx] = (t_co + node_s)[..., None]
+    return replace(prog, work=work)
+
+
+def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
+                  profile: HardwareProfile, *, loads: np.ndarray | None = None,
+                  placement: Placement | None = None, eplb: bool = True, mode: str = "fast",
+                  seed: int = 0, trace: bool = False, synthetic: str = "skewed") -> StepResult:
+    """Simulate one forward step of every rank.
+
+    Args:
+        model / plan / batch: what runs; ``batch`` is per dp rank (``Batch.decode(512, 2100)``).
+        profile: the hardware (with efficiency tables).
+        loads: ``[num_layers, num_experts]`` expert counts (``model.loads.read_loads``); ``None``:
+            the synthetic distribution ``synthetic`` (``"skewed"`` or ``"uniform"``).
+        placement: where the experts sit; ``None``: balanced over the EP GPUs for ``loads``
+            (``model.eplb.balance_placement``), or contiguous when ``eplb=False``.
+        mode: ``"fast"`` or ``"exact"``.
+        seed: seeds this step's routing sample; same seed, same result.
+        trace: also return per-op trace events of every rank.
+
+    Returns:
+        A :class:`StepResult`.
+    """
+    if mode not in MODES:
+        raise EpsimError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise EpsimError(f"seed must be a non-negative integer, got {seed!r}")
+    if synthetic not in LOAD_KINDS:
+        raise EpsimError(f"synthetic loads must be one of {', '.join(LOAD_KINDS)}, got {synthetic!r}")
+    plan.validate(model)
+    comp = compile_step(model, plan, batch, profile)
+    prog = comp.program
+    imbalance = np.ones((1, 1))
+    if comp.routed:
+        if loads is None:
+            loads = _synthetic_loads(model, synthetic)
+        loads = np.asarray(loads, dtype=np.float64)
+        if loads.ndim != 2 or loads.shape != (model.num_layers, model.moe.num_experts):
+            raise EpsimError(f"loads of shape {list(loads.shape)} do not match {model.name}'s "
+                             f"[{model.num_layers}, {model.moe.num_experts}] layers x experts")
+        key = _loads_key(loads)
+        if placement is None:
+            placement = _default_placement(key, loads, plan.ep, eplb, model.num_layers,
+                                           model.moe.num_experts)
+        elif placement.num_gpus != plan.ep:
+            raise EpsimError(f"placement spreads experts over {placement.num_gpus} GPUs, the plan "
+                             f"has ep {plan.ep}")
+        p_slot = _slot_frequencies(key, loads, placement, model)
+        rng = np.random.default_rng(seed)
+        routing = sample_routing(model, loads, placement, comp.mb_tokens, plan.world_size, rng,
+                                 p_slot=p_slot)
+        prog = _apply_routing(comp, model, plan, profile, routing)
+        imbalance = routing.imbalance()
+    timeline = run_exact(prog) if mode == "exact" else run_fast(prog, fold=not trace)
+    return _result(prog, timeline, imbalance, mode, seed, trace)
+
+
+def _result(prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str, seed: int,
+            trace: bool) -> StepResult:
+    critical = int(np.argmax(tl.rank_end))
+    step_s = float(tl.rank_end[critical])
+    parts = {c: float(tl.breakdown[critical, i] * 1e3) for i, c in enumerate(CATEGORIES)}
+    comm_cats = ("dispatch", "combine", "tp_comm")
+    exposed = sum(parts[c] for c in comm_cats)
+    busy = {c: float(tl.comm_busy[critical, CATEGORIES.index(c)] * 1e3) for c in comm_cats}
+    events: tuple[TraceEvent, ...] = ()
+    if trace:
+        events = tuple(_events(prog, tl))
+    return StepResult(
+        step_s=step_s, breakdown_ms=parts, exposed_comm_ms=exposed, comm_busy_ms=busy,
+        overlapped_comm_ms=max(0.0, sum(busy.values()) - exposed),
+        compute_slowdown_ms=float(tl.slowdown_s[critical] * 1e3),
+        expert_imbalance=float(imbalance.mean()), expert_imbalance_max=float(imbalance.max()),
+        critical_rank=critical, rank_ms=tuple(float(x * 1e3) for x in tl.rank_end),
+        mode=mode, seed=seed, events=events,
+    )
+
+
+def _events(prog: Program, tl: Timeline) -> list[TraceEvent]:
+    out: list[TraceEvent] = []
+    for i, op_id in enumerate(prog.op_ids):
+        stream = "comm" if prog.is_coll[i] else "compute"
+        for r in range(prog.ranks):
+            s, e = tl.start[i, r], tl.end[i, r]
+            if np.isnan(s) or np.isnan(e):
+                continue
+            out.append(TraceEvent(op_id=op_id, kind=prog.kinds[i], rank=r, stream=stream,
+                                  start_us=float(s * 1e6), dur_us=float((e - s) * 1e6),
+                                  layer=prog.layers[i], microbatch=prog.microbatches[i],
+                                  args={"category": CATEGORIES[prog.categories[i]]}))
+    return out

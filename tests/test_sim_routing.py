@@ -1,0 +1,73 @@
+"""Per-step routing: synthetic load statistics, sampling, placement, token de-duplication."""
+
+import numpy as np
+import pytest
+
+from model import load_model
+from model.eplb import balance_placement
+from model.graph import prob_rank_hit
+from model.loads import hottest_to_mean, read_loads
+from model.placement import Placement, contiguous_placement
+from sim.routing import sample_routing, slot_frequencies, synthetic_loads
+
+R1 = load_model("deepseek-r1")
+
+
+def test_synthetic_loads_match_the_real_deepseek_statistics(shared_loads):
+    syn = synthetic_loads(R1)
+    real = read_loads(shared_loads / "decode_in2000out100.json")
+    assert syn.shape == real.shape == (61, 256)
+    assert np.all(syn[:3] == 0) and np.all(syn[3:] > 0)
+    # hottest / mean expert: real 5.6-8.1 over the four files; synthetic 5.85
+    assert 5.0 <= hottest_to_mean(syn) <= 8.0
+    assert hottest_to_mean(real) == pytest.approx(6.07, abs=0.01)
+    contiguous = contiguous_placement(61, 256, 8)
+    syn_imb = np.nanmean(contiguous.imbalance(syn))
+    real_imb = np.nanmean(contiguous.imbalance(real))
+    assert 1.7 <= syn_imb <= 2.1 and 1.7 <= real_imb <= 2.1
+    # balancing removes nearly all of it
+    assert np.nanmean(balance_placement(syn, 8).imbalance(syn)) < 1.05
+    # uniform: every expert equal
+    uni = synthetic_loads(R1, "uniform")
+    assert hottest_to_mean(uni) == pytest.approx(1.0)
+
+
+def test_sample_conserves_pairs_and_groups_by_gpu():
+    loads = synthetic_loads(R1)
+    placement = balance_placement(loads, 8)
+    rng = np.random.default_rng(3)
+    s = sample_routing(R1, loads, placement, (256, 256), 8, rng)
+    assert s.pairs.shape == (58, 2, 8, 8) and s.slot_pairs.shape == (58, 2, 256)
+    # every rank sends exactly tokens * top_k pairs per layer and microbatch
+    assert np.all(s.pairs.sum(axis=3) == 256 * 8)
+    # a GPU's slots receive what the ranks sent to that GPU
+    per_gpu = s.slot_pairs.reshape(58, 2, 8, 32).sum(axis=3)
+    np.testing.assert_array_equal(per_gpu, s.gpu_pairs)
+    # a token goes at most once to a GPU, and at least once somewhere per expert pair / k
+    assert np.all(s.tokens <= 256 + 1e-9) and np.all(s.tokens.sum(axis=3) >= 256 - 1e-9)
+
+
+def test_uniform_routing_dedup_matches_the_hypergeometric_hit_rate():
+    loads = synthetic_loads(R1, "uniform")
+    placement = contiguous_placement(61, 256, 8)
+    s = sample_routing(R1, loads, placement, (4096,), 8, np.random.default_rng(0))
+    expected = prob_rank_hit(256, 32, 8)  # 0.662
+    assert s.tokens.mean() / 4096 == pytest.approx(expected, rel=0.02)
+    assert s.imbalance().mean() < 1.03
+
+
+def test_contiguous_placement_on_real_loads_is_about_2x_busier(shared_loads):
+    real = read_loads(shared_loads / "decode_in2000out100.json")
+    rng = np.random.default_rng(0)
+    cont = sample_routing(R1, real, contiguous_placement(61, 256, 8), (512,), 8, rng)
+    bal = sample_routing(R1, real, balance_placement(real, 8), (512,), 8, rng)
+    assert 1.7 <= cont.imbalance().mean() <= 2.1
+    assert bal.imbalance().mean() < 1.1
+
+
+def test_replicated_expert_shares_its_frequency_through_remap():
+    # 1 layer, 3 logical experts on 4 slots (2 GPUs): expert 0 twice, on both GPUs
+    placement = Placement(np.array([[0, 1, 0, 2]]), num_gpus=2, num_logical=3)
+    freqs = np.array([[0.5, 0.3, 0.2]])
+    p = slot_frequencies(freqs, placement, np.array([0]))
+    np.testing.assert_allclose(p, [[0.25, 0.3, 0.25, 0.2]])
