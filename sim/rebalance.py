@@ -30,10 +30,13 @@ from model.config import ModelConfig
 from model.dtypes import bytes_per_element
 from model.eplb import DEFAULT_METHOD, balance_placement, gpu_incidence
 from model.errors import EpsimError
+from model.graph import Batch
 from model.loads import frequencies
 from model.placement import Placement
+from model.plan import ParallelPlan
 
 from .hardware import HardwareProfile
+from .step import simulate_step
 
 #: usable share of a link's peak for bulk copies: about 48 of 64 GB/s per xGMI link on MI300X
 #: (DESIGN.md section 4, AMD's "MI300X RCCL xGMI" blog)
@@ -319,3 +322,32 @@ def simulate_timed_rebalancing(phases: Sequence[tuple[np.ndarray, int]], initial
         raise EpsimError("the phases have no steps")
     return RebalanceRun(np.asarray(static), np.asarray(dynamic), np.asarray(seconds), costs,
                         steps, np.asarray(t_static), np.asarray(t_online))
+
+
+def simulated_step_time(model: ModelConfig, plan: ParallelPlan, batch: Batch,
+                        profile: HardwareProfile, mode: str = "fast") -> StepTime:
+    """A :data:`StepTime` that runs the per-step simulator (:func:`sim.step.simulate_step`):
+    routing sampled from the given load statistics, mapped through the given placement."""
+    def step_seconds(loads: np.ndarray, placement: Placement, seed: int) -> float:
+        return simulate_step(model, plan, batch, profile, loads=loads, placement=placement,
+                             mode=mode, seed=seed).step_s
+    return step_seconds
+
+
+def simulate_online_eplb(model: ModelConfig, plan: ParallelPlan, batch: Batch,
+                         profile: HardwareProfile, phases: Sequence[tuple[np.ndarray, int]],
+                         policy: RebalancePolicy, initial: Placement | None = None,
+                         seed: int = 0) -> RebalanceRun:
+    """Simulated steps of a deployment whose workload changes phase by phase, with the
+    placement kept and with online rebalancing (its weight copies charged to the rebalancing
+    steps). ``initial``: default, balanced on the first phase's loads with the policy's
+    redundant slots. The rebalancer sees every step's ``batch.tokens x ranks x top-k`` pairs."""
+    if not phases:
+        raise EpsimError("no phases to simulate")
+    if initial is None:
+        initial = balance_placement(phases[0][0], plan.ep, policy.method,
+                                    redundant=policy.redundant)
+    assignments = batch.tokens * plan.dp * model.moe.top_k
+    return simulate_timed_rebalancing(phases, initial, policy, expert_weight_bytes(model),
+                                      profile, simulated_step_time(model, plan, batch, profile),
+                                      assignments, seed)

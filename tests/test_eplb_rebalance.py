@@ -113,3 +113,23 @@ def test_timed_rebalancing_charges_the_move_to_its_step(shared_loads):
     assert run.online_step_s[10:14].max() < run.static_step_s[10:14].min()
     s = run.summary()
     assert s["online_step_ms_max"] > s["online_step_ms_mean"] and s["static_step_ms_mean"] > 10
+
+
+def test_online_eplb_through_the_step_simulator(shared_loads):
+    from model import make_plan
+    from model.graph import Batch
+    from sim.rebalance import simulate_online_eplb
+
+    model = load_model("deepseek-r1")
+    plan = make_plan(model, dp=8, ep=8)
+    a = read_loads(shared_loads / "prefill_in2048.json")
+    b = read_loads(shared_loads / "decode_in2000out100.json")
+    run = simulate_online_eplb(model, plan, Batch.prefill(1, 2048), load_profile("mi300x"),
+                               [(a, 3), (b, 6)], RebalancePolicy(3, 3, max_moves=16))
+    assert run.steps == [2, 5, 8] and len(run.online_step_s) == 9
+    assert (run.move_seconds[run.steps] > 0).all()
+    # the first steps run the same placement: the same simulated time, plus the move at step 2
+    np.testing.assert_allclose(run.online_step_s[:2], run.static_step_s[:2])
+    assert run.online_step_s[2] == pytest.approx(run.static_step_s[2] + run.move_seconds[2])
+    # once re-placed for the new workload (from step 6), steps are faster than the stale ones
+    assert (run.online_step_s[6:8] < run.static_step_s[6:8]).all()
