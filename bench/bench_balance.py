@@ -197,6 +197,37 @@ def online(files: dict[str, np.ndarray]) -> None:
     print()
 
 
+def online_simulated(files: dict[str, np.ndarray]) -> None:
+    from model import make_plan
+    from model.graph import Batch
+    from sim.rebalance import simulate_online_eplb
+
+    print("## Online rebalancing through the step simulator (sim.step.simulate_step)\n")
+    model = load_model("deepseek-r1")
+    plan = make_plan(model, dp=8, ep=8)
+    profile = load_profile("mi300x")
+    print("DeepSeek-R1, DP8/EP8 on 8x MI300X; every 20 steps, window 20, max 16 moves/layer, "
+          "min_gain 0.01; the static placement is fitted on the first phase's file.\n")
+    print("| batch per GPU | phases (steps) | static step ms | online step ms (moves "
+          "included) | worst online step ms | rebalances | experts copied | move s total |")
+    print("|---|---|---|---|---|---|---|---|")
+    policy = RebalancePolicy(20, 20, max_moves=16, min_gain=0.01)
+    for label, batch, first, second in (
+        ("decode 512 seqs, context 2100", Batch.decode(512, 2100), "decode_in2000out100",
+         "decode_in1000out1000"),
+        ("prefill 2 x 4096 tokens", Batch.prefill(2, 4096), "prefill_in2048", "prefill_in4096"),
+        ("prefill 2 x 4096 tokens", Batch.prefill(2, 4096), "prefill_in2048",
+         "decode_in1000out1000"),
+    ):
+        phases = [(files[first], 20), (files[second], 60), (files[first], 60)]
+        run = simulate_online_eplb(model, plan, batch, profile, phases, policy)
+        s = run.summary()
+        print(f"| {label} | {first} 20, {second} 60, {first} 60 | {s['static_step_ms_mean']:.2f} "
+              f"| {s['online_step_ms_mean']:.2f} | {s['online_step_ms_max']:.2f} "
+              f"| {s['rebalances']} | {s['moved_experts']} | {s['move_seconds_total']:.3f} |")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads-dir", default=str(REPO.parent / "shared" / "data" /
@@ -213,6 +244,7 @@ def main() -> None:
     moves(files)
     if not args.skip_online:
         online(files)
+        online_simulated(files)
 
 
 if __name__ == "__main__":
