@@ -6,5 +6,6 @@ Add a command by writing its module and naming it here; ``epsim.cli`` does the r
 COMMANDS: tuple[str, ...] = (
     "describe",
     "step",
+    "run",
     "balance",
 )

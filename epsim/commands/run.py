@@ -1,0 +1,141 @@
+"""``epsim run``: execute decode steps of a model for real with the torch runtime.
+
+Spawns ``--world-size`` local ranks (gloo on the CPU), or, started under ``torchrun``, runs as one
+of its ranks. torch is an optional extra: it is imported only here, inside ``run``, so every other
+command works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from model.errors import EpsimError
+
+from ..common import add_model_arg, emit_json, positive_int, print_table
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="run decode steps for real (torch runtime, local ranks or torchrun)",
+        description="Execute the op graph of a decode step with torch on W local ranks "
+        "(DP attention + EP MoE over torch.distributed), timing every op; with --check compare "
+        "every rank's outputs with a dense single-process reference.",
+    )
+    add_model_arg(p)
+    p.add_argument("--world-size", type=positive_int, default=None, metavar="W",
+                   help="ranks (default 1; under torchrun its WORLD_SIZE)")
+    p.add_argument("--dp", type=positive_int, default=None, help="data-parallel attention groups "
+                   "(must be the world size)")
+    p.add_argument("--ep", type=positive_int, default=None,
+                   help="expert-parallel degree: the world size (default) or 1")
+    p.add_argument("--tp", type=positive_int, default=None, help="tensor parallelism (only 1)")
+    p.add_argument("--batch", type=positive_int, required=True, help="sequences per rank")
+    p.add_argument("--context", type=positive_int, required=True,
+                   help="tokens each sequence attends to in the first step, the new one included")
+    p.add_argument("--steps", type=positive_int, default=4, help="decode steps (default 4; the "
+                   "first is a warm-up and not timed when there are more)")
+    p.add_argument("--dbo", action="store_true", help="dual-batch overlap: two microbatches")
+    p.add_argument("--static", action="store_true",
+                   help="static-shape dispatch/combine and MoE (padded to a fixed capacity)")
+    p.add_argument("--capture", action="store_true",
+                   help="capture the decode step as a CUDA/HIP graph (GPU only; implies --static)")
+    p.add_argument("--placement", metavar="FILE", help="expert placement file (epsim balance "
+                   "--out); default: contiguous")
+    p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8",
+                   help="KV-cache storage (default fp8 = float8_e4m3fn)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="compute dtype (default fp32)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    p.add_argument("--unfused", action="store_true",
+                   help="unfused graph: separate RoPE, shared gate/up and routed-expert ops")
+    p.add_argument("--prefill", action="store_true",
+                   help="fill the KV cache with a real prefill step over random prompts of "
+                   "context - 1 tokens (timed and checked) instead of drawn cache entries")
+    p.add_argument("--check", action="store_true",
+                   help="compare with the dense single-process reference (fp32)")
+    p.add_argument("--trace", metavar="OUT", help="write every rank's per-op Chrome trace")
+    p.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
+    p.add_argument("--timeout", type=positive_int, default=120, metavar="S",
+                   help="seconds a collective may wait before the run fails (default 120)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    try:  # find_spec, not import: the parent of the ranks never needs torch itself
+        torch_spec = importlib.util.find_spec("torch")
+    except Exception:  # a broken install or an import blocker: as good as missing
+        torch_spec = None
+    if torch_spec is None:
+        raise EpsimError("epsim run needs torch: pip install 'epsim[runtime]' (CPU: first "
+                         "pip install torch==2.13.0)")
+    from model.trace import write_chrome_trace
+    from runtime import RunOptions, launch_local, run_rank, under_torchrun
+
+    if args.tp not in (None, 1):
+        raise EpsimError(f"the runtime runs tp = 1 (DP attention + EP MoE), got --tp {args.tp}")
+    if args.trace:
+        folder = Path(args.trace).resolve().parent
+        if not folder.is_dir():
+            raise EpsimError(f"cannot write {args.trace}: folder {folder} does not exist")
+    torchrun = under_torchrun()
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.world_size or 1)
+    if torchrun and args.world_size not in (None, world):
+        raise EpsimError(f"--world-size {args.world_size} but torchrun started {world} ranks")
+    opts = RunOptions(
+        model=args.model, world_size=world, batch=args.batch, context=args.context,
+        steps=args.steps, dp=args.dp, ep=args.ep, dbo=args.dbo, static=args.static,
+        capture=args.capture, placement=args.placement, kv_dtype=args.kv_dtype,
+        check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
+        unfused=args.unfused, trace=bool(args.trace), prefill=args.prefill)
+    if torchrun:
+        rank = int(os.environ["RANK"])
+        try:
+            results = run_rank([opts], rank, world, "env://", args.timeout)
+        except EpsimError:
+            raise
+        except Exception as exc:  # one line, as the local launcher reports it; torchrun stops
+            raise EpsimError(f"rank {rank} failed: {type(exc).__name__}: {exc}") from exc
+        if results is None:  # ranks other than 0 report nothing
+            return 0
+    else:
+        results = launch_local([opts], world, args.timeout)
+    summary: dict[str, Any] = results[0]
+    events = summary.pop("trace_events", None)
+    summary.pop("next_tokens", None)
+    if args.trace:
+        write_chrome_trace(events or [], args.trace,
+                           metadata={k: v for k, v in summary.items() if not isinstance(v, dict)})
+        summary["trace"] = args.trace
+    if args.json:
+        emit_json(summary)
+        return 0
+    st = summary["step_ms"]
+    rows = [
+        ("plan", f"{world} rank(s): dp {world}, ep {world if world > 1 and args.ep != 1 else 1}, "
+                 f"{summary['batch_per_rank']} seqs/rank, context {summary['context']}"),
+        ("mode", ", ".join(filter(None, [
+            "DBO" if args.dbo else "no DBO", "static" if summary["static"] else "dynamic",
+            "captured" if args.capture else "eager", f"kv {args.kv_dtype}", args.dtype,
+            f"placement {summary['placement']}"]))),
+        ("step ms", f"mean {st['mean']:.2f}, median {st['median']:.2f}, p10 {st['p10']:.2f}, "
+                    f"p90 {st['p90']:.2f} ({summary['steps_timed']} timed)"),
+        ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
+    ]
+    if args.prefill:
+        rows.append(("prefill ms", f"{summary['prefill_ms']:.2f} "
+                                   f"({summary['prefill_tokens_per_s']:.1f} prompt tokens/s)"))
+    for kind, ms in sorted(summary["op_ms_per_step_by_kind"].items(), key=lambda kv: -kv[1]):
+        rows.append((f"  {kind}", f"{ms:.3f} ms/step"))
+    if args.check:
+        rows.append(("max rel err", f"{summary['max_rel_err']:.2e} vs the dense reference "
+                                    f"({summary['token_mismatches']} token mismatches)"))
+    if args.trace:
+        rows.append(("trace", args.trace))
+    print_table(rows, title=f"epsim run: {summary['model']}")
+    return 0

@@ -1,0 +1,21 @@
+"""epsim's runtime: the op graph executed for real with torch (DESIGN.md section 2.4).
+
+Requires torch (the ``runtime`` extra) in the rank processes; this package's top level and
+``runtime.launch``/``runtime.options`` import it lazily, so a launching parent process stays light.
+Depends on ``model`` only, never on ``sim``.
+
+    runtime.options    RunOptions and validation (model, plan, placement)
+    runtime.weights    random weights with a fixed seed, identical on every rank
+    runtime.kernels    the math of each op kind (MLA decode, routing, fused MoE, ...)
+    runtime.comm       EP dispatch/combine over all_to_all_single (dynamic and static)
+    runtime.backends   optional aiter fused_moe and MORI-EP backends
+    runtime.executor   RankRuntime: walks the shared schedule, times every op
+    runtime.capture    CUDA/HIP graph capture of the static decode step
+    runtime.reference  the dense single-process reference for --check
+    runtime.launch     local rank spawning, torchrun, fault handling, summaries
+"""
+
+from .launch import launch_local, run_rank, under_torchrun
+from .options import RunOptions, validate
+
+__all__ = ["RunOptions", "launch_local", "run_rank", "under_torchrun", "validate"]

@@ -1,0 +1,370 @@
+"""Starting ranks, running configurations on them, and gathering what they measured.
+
+Two ways in:
+    ``launch_local(options, world)``  spawns ``world`` local rank processes (``python -m
+        runtime.worker``), joined through a file store with gloo (or NCCL with ``device="cuda"``),
+        and watches them: the first rank that fails ends the run, the others are killed, and the
+        failing rank's one-line message comes back as an :class:`EpsimError`.
+    ``run_rank(options, rank, world, "env://")``  what each rank runs; under ``torchrun`` the
+        caller (``epsim run``) calls it directly and torchrun watches the ranks.
+
+Each rank runs every configuration in turn with the same process group (a grid pays for process
+start-up once). Before each one, the ranks compare a hash of it and stop when they disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from model.errors import EpsimError
+
+from .options import RunOptions, validate
+
+#: a test hook: ``"RANK:STEP"`` raises on that rank before that step, ``"RANK:STEP:kill"`` kills it
+FAULT_ENV = "EPSIM_RUNTIME_FAULT"
+#: messages of ranks that failed only because a peer went away
+_SECONDARY = re.compile(r"connection|closed|reset|broken pipe|timed out|timeout|peer|"
+                        r"socket|gloo|nccl|abort", re.IGNORECASE)
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def under_torchrun() -> bool:
+    """Started by ``torchrun`` (or any launcher that sets the env:// variables)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """``{mean, median, p10, p90}`` (linear interpolation, as numpy's default)."""
+    xs = sorted(values)
+
+    def q(f: float) -> float:
+        pos = f * (len(xs) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return {"mean": sum(xs) / len(xs), "median": q(0.5), "p10": q(0.1), "p90": q(0.9)}
+
+
+# --------------------------------------------------------------------------------------------
+# One rank
+# --------------------------------------------------------------------------------------------
+
+
+def _inject_fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    parts = spec.split(":")
+    if int(parts[0]) == rank and int(parts[1]) == step:
+        if len(parts) > 2 and parts[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+
+
+def _agree(opts: RunOptions, rank: int, world: int) -> None:
+    """Stop every rank when they were started with different configurations."""
+    import torch
+    import torch.distributed as dist
+
+    mine = (opts.digest(), torch.__version__)
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    differing = [r for r, d in enumerate(everyone) if d != everyone[0]]
+    if differing:
+        raise EpsimError(
+            f"ranks disagree on the configuration: rank(s) {differing} differ from rank 0 "
+            f"(config hash {everyone[differing[0]][0]} vs {everyone[0][0]}); start every rank "
+            "with the same arguments")
+
+
+def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
+    """Run one configuration on this rank; rank 0 returns the summary, the others None."""
+    import torch.distributed as dist
+
+    from .executor import RankRuntime
+
+    _agree(opts, rank, world)
+    model, plan, placement = validate(opts)
+    rt = RankRuntime(opts, model, plan, placement, rank)
+    captured = None
+    if opts.capture:
+        from .capture import CapturedDecode
+
+        captured = CapturedDecode(rt)
+    steps: list[dict[str, Any]] = []
+    if opts.prefill:
+        _inject_fault(rank, -1)
+        steps.append(_record(opts, rt.prefill(), phase="prefill"))
+    for step in range(opts.steps):
+        _inject_fault(rank, step)
+        if captured is None:
+            result = rt.step()
+        else:
+            result = captured.first() if step == 0 else captured.replay()
+        steps.append(_record(opts, result))
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(steps, gathered, dst=0)
+    if rank != 0:
+        return None
+    assert gathered is not None
+    return summarise(opts, model, gathered)
+
+
+def _record(opts: RunOptions, result: Any, phase: str = "decode") -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "step_us": result.step_us,
+        "logits": result.logits.cpu() if opts.check else None,
+        "next_tokens": result.next_tokens.cpu(),
+        "hidden": result.hidden.cpu() if opts.check else None,
+        "events": result.events if opts.trace else [],
+        "op_us": _op_us(result.events),
+    }
+
+
+def _op_us(events: list[Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for e in events:
+        out[e.kind] = out.get(e.kind, 0.0) + e.dur_us
+    return out
+
+
+def _split(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A rank's records -> (its prefill record or None, its decode steps)."""
+    if records and records[0]["phase"] == "prefill":
+        return records[0], records[1:]
+    return None, records
+
+
+def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
+              ) -> dict[str, Any]:
+    """The run's figures from every rank's per-step records (rank 0 only)."""
+    world = len(per_rank)
+    split = [_split(records) for records in per_rank]
+    prefills = [p for p, _ in split]
+    decode = [d for _, d in split]
+    # a step takes as long as its slowest rank; the first step warms up when there are others
+    step_ms = [max(decode[r][s]["step_us"] for r in range(world)) / 1e3
+               for s in range(opts.steps)]
+    timed = step_ms[1:] if len(step_ms) > 1 else step_ms
+    stats = percentiles(timed)
+    kinds = sorted({k for rank in decode for st in rank for k in st["op_us"]})
+    out: dict[str, Any] = {
+        "model": model.name,
+        "world_size": world,
+        "batch_per_rank": opts.batch,
+        "context": opts.context,
+        "steps": opts.steps,
+        "steps_timed": len(timed),
+        "dbo": opts.dbo,
+        "static": opts.static_shapes,
+        "capture": opts.capture,
+        "kv_dtype": opts.kv_dtype,
+        "dtype": opts.dtype,
+        "device": opts.device,
+        "placement": opts.placement or "contiguous",
+        "unfused": opts.unfused,
+        "prefill": opts.prefill,
+        "step_ms": stats,
+        "tokens_per_s": world * opts.batch / (stats["mean"] / 1e3),
+        "op_ms_per_step_by_kind": {
+            k: sum(st["op_us"].get(k, 0.0) for rank in decode for st in rank)
+            / (world * opts.steps) / 1e3 for k in kinds},
+        "next_tokens": [[st["next_tokens"].tolist() for st in rank] for rank in decode],
+    }
+    prefill_ms = 0.0
+    if opts.prefill:
+        prefill_ms = max(p["step_us"] for p in prefills if p is not None) / 1e3
+        out["prefill_ms"] = prefill_ms
+        out["prefill_tokens_per_s"] = world * opts.batch * (opts.context - 1) / (prefill_ms / 1e3)
+    if opts.trace:
+        # prefill first (step -1), then the decode steps one after another
+        out["trace_events"] = [
+            _shift(e, -1, 0.0) for p in prefills if p is not None for e in p["events"]] + [
+            _shift(e, s, prefill_ms + sum(step_ms[:s]))
+            for rank in decode for s, st in enumerate(rank) for e in st["events"]]
+    if opts.check:
+        out.update(check_against_reference(opts, model, prefills, decode))
+    return out
+
+
+def _shift(event: Any, step: int, offset_ms: float) -> Any:
+    from dataclasses import replace
+
+    return replace(event, start_us=event.start_us + offset_ms * 1e3,
+                   args={**dict(event.args), "step": step})
+
+
+def check_against_reference(opts: RunOptions, model: Any, prefills: list[dict[str, Any] | None],
+                            decode: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Compare every rank's logits, final hidden states and tokens with the dense reference."""
+    from .reference import reference_decode, relative_error
+
+    world, b = len(decode), opts.batch
+    ref_prefill, ref = reference_decode(model, opts.seed, world, b, opts.context, opts.steps,
+                                        opts.kv_dtype, prefill=opts.prefill)
+    errs = {"logits": 0.0, "hidden": 0.0}
+    mismatches = 0
+    for r in range(world):
+        rows = slice(r * b, (r + 1) * b)
+        pairs = list(zip(decode[r], ref, strict=True))
+        if ref_prefill is not None:
+            pairs.append((prefills[r], ref_prefill))
+        for got, want in pairs:
+            errs["logits"] = max(errs["logits"], relative_error(got["logits"], want.logits[rows]))
+            errs["hidden"] = max(errs["hidden"], relative_error(got["hidden"], want.hidden[rows]))
+            mismatches += int((got["next_tokens"] != want.next_tokens[rows]).sum())
+    return {"max_rel_err": max(errs.values()), "max_rel_err_by_output": errs,
+            "token_mismatches": mismatches}
+
+
+def run_rank(options: list[RunOptions], rank: int, world: int, init_method: str,
+             timeout_s: float = 120.0) -> list[dict[str, Any]] | None:
+    """Join the process group, run every configuration, leave. Rank 0 returns the summaries."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    device = options[0].device if options else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise EpsimError("--device cuda but torch sees no GPU")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        results = [run_one(opts, rank, world) for opts in options]
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return results if rank == 0 else None  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------------
+# Local spawning
+# --------------------------------------------------------------------------------------------
+
+
+def worker_main(folder: str, rank: int) -> int:
+    """``python -m runtime.worker FOLDER RANK``: one spawned rank; errors go to FOLDER."""
+    spec = json.loads(Path(folder, "spec.json").read_text())
+    try:
+        options = [RunOptions(**o) for o in spec["options"]]
+        results = run_rank(options, rank, spec["world"], spec["init"], spec["timeout_s"])
+        if rank == 0:
+            tmp = Path(folder, "result.pkl.tmp")
+            tmp.write_bytes(pickle.dumps(results))
+            os.replace(tmp, Path(folder, "result.pkl"))
+        return 0
+    except BaseException as exc:  # report every failure, then exit non-zero
+        message = str(exc) if isinstance(exc, EpsimError) else f"{type(exc).__name__}: {exc}"
+        message = " ".join(message.split())[:500]
+        Path(folder, f"error.{rank}").write_text(json.dumps(
+            {"rank": rank, "time": time.time(), "message": message,
+             "user_error": isinstance(exc, EpsimError)}))
+        sys.stderr.write(f"rank {rank}: {message}\n")
+        return 2 if isinstance(exc, EpsimError) else 1
+
+
+def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0,
+                 deadline_s: float | None = None) -> list[dict[str, Any]]:
+    """Spawn ``world`` local ranks, run ``options`` on them, return rank 0's summaries.
+
+    Raises:
+        EpsimError: a rank failed (its message, the earliest root cause first) or the run
+            passed ``deadline_s`` (default ``4 * timeout_s``).
+    """
+    for opts in options:
+        validate(opts)  # bad input: one line here, before any process starts
+        if opts.world_size != world:
+            raise EpsimError(f"options for world size {opts.world_size} in a {world}-rank launch")
+    deadline = time.monotonic() + (deadline_s if deadline_s is not None else 4 * timeout_s)
+    with tempfile.TemporaryDirectory(prefix="epsim-run-") as folder:
+        spec = {"options": [o.to_json() for o in options], "world": world,
+                "timeout_s": timeout_s, "init": f"file://{folder}/store"}
+        Path(folder, "spec.json").write_text(json.dumps(spec))
+        env = dict(os.environ, OMP_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO),
+                                                            os.environ.get("PYTHONPATH")])))
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(key, None)
+        procs, logs = [], []
+        try:
+            for rank in range(world):
+                log = open(Path(folder, f"stderr.{rank}"), "w")  # noqa: SIM115
+                logs.append(log)
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "runtime.worker", folder, str(rank)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=str(_REPO)))
+            failure = _watch(procs, folder, deadline)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait()
+            for log in logs:
+                log.close()
+        if failure:
+            raise EpsimError(failure)
+        result = Path(folder, "result.pkl")
+        if not result.is_file():
+            raise EpsimError("rank 0 ended without writing its results")
+        return pickle.loads(result.read_bytes())
+
+
+def _watch(procs: list[subprocess.Popen], folder: str, deadline: float) -> str | None:
+    """Poll the ranks; on the first failure kill the rest and return the root-cause message."""
+    exit_seen: dict[int, float] = {}
+    while True:
+        for rank, p in enumerate(procs):
+            if p.poll() is not None and rank not in exit_seen:
+                exit_seen[rank] = time.time()
+        if len(exit_seen) == len(procs) and all(p.returncode == 0 for p in procs):
+            return None
+        if any(p.returncode not in (None, 0) for p in procs):
+            time.sleep(0.3)  # let the other ranks' reports land, then stop everyone
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            return _root_cause(procs, folder, exit_seen)
+        if time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            return "the run passed its deadline; ranks killed (raise --timeout for longer runs)"
+        time.sleep(0.02)
+
+
+def _root_cause(procs: list[subprocess.Popen], folder: str, exit_seen: dict[int, float]) -> str:
+    reports = []
+    for rank, p in enumerate(procs):
+        err = Path(folder, f"error.{rank}")
+        if err.is_file():
+            info = json.loads(err.read_text())
+            secondary = bool(_SECONDARY.search(info["message"])) and not info["user_error"]
+            reports.append((secondary, info["time"], rank, info["message"]))
+        elif p.returncode not in (None, 0) and rank in exit_seen:
+            code = p.returncode
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            reports.append((False, exit_seen[rank], rank, f"{how} without a report"))
+    if not reports:
+        return "a rank failed without a report"
+    reports.sort()
+    _, _, rank, message = reports[0]
+    others = len(reports) - 1
+    tail = f" ({others} other rank(s) stopped after it)" if others else ""
+    return f"rank {rank} failed: {message}{tail}"

@@ -1,0 +1,129 @@
+"""What one runtime run executes: options, the plan they imply, and a hash ranks compare."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from model.config import ModelConfig, load_model
+from model.errors import EpsimError
+from model.placement import Placement, contiguous_placement, read_placement
+from model.plan import Fusion, ParallelPlan, make_plan
+
+DTYPES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """One configuration the runtime executes on every rank.
+
+    model: shipped name or config.json path. Example: ``"tiny-deepseek"``.
+    world_size: ranks. Example: 4.
+    batch: sequences per rank (each rank is its own dp group). Example: 8.
+    context: tokens each sequence attends to in the first decode step, the new one included.
+    steps: decode steps. Example: 4.
+    dp / ep: parallel degrees (None: dp = world, ep = world when world > 1).
+    dbo: two microbatches interleaved by the shared schedule.
+    static: static-shape dispatch/combine and MoE (what graph capture needs).
+    capture: capture the decode step as a CUDA/HIP graph (needs a GPU; implies static).
+    placement: path of a placement file (``model.placement.read_placement``), None: contiguous.
+    kv_dtype: KV-cache storage, ``"fp8"`` (float8_e4m3fn) or ``"bf16"``.
+    check: compare every rank's outputs with the dense single-process reference.
+    seed: weights, initial tokens and cache contents.
+    dtype: compute dtype, ``"fp32"`` or ``"bf16"``.
+    device: ``"cpu"`` or ``"cuda"``.
+    unfused: run the unfused op graph (RoPE, gate/up and the routed experts as separate ops).
+    trace: keep every rank's per-op trace events.
+    prefill: fill the KV cache by a real prefill step over random prompts of ``context - 1``
+        tokens (timed and checked like the decode steps) instead of drawing the cached entries.
+    """
+
+    model: str
+    world_size: int
+    batch: int
+    context: int
+    steps: int
+    dp: int | None = None
+    ep: int | None = None
+    dbo: bool = False
+    static: bool = False
+    capture: bool = False
+    placement: str | None = None
+    kv_dtype: str = "fp8"
+    check: bool = False
+    seed: int = 0
+    dtype: str = "fp32"
+    device: str = "cpu"
+    unfused: bool = False
+    trace: bool = False
+    prefill: bool = False
+
+    @property
+    def static_shapes(self) -> bool:
+        """Static dispatch/MoE shapes: asked for, or needed by graph capture."""
+        return self.static or self.capture
+
+    def with_(self, **changes: object) -> RunOptions:
+        return replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def digest(self) -> str:
+        """A hash of everything that must agree across ranks (the placement file's content too)."""
+        obj = self.to_json()
+        if self.placement:
+            try:
+                obj["placement_content"] = hashlib.sha256(
+                    Path(self.placement).read_bytes()).hexdigest()
+            except OSError:
+                obj["placement_content"] = None
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
+    """Check the options; return the model, the plan and the expert placement they imply."""
+    model = load_model(opts.model)
+    if model.attention.kind != "mla":
+        raise EpsimError(f"the runtime implements MLA models (DeepSeek-shaped); {model.name} "
+                         f"has {model.attention.kind} attention")
+    for name in ("world_size", "batch", "context", "steps"):
+        value = getattr(opts, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EpsimError(f"{name} must be a positive integer, got {value!r}")
+    if opts.world_size > 64:
+        raise EpsimError(f"world size {opts.world_size} is too large for local ranks (max 64)")
+    if opts.dtype not in DTYPES:
+        raise EpsimError(f"dtype must be one of {', '.join(DTYPES)}, got {opts.dtype!r}")
+    if opts.device not in ("cpu", "cuda"):
+        raise EpsimError(f"device must be cpu or cuda, got {opts.device!r}")
+    if opts.capture and opts.device != "cuda":
+        raise EpsimError("graph capture needs a GPU (CUDA or ROCm); this run is on the CPU "
+                         "(drop --capture or run with --device cuda)")
+    if opts.check and opts.dtype != "fp32":
+        raise EpsimError("--check compares in fp32; drop --dtype bf16")
+    world = opts.world_size
+    dp = world if opts.dp is None else opts.dp
+    if dp != world:
+        raise EpsimError(f"the runtime runs DP attention over every rank: dp must be the world "
+                         f"size {world}, got {dp} (tp > 1 is not implemented)")
+    fusion = Fusion(False, False, False) if opts.unfused else Fusion()
+    plan = make_plan(model, nodes=1, gpus_per_node=world, dp=dp, tp=1, ep=opts.ep,
+                     microbatches=2 if opts.dbo else 1, kv_dtype=opts.kv_dtype,
+                     graph_mode=opts.capture, fusion=fusion, placement=opts.placement)
+    if opts.prefill and opts.context < 2:
+        raise EpsimError("--prefill needs --context >= 2 (a prompt of context - 1 tokens)")
+    if opts.dbo and opts.batch < 2:
+        raise EpsimError("--dbo splits the batch in two microbatches: it needs --batch >= 2")
+    gpus = plan.ep if plan.expert_parallel else 1
+    layers, experts = model.num_layers, model.moe.num_experts
+    if opts.placement:
+        placement = read_placement(opts.placement, num_layers=layers, num_experts=experts)
+        if placement.num_gpus != gpus:
+            raise EpsimError(f"{opts.placement}: placement for {placement.num_gpus} GPUs, the run "
+                             f"has {gpus} expert-parallel ranks")
+    else:
+        placement = contiguous_placement(layers, experts, gpus)
+    return model, plan, placement

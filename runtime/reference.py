@@ -1,0 +1,178 @@
+"""The dense single-process reference: every rank's sequences through one unsharded model.
+
+Written independently of the executor on purpose: MLA in its plain (non-absorbed) form, with K
+and V expanded per head from the cached latent; routing as a per-token loop over the groups; the
+routed experts as a per-token loop over all logical experts (no placement, no dispatch). It shares
+only the weights, the initial tokens/cache (``runtime.weights``), RMSNorm/RoPE/SiLU primitives and
+the KV storage rounding, so a match checks the runtime's absorption, routing, placement remap,
+dispatch/combine and fused-MoE backends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.config import ModelConfig
+
+from . import kernels
+from . import weights as W
+from .executor import KV_STORAGE
+
+
+@dataclass
+class ReferenceStep:
+    """One step for all ranks: ``logits [R*B, vocab]``, ``next_tokens [R*B]``, ``hidden [R*B, h]``
+    (rank r's sequences are rows ``r*B .. (r+1)*B - 1``)."""
+
+    logits: torch.Tensor
+    next_tokens: torch.Tensor
+    hidden: torch.Tensor
+
+
+def route_reference(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int,
+                    topk_group: int, scaling: float, normalize: bool
+                    ) -> tuple[list[list[int]], list[list[float]]]:
+    """Group-limited sigmoid routing, one token at a time in plain Python."""
+    ids_out, w_out = [], []
+    per_group = logits.shape[1] // n_group
+    for row in logits.tolist():
+        scores = [1.0 / (1.0 + torch.exp(torch.tensor(-v, dtype=torch.float64)).item())
+                  for v in row]
+        biased = [s + b for s, b in zip(scores, bias.tolist(), strict=True)]
+        group_score = []
+        for g in range(n_group):
+            members = sorted(biased[g * per_group:(g + 1) * per_group], reverse=True)
+            group_score.append(sum(members[:min(2, per_group)]))
+        groups = sorted(range(n_group), key=lambda g: -group_score[g])[:topk_group]
+        allowed = [e for g in groups for e in range(g * per_group, (g + 1) * per_group)]
+        chosen = sorted(allowed, key=lambda e: -biased[e])[:top_k]
+        weights = [scores[e] for e in chosen]
+        if normalize:
+            total = sum(weights) + 1e-20
+            weights = [w / total for w in weights]
+        ids_out.append(chosen)
+        w_out.append([w * scaling for w in weights])
+    return ids_out, w_out
+
+
+def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, context: int,
+                     steps: int, kv_dtype: str, prefill: bool = False
+                     ) -> tuple[ReferenceStep | None, list[ReferenceStep]]:
+    """Decode ``steps`` steps of ``world * batch`` sequences in fp32, one process, no sharding.
+
+    With ``prefill`` the cache is filled by running each sequence's prompt (``context - 1``
+    tokens) first, whose step is returned too; otherwise it holds the drawn initial entries.
+
+    Returns:
+        (the prefill step or None, the decode steps).
+    """
+    a, moe = model.attention, model.moe
+    H, n, p, r, v = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
+    eps = model.rms_norm_eps
+    w = W.dense_weights(model, seed)
+    experts = {layer: W.expert_weights(model, seed, layer, range(moe.num_experts))
+               for layer in model.moe_layers}
+    seqs = world * batch
+    storage = KV_STORAGE[kv_dtype]
+    cap = context - 1 + steps
+    # the cache as stored (rounded to the storage dtype), kept widened to fp32
+    c_cache = torch.zeros(model.num_layers, seqs, cap, r)
+    pe_cache = torch.zeros(model.num_layers, seqs, cap, p)
+
+    def store(layer: int, pos: slice, c: torch.Tensor, pe: torch.Tensor) -> None:
+        qc, sc = kernels.quantize_rows(c, storage)
+        qp, sp = kernels.quantize_rows(pe, storage)
+        c_cache[layer, :, pos] = kernels.dequantize_rows(qc, sc, torch.float32)
+        pe_cache[layer, :, pos] = kernels.dequantize_rows(qp, sp, torch.float32)
+
+    def forward(tokens: torch.Tensor, start: int, causal_prompt: bool) -> ReferenceStep:
+        """``tokens [S, T]`` at positions ``start ..``; decode (T = 1) attends over the stored
+        cache, a prompt attends causally over its own fresh K/V and only stores the cache."""
+        T = tokens.shape[1]
+        rows = seqs * T
+        positions = torch.arange(start, start + T).repeat(seqs)
+        cos, sin = kernels.rope_cos_sin(positions, p, model.rope_theta, torch.float32)
+        x = w["embed"][tokens.reshape(-1)]
+        residual = None
+        for layer in range(model.num_layers):
+            pre = f"L{layer}."
+            residual = x if residual is None else residual + x
+            h = kernels.rms_norm(residual, w[pre + "attn_norm"], eps)
+            # -- MLA, plain form: per-head K and V expanded from the latent ----------------
+            if a.q_lora_rank:
+                q = kernels.rms_norm(h @ w[pre + "attn.q_a"], w[pre + "attn.q_a_norm"], eps)
+                q = q @ w[pre + "attn.q_b"]
+            else:
+                q = h @ w[pre + "attn.q_proj"]
+            q = q.view(rows, H, n + p)
+            q_nope, q_pe = q[..., :n], kernels.apply_rope(q[..., n:], cos, sin)
+            kv = h @ w[pre + "attn.kv_a"]
+            c_new = kernels.rms_norm(kv[:, :r], w[pre + "attn.kv_a_norm"], eps)
+            pe_new = kernels.apply_rope(kv[:, r:], cos, sin)
+            store(layer, slice(start, start + T), c_new.view(seqs, T, r), pe_new.view(seqs, T, p))
+            if causal_prompt:
+                c_all, pe_all = c_new.view(seqs, T, r), pe_new.view(seqs, T, p)
+            else:
+                c_all = c_cache[layer, :, :start + T]
+                pe_all = pe_cache[layer, :, :start + T]
+            kv_b = w[pre + "attn.kv_b"]  # [H, n + v, r]
+            k_nope = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, :n])
+            values = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, n:])
+            qn, qp = q_nope.view(seqs, T, H, n), q_pe.view(seqs, T, H, p)
+            scores = (torch.einsum("sqhd,slhd->shql", qn, k_nope)
+                      + torch.einsum("sqhd,sld->shql", qp, pe_all)) * (n + p) ** -0.5
+            if causal_prompt:
+                mask = torch.ones(T, T, dtype=torch.bool).tril()
+                scores = scores.masked_fill(~mask, float("-inf"))
+            attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
+            attn_out = attn.reshape(rows, H * v) @ w[pre + "attn.o_proj"]
+            residual = residual + attn_out
+            h = kernels.rms_norm(residual, w[pre + "ffn_norm"], eps)
+            # -- FFN ---------------------------------------------------------------------
+            if model.is_moe_layer(layer):
+                ids, weights = route_reference(
+                    h @ w[pre + "moe.router"], w[pre + "moe.router.bias"], moe.top_k,
+                    moe.n_group, moe.topk_group, moe.routed_scaling_factor, moe.norm_topk_prob)
+                gate_up, down = experts[layer]
+                routed = kernels.moe_per_token(h, torch.tensor(ids), torch.tensor(weights),
+                                               gate_up, down)
+                x = routed
+                if moe.num_shared_experts:
+                    shared = kernels.silu_and_mul(h @ w[pre + "moe.shared.gate_up"])
+                    x = routed + shared @ w[pre + "moe.shared.down"]
+            else:
+                x = kernels.silu_and_mul(h @ w[pre + "mlp.gate_up"]) @ w[pre + "mlp.down"]
+        # each sequence's last token feeds the LM head
+        last = (residual + x).view(seqs, T, -1)[:, -1]
+        hidden = kernels.rms_norm(last, w["final_norm"], eps)
+        logits = hidden @ w["lm_head"]
+        return ReferenceStep(logits, logits.argmax(-1), hidden)
+
+    first: ReferenceStep | None = None
+    if prefill:
+        prompts = torch.cat([W.initial_prompt(model, seed, rk, batch, context - 1)
+                             for rk in range(world)])
+        first = forward(prompts, 0, causal_prompt=True)
+        tokens = first.next_tokens
+    else:
+        tokens = torch.cat([W.initial_tokens(model, seed, rk, batch) for rk in range(world)])
+        for layer in range(model.num_layers):
+            drawn = [W.initial_cache(model, seed, rk, layer, batch, context - 1)
+                     for rk in range(world)]
+            store(layer, slice(0, context - 1), torch.cat([c for c, _ in drawn]),
+                  torch.cat([pe for _, pe in drawn]))
+    out: list[ReferenceStep] = []
+    for step in range(steps):
+        result = forward(tokens[:, None], context - 1 + step, causal_prompt=False)
+        tokens = result.next_tokens
+        out.append(result)
+    return first, out
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``max |got - want| / max |want|`` (fp32/fp64): the error measure of ``--check``."""
+    got, want = got.double(), want.double()
+    scale = want.abs().max().item()
+    return (got - want).abs().max().item() / (scale if scale > 0 else 1.0)

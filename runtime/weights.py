@@ -1,0 +1,135 @@
+"""Random model weights with a fixed seed, identical on every rank and in the dense reference.
+
+Every tensor is drawn from its own generator seeded by ``crc32(f"{seed}/{key}")``, so a rank that
+holds only some experts draws exactly the values the dense reference draws for them, without
+drawing the rest. Keys are the op graph's names: ``"L3.attn.q_a"``, ``"L3.expert7.gate_up"``.
+
+Layout (``x @ W`` everywhere, i.e. ``[in, out]``):
+    embed             [vocab, hidden]
+    L{l}.attn_norm    [hidden]                      (also ffn_norm, final_norm at layer -1)
+    L{l}.attn.q_a     [hidden, q_lora]              (attn.q_proj [hidden, heads*qk] without q_lora)
+    L{l}.attn.q_a_norm[q_lora]
+    L{l}.attn.q_b     [q_lora, heads*(nope+rope)]
+    L{l}.attn.kv_a    [hidden, kv_lora+rope]
+    L{l}.attn.kv_a_norm [kv_lora]
+    L{l}.attn.kv_b    [heads, nope+v, kv_lora]      (split into q_absorb / v_absorb by the runtime)
+    L{l}.attn.o_proj  [heads*v, hidden]
+    L{l}.mlp.gate_up  [hidden, 2*inter]  L{l}.mlp.down [inter, hidden]
+    L{l}.moe.router   [hidden, experts]  L{l}.moe.router.bias [experts] (e_score_correction_bias)
+    L{l}.moe.shared.gate_up [hidden, 2*shared_inter]  L{l}.moe.shared.down [shared_inter, hidden]
+    L{l}.expert{e}.gate_up  [hidden, 2*inter]         L{l}.expert{e}.down  [inter, hidden]
+    lm_head           [hidden, vocab]
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import torch
+
+from model.config import ModelConfig
+
+
+def _generator(seed: int, key: str) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(zlib.crc32(f"{seed}/{key}".encode()) + (seed << 32))
+    return g
+
+
+def randn(seed: int, key: str, shape: Sequence[int], std: float = 1.0,
+          mean: float = 0.0) -> torch.Tensor:
+    """fp32 normal values for ``key``; the same on every process for the same seed."""
+    return torch.randn(tuple(shape), generator=_generator(seed, key)) * std + mean
+
+
+def dense_weights(model: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Every weight except the routed experts' (see :func:`expert_weights`), fp32 on the CPU."""
+    a, h = model.attention, model.hidden_size
+    if a.kind != "mla":
+        raise NotImplementedError("the runtime implements MLA (DeepSeek-shaped) models only")
+    heads, nope, rope = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+    r, v = a.kv_lora_rank, a.v_head_dim
+    w: dict[str, torch.Tensor] = {}
+
+    def lin(key: str, fan_in: int, *shape: int) -> None:
+        w[key] = randn(seed, key, shape, std=fan_in ** -0.5)
+
+    def norm(key: str, width: int) -> None:
+        w[key] = randn(seed, key, (width,), std=0.1, mean=1.0)
+
+    w["embed"] = randn(seed, "embed", (model.vocab_size, h))
+    for layer in range(model.num_layers):
+        p = f"L{layer}."
+        norm(p + "attn_norm", h)
+        norm(p + "ffn_norm", h)
+        if a.q_lora_rank:
+            lin(p + "attn.q_a", h, h, a.q_lora_rank)
+            norm(p + "attn.q_a_norm", a.q_lora_rank)
+            lin(p + "attn.q_b", a.q_lora_rank, a.q_lora_rank, heads * (nope + rope))
+        else:
+            lin(p + "attn.q_proj", h, h, heads * (nope + rope))
+        lin(p + "attn.kv_a", h, h, r + rope)
+        norm(p + "attn.kv_a_norm", r)
+        lin(p + "attn.kv_b", r, heads, nope + v, r)
+        lin(p + "attn.o_proj", heads * v, heads * v, h)
+        if model.is_moe_layer(layer):
+            moe = model.moe
+            # a wider router spread makes the top-k choice far from ties
+            lin(p + "moe.router", h // 16 or 1, h, moe.num_experts)
+            w[p + "moe.router.bias"] = randn(seed, p + "moe.router.bias", (moe.num_experts,),
+                                             std=0.1)
+            if moe.num_shared_experts:
+                si = moe.shared_intermediate_size
+                lin(p + "moe.shared.gate_up", h, h, 2 * si)
+                lin(p + "moe.shared.down", si, si, h)
+        else:
+            inter = model.dense_intermediate_size
+            lin(p + "mlp.gate_up", h, h, 2 * inter)
+            lin(p + "mlp.down", inter, inter, h)
+    norm("final_norm", h)
+    lin("lm_head", h, h, model.vocab_size)
+    return w
+
+
+def expert_weights(model: ModelConfig, seed: int, layer: int,
+                   logical_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked weights of the given logical experts of one layer.
+
+    Returns:
+        ``gate_up [len(ids), hidden, 2*inter]`` and ``down [len(ids), inter, hidden]``, fp32.
+    """
+    h, inter = model.hidden_size, model.moe.intermediate_size
+    gate_up = [randn(seed, f"L{layer}.expert{e}.gate_up", (h, 2 * inter), std=h ** -0.5)
+               for e in logical_ids]
+    down = [randn(seed, f"L{layer}.expert{e}.down", (inter, h), std=inter ** -0.5)
+            for e in logical_ids]
+    if not gate_up:
+        return torch.zeros(0, h, 2 * inter), torch.zeros(0, inter, h)
+    return torch.stack(gate_up), torch.stack(down)
+
+
+def initial_tokens(model: ModelConfig, seed: int, rank: int, seqs: int) -> torch.Tensor:
+    """``[seqs]`` int64: the token each of a rank's sequences feeds into the first decode step."""
+    g = _generator(seed, f"tokens/rank{rank}")
+    return torch.randint(0, model.vocab_size, (seqs,), generator=g)
+
+
+def initial_prompt(model: ModelConfig, seed: int, rank: int, seqs: int,
+                   length: int) -> torch.Tensor:
+    """``[seqs, length]`` int64: each of a rank's sequences' prompt (``--prefill``)."""
+    g = _generator(seed, f"prompt/rank{rank}")
+    return torch.randint(0, model.vocab_size, (seqs, length), generator=g)
+
+
+def initial_cache(model: ModelConfig, seed: int, rank: int, layer: int, seqs: int,
+                  cached: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The latent KV entries of the ``cached`` tokens before the first decode step (fp32).
+
+    Stands in for a prefill: a normalised latent ``[seqs, cached, kv_lora]`` and an already
+    rotated RoPE key ``[seqs, cached, rope]``, per rank and layer.
+    """
+    a = model.attention
+    c = randn(seed, f"cache/rank{rank}/L{layer}/c", (seqs, cached, a.kv_lora_rank))
+    pe = randn(seed, f"cache/rank{rank}/L{layer}/pe", (seqs, cached, a.qk_rope_head_dim))
+    return c, pe

@@ -1,0 +1,72 @@
+"""``epsim run`` as users call it: one JSON object, one-line errors, torch optional."""
+
+import json
+
+import pytest
+from test_without_torch import run_without_torch
+
+RUN = ["run", "--model", "tiny-deepseek", "--batch", "2", "--context", "4", "--steps", "2"]
+
+
+def test_json_has_the_promised_keys_and_checks_against_the_reference(epsim, tmp_path):
+    pytest.importorskip("torch")
+    trace = tmp_path / "trace.json"
+    out = epsim(*RUN, "--world-size", "2", "--static", "--check", "--trace", str(trace),
+                "--json", timeout=90)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)  # exactly one object on stdout
+    assert set(summary["step_ms"]) == {"mean", "median", "p10", "p90"}
+    assert summary["step_ms"]["p10"] <= summary["step_ms"]["median"] <= summary["step_ms"]["p90"]
+    # tokens/s: every rank's sequences over the mean step
+    assert summary["tokens_per_s"] == pytest.approx(2 * 2 / (summary["step_ms"]["mean"] / 1e3))
+    assert summary["max_rel_err"] < 1e-4
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in events} == {0, 1}
+    assert any(e["name"] == "L1.moe.dispatch.mb0" and e["tid"] == 1 for e in events)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--capture"], "graph capture needs a GPU"),
+    (["--tp", "2"], "tp = 1"),
+    (["--placement", "/nonexistent/p.json"], "placement file not found"),
+    (["--dbo", "--batch", "1"], "--dbo splits the batch"),
+    (["--model", "deepseek-x"], "unknown model"),
+    (["--world-size", "3"], "ep 3 does not divide the 16 experts"),
+    (["--trace", "/nonexistent/dir/t.json"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(epsim, args, message):
+    pytest.importorskip("torch")
+    out = epsim(*RUN, *args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert out.stdout == ""
+
+
+def test_without_torch_run_says_so_and_other_commands_work():
+    # torch blocked the way tests/test_without_torch.py blocks it (an import hook)
+    out = run_without_torch(*RUN)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("epsim run: error: epsim run needs torch: pip install "
+                                  "'epsim[runtime]' (CPU: first pip install torch==2.13.0)")
+    assert run_without_torch("--help").returncode == 0
+    described = run_without_torch("describe", "--model", "tiny-deepseek", "--json")
+    assert described.returncode == 0, described.stderr
+    assert json.loads(described.stdout)["experts"] == 16
+
+
+def test_gpu_decode_step_script_runs_its_cpu_path_and_says_it_needs_a_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script runs for real (bench, not a test)")
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = subprocess.run([sys.executable, "bench/gpu_decode_step.py", "--steps", "2"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stdout.startswith("CPU self-check (static eager")
+    assert out.stderr.strip() == ("gpu_decode_step: no CUDA/ROCm device: the captured step "
+                                  "needs a GPU")
