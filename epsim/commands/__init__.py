@@ -7,6 +7,7 @@ COMMANDS: tuple[str, ...] = (
     "describe",
     "step",
     "run",
+    "balance",
     "predict",
     "sweep",
     "tune",
