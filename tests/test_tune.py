@@ -145,3 +145,33 @@ def test_bad_input_is_one_line_exit_2(epsim, argv, needle):
     assert res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+class _Tty:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty, enabled, shown", [(True, True, True), (False, True, False),
+                                                  (True, False, False)])
+def test_progress_bar_only_on_a_terminal_without_json(monkeypatch, tty, enabled, shown):
+    from epsim.commands.predict import Progress
+
+    fake = _Tty(tty)
+    monkeypatch.setattr("sys.stderr", fake)
+    monkeypatch.setenv("TERM", "xterm")
+    bar = Progress("tune", enabled=enabled, width=10)
+    bar(1, 4)
+    bar(4, 4)
+    bar.close()
+    assert ("[##########] 4/4" in fake.text) == shown
+    assert (fake.text.endswith("\n")) == shown
