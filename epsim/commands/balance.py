@@ -9,17 +9,7 @@ from model.loads import read_loads
 from model.placement import read_placement
 from model.trace import write_json_atomic
 
-from ..common import emit_json, positive_int, print_table
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+from ..common import emit_json, non_negative_int, positive_int, print_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,11 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--expert-groups", type=positive_int, default=None, metavar="K",
                    help="with --nodes: keep the model's K routing groups whole on one node "
                         "(DeepSeek-V3: 8)")
-    p.add_argument("--redundant", type=_non_negative_int, default=0, metavar="R",
+    p.add_argument("--redundant", type=non_negative_int, default=0, metavar="R",
                    help="extra slots per layer for replicas of the hottest experts")
     p.add_argument("--previous", metavar="PLACEMENT",
                    help="the placement in use: number GPUs to move the fewest experts")
-    p.add_argument("--max-moves", type=_non_negative_int, default=None, metavar="K",
+    p.add_argument("--max-moves", type=non_negative_int, default=None, metavar="K",
                    help="with --previous: only swap experts, at most K off their GPU per layer")
     p.add_argument("--method", choices=tuple(BALANCERS), default=DEFAULT_METHOD,
                    help=f"packing algorithm (default {DEFAULT_METHOD})")
