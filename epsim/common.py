@@ -12,14 +12,22 @@ from typing import Any
 from model.errors import EpsimError
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "positive")
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "non-negative")
 
 
 def positive_float(text: str) -> float:

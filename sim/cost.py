@@ -13,7 +13,8 @@ Every compute op is a roofline with achievable (not peak) figures from the profi
   tile padding per expert (``grouped_gemm_time`` takes the per-expert counts of this step).
 * Decode attention is the same roofline (its math runs as matrix ops in the KV cache's dtype: FP8
   with an FP8 cache, as aiter's FP8 MLA decode kernel does, else BF16; the FP8 cache also halves the
-  bytes) times a wave-quantisation occupancy: ``seqs * ceil(context / attention_split_tokens)``
+  bytes), its compute roof the published decode kernel's achieved rate where the profile has one
+  (``attention_decode_flops``), times a wave-quantisation occupancy: ``seqs * ceil(context / attention_split_tokens)``
   work items fill ``ceil(items / CUs)`` waves of the GPU's CUs.
 * Collectives (``collective_time``): a fixed latency plus the slowest link's bytes over its usable
   bandwidth: per peer link on a full mesh (xGMI), per GPU egress/ingress through a switch (NVLink),
@@ -107,7 +108,11 @@ def attention_math_dtype(op: Op) -> str:
 def attention_decode_time(op: Op, profile: HardwareProfile) -> float:
     d = op.dims
     occ = attention_occupancy(profile, int(d["seqs"]), int(d["context"]))
-    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind) / occ
+    kernel_rate = _eff(profile).attention_decode_flops.get(str(d.get("kv_dtype")))
+    if kernel_rate is None:
+        return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind) / occ
+    # a published decode kernel's achieved rate replaces the GEMM's as the compute roof
+    return max(op.flops / kernel_rate, op.bytes / achievable_bandwidth(profile)) / occ
 
 
 def attention_prefill_time(op: Op, profile: HardwareProfile) -> float:

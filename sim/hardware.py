@@ -33,8 +33,12 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
       graph_node_s           GPU-side gap between two kernels of a replayed graph
       comm_compute_slowdown  share of compute throughput lost while a comm kernel runs on the GPU
                              (the CUs/SMs the comm kernel occupies)
-    optional efficiency keys (absent: no effect; ``epsim calibrate`` fits them for CPU runtimes,
-    where the host that issues ops is the device that computes them):
+    optional efficiency keys (absent: the default named / no effect):
+      attention_decode_flops {KV dtype: FLOP/s} a published decode-attention kernel's achieved rate
+                             at full occupancy (MLA decode kernels run far below the GEMM rate:
+                             softmax, split-KV reduction); absent: the GEMM's achievable rate
+    fitted by ``epsim calibrate`` for CPU runtimes (where the host that issues ops is the
+    device that computes them):
       op_overhead_s          {op kind: seconds} fixed cost added to each compute op of that kind,
                              not overlapped (e.g. Python dispatch around a CPU kernel); a key
                              may be an op class (``gemm.batched``: batched GEMMs), which falls
@@ -134,6 +138,8 @@ class Efficiency:
     collective_latency_s / collective_latency_graph_s: 13e-6 / 6.8e-6.
     graph_launch_s / graph_node_s: 4.5e-6 / 1e-6.
     comm_compute_slowdown: 0.21 (64 of 304 CUs).
+    attention_decode_flops: ``{kv dtype: FLOP/s}``, empty when no kernel figure is published.
+        Example (MI300X, aiter FP8 MLA decode): ``{"fp8": 3.67e14}``.
     op_overhead_s: ``{kind: seconds}``, empty on GPUs. Example (a CPU): ``{"norm": 2.1e-5}``.
     op_time_scale: ``{kind: factor}``, empty on GPUs. Example: ``{"attention_decode": 3.2}``.
     op_bytes_scale: ``{kind: factor}`` (``roofline == "sum"`` only; missing kinds: 1).
@@ -161,6 +167,7 @@ class Efficiency:
     graph_launch_s: float
     graph_node_s: float
     comm_compute_slowdown: float
+    attention_decode_flops: Mapping[str, float] = field(default_factory=dict)
     op_overhead_s: Mapping[str, float] = field(default_factory=dict)
     op_time_scale: Mapping[str, float] = field(default_factory=dict)
     op_bytes_scale: Mapping[str, float] = field(default_factory=dict)
@@ -327,6 +334,14 @@ def _efficiency(obj: Any, sources: Mapping[str, Any], where: str) -> Efficiency:
     if missing:
         raise EpsimError(f"{where}: sources lacks an entry for "
                          + ", ".join(f"efficiency.{k}" for k in missing))
+    if "attention_decode_flops" in obj:
+        table = obj["attention_decode_flops"]
+        where_table = f"{where}: efficiency.attention_decode_flops"
+        if not isinstance(table, Mapping) or not table:
+            raise EpsimError(f"{where_table} must be an object {{kv dtype: FLOP/s}}")
+        if not sources.get("efficiency.attention_decode_flops"):
+            raise EpsimError(f"{where}: sources lacks an entry for efficiency.attention_decode_flops")
+        values["attention_decode_flops"] = {str(k): _number(table, k, where_table) for k in table}
     values["gemm_tile_m"] = int(values["gemm_tile_m"])
     values["attention_split_tokens"] = int(values["attention_split_tokens"])
     return Efficiency(**values)

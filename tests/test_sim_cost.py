@@ -9,7 +9,7 @@ import pytest
 from model import Batch, EpsimError, build_step_graph, load_model, make_plan
 from model.graph import Op
 from sim import cost
-from sim.hardware import load_profile
+from sim.hardware import load_profile, profile_from_dict
 
 MI = load_profile("mi300x")
 BW = 5.3e12 * (4.2 / 5.3)  # achievable HBM bytes/s
@@ -116,9 +116,21 @@ def test_attention_decode_occupancy_and_kv_dtype():
     g16 = build_step_graph(m, make_plan(m, dp=8, ep=8, kv_dtype="bf16"), Batch.decode(512, 2100))
     fp8, bf16 = g8.op("L3.attn.core.mb0"), g16.op("L3.attn.core.mb0")
     occ = 256 * 5 / (5 * 304)  # 256 seqs x ceil(2100 / 512) splits fill 5 waves of 304 CUs
-    assert cost.op_time(fp8, MI) == pytest.approx(max(fp8.flops / FP8, fp8.bytes / BW) / occ)
-    assert cost.op_time(bf16, MI) == pytest.approx(max(bf16.flops / BF16, bf16.bytes / BW) / occ)
+    # the shipped MI300X profile: aiter's FP8 MLA decode kernel peaks at 367 TFLOP/s (PR #3188);
+    # the BF16 kernel is taken at the same fraction of the (half as fast) BF16 matrix peak
+    kernel_fp8, kernel_bf16 = 367e12, 367e12 * 1307.4 / 2614.9
+    assert cost.op_time(fp8, MI) == pytest.approx(max(fp8.flops / kernel_fp8, fp8.bytes / BW) / occ)
+    assert cost.op_time(bf16, MI) == pytest.approx(
+        max(bf16.flops / kernel_bf16, bf16.bytes / BW) / occ)
     assert cost.op_time(bf16, MI) > cost.op_time(fp8, MI)
+    # a profile without a published kernel rate: the GEMM's achievable rate in the cache's dtype
+    data = json.loads(json.dumps(MI.raw))
+    data["efficiency"].pop("attention_decode_flops")
+    data["sources"].pop("efficiency.attention_decode_flops")
+    plain = profile_from_dict(data)
+    assert cost.op_time(fp8, plain) == pytest.approx(max(fp8.flops / FP8, fp8.bytes / BW) / occ)
+    assert cost.op_time(bf16, plain) == pytest.approx(max(bf16.flops / BF16, bf16.bytes / BW) / occ)
+    assert cost.op_time(bf16, plain) > cost.op_time(fp8, plain)
 
 
 def test_profile_without_or_with_bad_efficiency(tmp_path):

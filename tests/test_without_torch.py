@@ -34,4 +34,17 @@ def test_describe_without_torch():
 def test_help_lists_every_command_without_torch():
     r = run_without_torch("--help")
     assert r.returncode == 0, r.stderr
-    assert "describe" in r.stdout
+    for command in ("describe", "step", "predict", "sweep", "tune", "plan", "balance", "run"):
+        assert command in r.stdout
+
+
+def test_simulation_commands_without_torch():
+    step = run_without_torch("step", "--model", "deepseek-r1", "--hardware", "mi300x", "--dp", "8",
+                             "--ep", "8", "--batch", "64", "--context", "1000", "--json")
+    assert step.returncode == 0, step.stderr
+    assert json.loads(step.stdout)["step_ms"] > 0
+    predict = run_without_torch("predict", "--model", "deepseek-r1", "--hardware", "mi300x",
+                                "--concurrency", "64", "--num-prompts", "64", "--isl", "200",
+                                "--osl", "20", "--json")
+    assert predict.returncode == 0, predict.stderr
+    assert json.loads(predict.stdout)["completed"] == 64

@@ -7,6 +7,11 @@ COMMANDS: tuple[str, ...] = (
     "describe",
     "step",
     "run",
+    "balance",
+    "predict",
+    "sweep",
+    "tune",
+    "plan",
     "calibrate",
     "validate",
 )

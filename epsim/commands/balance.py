@@ -1,0 +1,82 @@
+"""``epsim balance``: place experts on GPUs from measured loads, and say how balanced it is."""
+
+from __future__ import annotations
+
+import argparse
+
+from model.eplb import BALANCERS, DEFAULT_METHOD, balance_report
+from model.loads import read_loads
+from model.placement import read_placement
+from model.trace import write_json_atomic
+
+from ..common import emit_json, non_negative_int, positive_int, print_table
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "balance", help="balance experts over GPUs from a load file (EPLB)",
+        description="Split each MoE layer's experts over the GPUs, the same number of slots "
+        "each, so the GPUs carry equal loads; report the imbalance (max GPU load / mean GPU "
+        "load) before and after, and optionally on another load file.",
+    )
+    p.add_argument("--loads", required=True, metavar="FILE",
+                   help='load statistics {"logical_count": [layers][experts]} (SGLang format)')
+    p.add_argument("--gpus", required=True, type=positive_int, metavar="G", help="GPUs (EP size)")
+    p.add_argument("--nodes", type=positive_int, default=1, metavar="N",
+                   help="nodes: place experts on nodes first, then on each node's GPUs")
+    p.add_argument("--expert-groups", type=positive_int, default=None, metavar="K",
+                   help="with --nodes: keep the model's K routing groups whole on one node "
+                        "(DeepSeek-V3: 8)")
+    p.add_argument("--redundant", type=non_negative_int, default=0, metavar="R",
+                   help="extra slots per layer for replicas of the hottest experts")
+    p.add_argument("--previous", metavar="PLACEMENT",
+                   help="the placement in use: number GPUs to move the fewest experts")
+    p.add_argument("--max-moves", type=non_negative_int, default=None, metavar="K",
+                   help="with --previous: only swap experts, at most K off their GPU per layer")
+    p.add_argument("--method", choices=tuple(BALANCERS), default=DEFAULT_METHOD,
+                   help=f"packing algorithm (default {DEFAULT_METHOD})")
+    p.add_argument("--eval", metavar="FILE2",
+                   help="also measure the placement on these loads (held out)")
+    p.add_argument("--out", metavar="PLACEMENT", help="write the placement JSON here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loads = read_loads(args.loads)
+    eval_loads = read_loads(args.eval) if args.eval else None
+    previous = (read_placement(args.previous, num_layers=loads.shape[0],
+                               num_experts=loads.shape[1]) if args.previous else None)
+    placement, report = balance_report(
+        loads, args.gpus, args.method, redundant=args.redundant, nodes=args.nodes,
+        expert_groups=args.expert_groups, previous=previous, max_moves=args.max_moves,
+        eval_loads=eval_loads)
+    if args.out:
+        write_json_atomic({**placement.to_json(), "method": args.method,
+                           "loads": str(args.loads)}, args.out)
+        report["out"] = str(args.out)
+    if args.json:
+        emit_json(report)
+        return 0
+
+    def pair(obj: dict) -> str:
+        return f"mean {obj['mean']:.5f}, worst layer {obj['max']:.5f}"
+
+    rows = [
+        ("layers", f"{report['layers']} MoE layers, {report['experts']} experts, "
+                   f"{report['gpus']} GPUs x {report['slots_per_gpu']} slots"),
+        (f"imbalance {report['before']}", pair(report["imbalance_before"])),
+        (f"imbalance {report['method']}", pair(report["imbalance_after"])),
+        ("lower bound", pair(report["lower_bound"])),
+    ]
+    if "eval" in report:
+        rows += [(f"held out {report['before']}", pair(report["eval"]["imbalance_before"])),
+                 (f"held out {report['method']}", pair(report["eval"]["imbalance_after"]))]
+    if "moved_experts" in report:
+        rows.append(("moved experts", f"{report['moved_experts']} "
+                                      f"(at most {report['moved_experts_max_layer']} per layer)"))
+    rows.append(("wall", f"{report['wall_ms']:.1f} ms"))
+    if args.out:
+        rows.append(("written", args.out))
+    print_table(rows, title="epsim balance (imbalance = max GPU load / mean GPU load)")
+    return 0

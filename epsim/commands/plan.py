@@ -1,0 +1,94 @@
+"""``epsim plan``: how many nodes serve a target output throughput within an SLO, and the cost."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from model.errors import EpsimError
+from sim.search import parse_disagg, parse_slo, plan_capacity
+
+from ..common import emit_json, positive_float
+from .predict import Progress
+from .tune import add_space_args, base_from_args, print_rows, space_from_args
+
+
+def parse_prices(text: str | None, hardware: list[str]) -> dict[str, float] | None:
+    """``"2.5"`` (every hardware) or ``"mi300x=2.1,h200=3.7"`` -> {hardware: USD per GPU-hour}."""
+    if not text:
+        return None
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, _, value = part.strip().rpartition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            raise EpsimError(f"--gpu-hour-usd: {part!r} is not a price") from None
+        if not price > 0:
+            raise EpsimError(f"--gpu-hour-usd: {part!r} must be positive")
+        out[name or "*"] = price
+    return out
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan", help="nodes, prefill/decode split and cost to serve a target throughput",
+        description="Tune a deployment unit (co-located nodes, or a prefill:decode split) per "
+        "hardware for the SLO, then size the deployment to the target output throughput.")
+    p.add_argument("--target-output-throughput", type=positive_float, required=True,
+                   metavar="TOK_S", help="output tokens/s the deployment must serve")
+    add_space_args(p)
+    p.add_argument("--disagg-splits", default=None, metavar="P:D,...",
+                   help="prefill:decode node splits to try as units (e.g. 1:1,1:2)")
+    p.add_argument("--no-colocated", action="store_true",
+                   help="do not try co-located units")
+    p.add_argument("--gpu-hour-usd", default=None,
+                   help="price per GPU-hour: one number, or per hardware (mi300x=2.1,h200=3.7)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    slo = parse_slo(args.slo)
+    space = space_from_args(args)
+    hardware = [h.strip() for h in (args.hardware or "mi300x").split(",") if h.strip()]
+    layouts: list[tuple[int, int] | None] = [] if args.no_colocated else [None]
+    if args.disagg_splits:
+        layouts += [parse_disagg(s) for s in args.disagg_splits.split(",")]
+    if args.disagg:
+        layouts.append(parse_disagg(args.disagg))
+    if not layouts:
+        raise EpsimError("--no-colocated needs --disagg-splits")
+    prices = parse_prices(args.gpu_hour_usd, hardware)
+    base = base_from_args(args.__class__(**{**vars(args), "disagg": None}), hardware[0])
+    bar = Progress("plan", enabled=not args.json)
+    try:
+        plans = plan_capacity(base, slo, args.target_output_throughput, space,
+                              hardware=hardware, unit_layouts=layouts,
+                              unit_nodes=args.nodes or 1, gpu_hour_usd=prices,
+                              num_prompts=args.num_prompts, progress=bar)
+    finally:
+        bar.close()
+    if not plans:
+        raise EpsimError(f"no configuration of {', '.join(hardware)} meets the SLO {slo}")
+    if args.json:
+        emit_json({"slo": str(slo), "target_output_throughput": args.target_output_throughput,
+                   "plans": [c.as_dict() for c in plans]})
+        return 0
+    print(f"target {args.target_output_throughput:,.0f} output tok/s within {slo}")
+    rows: list[dict[str, Any]] = []
+    for c in plans:
+        u = c.unit
+        rows.append({
+            "hardware": c.hardware, "nodes": c.nodes, "prefill": c.prefill_nodes,
+            "decode": c.decode_nodes, "gpus": c.gpus,
+            "unit": (f"{c.prefill_nodes_per_unit}:{c.decode_nodes_per_unit}"
+                     if c.prefill_nodes_per_unit else f"{c.unit_nodes} node co-located"),
+            "conc/unit": u["concurrency"], "dp": u["dp"], "tp": u["tp"],
+            "dbo": u["dbo"], "kv": u["kv_dtype"],
+            "tok/s/node": c.per_node_output_throughput,
+            "$/h": c.cost_per_hour_usd if c.cost_per_hour_usd is not None else "-",
+            "$/Mtok": c.usd_per_million_output_tokens
+            if c.usd_per_million_output_tokens is not None else "-",
+        })
+    print_rows(rows, list(rows[0]))
+    return 0

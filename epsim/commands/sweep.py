@@ -1,0 +1,195 @@
+"""``epsim sweep``: ``predict`` over comma lists (concurrency, request rate, lengths, KV dtype)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import itertools
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from model.errors import EpsimError
+from sim.search import StepCache, run_scenario
+
+from ..common import emit_json
+from .predict import Progress, add_serving_args, scenario_from_args
+
+#: columns of the table and the CSV, in order
+COLUMNS = ("max_concurrency", "request_rate", "isl", "osl", "kv_dtype", "completed",
+           "output_throughput", "decode_throughput", "total_token_throughput",
+           "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
+           "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "mean_tpot_ms", "median_e2el_ms",
+           "mean_decode_step_ms", "expert_imbalance", "kv_cache_usage", "sim_wall_s")
+
+
+def _list(text: str | None, convert, name: str) -> list[Any]:
+    if text is None:
+        return [None]
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(convert(part))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise EpsimError(f"--{name}: {part!r} is not a valid value") from None
+    if not out:
+        raise EpsimError(f"--{name} is empty")
+    return out
+
+
+def _pos_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _rate(text: str) -> float:
+    if text.lower() == "inf":
+        return math.inf
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def _kv(text: str) -> str:
+    if text not in ("fp8", "bf16"):
+        raise ValueError(text)
+    return text
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sweep", help="predict over comma lists of concurrency, rate, lengths, KV dtype",
+        description="Run predict for every combination of the comma lists given (e.g. "
+        "--concurrency 1024,2048,3072,4096); print a table, or write --csv / --plot.")
+    add_serving_args(p, lists=True)
+    p.add_argument("--csv", metavar="OUT", default=None, help="write the results as CSV")
+    p.add_argument("--plot", metavar="OUT.png", default=None,
+                   help="plot output throughput against median ITL, one point per concurrency "
+                   "(needs matplotlib)")
+    p.set_defaults(run=run)
+
+
+def sweep(args: argparse.Namespace, progress=None) -> list[dict[str, Any]]:
+    grid = list(itertools.product(
+        _list(args.concurrency, _pos_int, "concurrency"),
+        _list(args.request_rate, _rate, "request-rate"),
+        _list(args.isl, _pos_int, "isl"), _list(args.osl, _pos_int, "osl"),
+        _list(args.kv_dtype, _kv, "kv-dtype")))
+    cache = StepCache()
+    rows = []
+    for n, (conc, rate, isl, osl, kv) in enumerate(grid, 1):
+        sc = scenario_from_args(args, concurrency=conc, request_rate=rate, isl=isl, osl=osl,
+                                kv_dtype=kv)
+        rows.append(run_scenario(sc, cache))
+        if progress:
+            progress(n, len(grid))
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return "" if value is None else str(value)
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """The sweep as CSV (``COLUMNS``), written whole or not at all."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow([_cell(r.get(c)) for c in COLUMNS])
+    target = Path(path)
+    if not target.parent.exists():
+        raise EpsimError(f"cannot write {target}: folder {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """Output throughput against median ITL, one point per concurrency, like the reference
+    report's figure (one line per other swept value). PNG written whole or not at all."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        raise EpsimError("--plot needs matplotlib (pip install 'epsim[plot]')") from None
+    target = Path(path)
+    if not target.parent.exists():
+        raise EpsimError(f"cannot write {target}: folder {target.parent} does not exist")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["request_rate"], r["isl"], r["osl"], r["kv_dtype"]), []).append(r)
+    for (rate, isl, osl, kv), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["median_itl_ms"])
+        xs = [r["median_itl_ms"] for r in rs]
+        ys = [r["output_throughput"] for r in rs]
+        label = f"in {isl} out {osl}, KV {kv}" + ("" if rate == "inf" else f", {rate} req/s")
+        line, = ax.plot(xs, ys, marker="o", label=f"{label}: output throughput")
+        # the reference report's figure counts decode time only: show that series too
+        ax.plot(xs, [r["decode_throughput"] for r in rs], marker="s", linestyle="--",
+                color=line.get_color(), alpha=0.6, label=f"{label}: decode only")
+        for r, x, y in zip(rs, xs, ys, strict=True):
+            ax.annotate(str(r["max_concurrency"]), (x, y), textcoords="offset points",
+                        xytext=(4, 4), fontsize=8)
+    first = rows[0]
+    ax.set_title(f"{first['model']} on {first['nodes']}x{first['gpus_per_node']} "
+                 f"{first['hardware']} (simulated)")
+    ax.set_xlabel("median ITL (ms)")
+    ax.set_ylabel("tokens/s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    bar = Progress("sweep", enabled=not args.json)
+    try:
+        rows = sweep(args, bar)
+    finally:
+        bar.close()
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.plot:
+        write_plot(rows, args.plot)
+    if args.json:
+        emit_json({"results": rows})
+        return 0
+    shown = ("max_concurrency", "request_rate", "isl", "osl", "kv_dtype", "output_throughput",
+             "decode_throughput", "median_ttft_ms", "median_itl_ms", "p90_itl_ms",
+             "mean_decode_step_ms", "kv_cache_usage")
+    cells = [[_cell(r.get(c)) for c in shown] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(shown)]
+    print("  ".join(c.rjust(w) for c, w in zip(shown, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+    return 0

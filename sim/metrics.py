@@ -1,0 +1,132 @@
+"""Benchmark metrics with the names and definitions of ``vllm bench serve``, plus epsim's own.
+
+Per request (vLLM's ``calculate_metrics``):
+    ttft    first token's arrival - send time (queueing for a KV slot and prefill included)
+    e2el    last token's arrival - send time
+    tpot    (e2el - ttft) / (output tokens - 1), for requests with more than one output token
+    itl     every gap between consecutive tokens of a request, all requests pooled
+For each: ``mean_X_ms``, ``median_X_ms``, ``std_X_ms`` and ``pP_X_ms`` for each selected
+percentile ``P`` (``--metric-percentiles``) of each selected metric (``--percentile-metrics``);
+``P`` is written as vLLM writes it (``p99``, ``p99.9``). Percentiles are numpy's linear ones.
+
+Throughputs divide by the benchmark's duration (first send to last token):
+``request_throughput``, ``output_throughput`` and ``total_token_throughput`` (input + output).
+
+epsim's own (DESIGN.md section 3):
+    decode_throughput     tokens produced by pure decode steps / the time those steps took:
+                          decode time only, prefill excluded, as the reference report measures
+    mean_decode_step_ms   mean duration of the pure decode steps
+    step_breakdown_ms     the step simulator's per-category milliseconds, averaged over them
+    expert_imbalance      max / mean GPU expert load, averaged over them
+    kv_cache_usage        reserved share of the decode ranks' KV cache, time-averaged over the
+                          decode engine's steps (``max_kv_cache_usage``: its peak)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from model.errors import EpsimError
+
+from .serving import ServingRun
+
+METRICS = ("ttft", "tpot", "itl", "e2el")
+DEFAULT_PERCENTILES = (10.0, 25.0, 50.0, 75.0, 90.0, 99.0)
+DEFAULT_PERCENTILE_METRICS = METRICS
+
+
+def percentile_word(p: float) -> str:
+    """vLLM's spelling of a percentile in a key: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """``"10,50,90"`` -> ``(10.0, 50.0, 90.0)``; each in [0, 100]."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            p = float(part)
+        except ValueError:
+            raise EpsimError(f"metric percentile {part!r} is not a number") from None
+        if not 0.0 <= p <= 100.0 or not math.isfinite(p):
+            raise EpsimError(f"metric percentile {part} must be in [0, 100]")
+        out.append(p)
+    if not out:
+        raise EpsimError("--metric-percentiles is empty")
+    return tuple(out)
+
+
+def parse_percentile_metrics(text: str) -> tuple[str, ...]:
+    """``"ttft,itl"`` -> ``("ttft", "itl")``; each one of ``METRICS``."""
+    out = [m.strip() for m in text.split(",") if m.strip()]
+    for m in out:
+        if m not in METRICS:
+            raise EpsimError(f"unknown percentile metric {m!r} (one of {', '.join(METRICS)})")
+    if not out:
+        raise EpsimError("--percentile-metrics is empty")
+    return tuple(out)
+
+
+def _stats(name: str, values_s: np.ndarray, percentiles: Sequence[float], with_pct: bool
+           ) -> dict[str, float]:
+    ms = values_s * 1e3 if len(values_s) else np.zeros(1)  # vLLM: np.mean(x or 0)
+    out = {f"mean_{name}_ms": float(np.mean(ms)), f"median_{name}_ms": float(np.median(ms)),
+           f"std_{name}_ms": float(np.std(ms))}
+    if with_pct:
+        for p, v in zip(percentiles, np.percentile(ms, list(percentiles)), strict=True):
+            out[f"p{percentile_word(p)}_{name}_ms"] = float(v)
+    return out
+
+
+def compute_metrics(run: ServingRun, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+                    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS
+                    ) -> dict[str, Any]:
+    """The benchmark's metrics from a finished run -> a flat JSON-able dict (vLLM key names)."""
+    req = run.requests
+    ins, outs = req.input_lens, req.output_lens
+    ttft = run.first_token_s - run.send_s
+    e2el = run.done_s - run.send_s
+    multi = outs > 1
+    tpot = (e2el[multi] - ttft[multi]) / (outs[multi] - 1)
+    duration = float(run.done_s.max() - min(0.0, float(run.send_s.min())))
+    total_in, total_out = int(ins.sum()), int(outs.sum())
+    m: dict[str, Any] = {
+        "completed": int(np.count_nonzero(~np.isnan(run.done_s))),
+        "num_prompts": len(req),
+        "duration": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(req) / duration,
+        "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+    }
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", run.itls_s), ("e2el", e2el)):
+        m.update(_stats(name, values, percentiles, name in percentile_metrics))
+
+    dec = [s for s in run.steps if s.kind == "decode"]
+    dec_time = sum(s.seconds for s in dec)
+    m["decode_throughput"] = sum(s.decode_tokens for s in dec) / dec_time if dec_time else 0.0
+    m["mean_decode_step_ms"] = dec_time / len(dec) * 1e3 if dec else 0.0
+    keys: list[str] = []
+    for s in dec:
+        if s.cost is not None:
+            keys.extend(k for k in s.cost.breakdown_ms if k not in keys)
+    m["step_breakdown_ms"] = {
+        k: sum(s.cost.breakdown_ms.get(k, 0.0) for s in dec if s.cost) / len(dec) for k in keys
+    } if dec else {}
+    m["expert_imbalance"] = (sum(s.cost.expert_imbalance for s in dec if s.cost) / len(dec)
+                             if dec else 1.0)
+    dsteps = [s for s in run.steps if s.engine in ("colocated", "decode")]
+    busy = sum(s.seconds for s in dsteps)
+    m["kv_cache_usage"] = sum(s.kv_usage * s.seconds for s in dsteps) / busy if busy else 0.0
+    m["max_kv_cache_usage"] = max((s.kv_usage for s in dsteps), default=0.0)
+    m["num_decode_steps"] = len(dec)
+    m["num_steps"] = len(run.steps)
+    m["max_running_per_rank"] = run.max_running_per_rank
+    m["step_sim_calls"] = run.sim_calls
+    return m

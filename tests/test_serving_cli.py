@@ -1,0 +1,91 @@
+"""The serving commands end to end, with the real step simulator (small scenarios, plus the
+issue's acceptance command)."""
+
+import csv
+import json
+
+import pytest
+
+R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
+SMALL = R1 + ["--isl", "256", "--osl", "8"]
+
+#: the keys DESIGN.md section 3 promises
+KEYS = ("output_throughput", "total_token_throughput", "request_throughput", "mean_ttft_ms",
+        "median_ttft_ms", "p90_ttft_ms", "mean_itl_ms", "median_itl_ms", "p10_itl_ms",
+        "p25_itl_ms", "p75_itl_ms", "p90_itl_ms", "mean_tpot_ms", "mean_e2el_ms",
+        "median_e2el_ms", "decode_throughput", "mean_decode_step_ms", "step_breakdown_ms",
+        "expert_imbalance", "kv_cache_usage", "sim_wall_s", "completed", "num_prompts")
+
+
+def _json(res):
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_acceptance_command_prints_every_key(epsim):
+    out = _json(epsim("predict", *R1, "--dp", "8", "--ep", "8", "--concurrency", "4096",
+                      "--num-prompts", "4096", "--isl", "2000", "--osl", "100", "--json"))
+    for key in KEYS:
+        assert key in out, key
+    assert out["completed"] == out["num_prompts"] == 4096
+    assert out["total_output_tokens"] == 4096 * 100
+    assert set(out["step_breakdown_ms"]) >= {"attention", "moe_experts"}
+    assert out["max_running_per_rank"] == 512  # 4096 over 8 dp ranks, all fit in FP8 KV
+
+
+def test_same_seed_same_json(epsim):
+    argv = ["predict", *R1, "--dataset", "random", "--isl", "300", "--osl", "12",
+            "--random-range-ratio", "0.5", "--request-rate", "50", "--num-prompts", "80",
+            "--seed", "7", "--json"]
+    a, b = _json(epsim(*argv)), _json(epsim(*argv))
+    a.pop("sim_wall_s"), b.pop("sim_wall_s")
+    assert a == b
+    c = _json(epsim(*argv[:-3], "--seed", "8", "--json"))
+    c.pop("sim_wall_s")
+    assert c != a
+
+
+def test_predict_text_and_trace(epsim, tmp_path):
+    trace = tmp_path / "serve.json"
+    res = epsim("predict", *SMALL, "--concurrency", "32", "--trace", str(trace))
+    assert res.returncode == 0, res.stderr
+    assert "Output token throughput (tok/s):" in res.stdout
+    assert "decode_throughput:" in res.stdout
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert events and {e["name"].split(".")[1] for e in events} <= {"prefill", "decode", "mixed"}
+
+
+def test_sweep_throughput_and_itl_rise_with_concurrency(epsim, tmp_path):
+    out_csv, out_png = tmp_path / "s.csv", tmp_path / "s.png"
+    res = _json(epsim("sweep", *SMALL, "--concurrency", "64,256,1024", "--csv", str(out_csv),
+                      "--plot", str(out_png), "--json"))
+    rows = res["results"]
+    assert [r["max_concurrency"] for r in rows] == [64, 256, 1024]
+    dec = [r["decode_throughput"] for r in rows]
+    itl = [r["median_itl_ms"] for r in rows]
+    assert dec[0] < dec[1] < dec[2] and itl[0] < itl[1] < itl[2]
+    with out_csv.open() as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["max_concurrency"]) for r in table] == [64, 256, 1024]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tune_and_plan_commands(epsim):
+    tuned = _json(epsim("tune", *SMALL, "--concurrency", "32,128", "--dbo", "on",
+                        "--slo", "median_itl_ms<=1000", "--json"))
+    assert len(tuned["points"]) == 2 and tuned["best"]["concurrency"] == 128
+    assert tuned["frontier"]
+    plan = _json(epsim("plan", *SMALL, "--concurrency", "128", "--dbo", "on",
+                       "--slo", "median_itl_ms<=1000", "--target-output-throughput", "100000",
+                       "--gpu-hour-usd", "2", "--json"))
+    p = plan["plans"][0]
+    assert p["nodes"] * p["per_node_output_throughput"] >= 100000
+    assert (p["nodes"] - 1) * p["per_node_output_throughput"] < 100000
+    assert p["cost_per_hour_usd"] == pytest.approx(p["gpus"] * 2)
+
+
+def test_no_feasible_slo_is_one_line(epsim):
+    res = epsim("plan", *SMALL, "--concurrency", "32", "--dbo", "on",
+                "--slo", "median_itl_ms<=0.01", "--target-output-throughput", "1000")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "meets the SLO" in res.stderr
