@@ -125,6 +125,11 @@ def test_fitted_profile_in_epsim_step(epsim, fitted):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["step_ms"] > 0
+    r = epsim("predict", "--model", "tiny-deepseek", "--hardware", str(fitted),
+              "--gpus-per-node", "2", "--dp", "2", "--ep", "2", "--concurrency", "4", "--isl",
+              "16", "--osl", "4", "--num-prompts", "8", "--no-graph", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["completed"] == 8
 
 
 @pytest.mark.parametrize("content, message", [
