@@ -4,8 +4,10 @@ Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` 
 
 * The host issues the ops of ``OpGraph.schedule`` in order. Eager: every kernel (compute or comm)
   costs the host ``kernel_launch_s`` and cannot start before it is issued, and after issuing an EP
-  dispatch the host waits until that dispatch has finished (it reads the received-token counts
-  to size the expert buffers; the reason a captured graph must pad them to a static maximum).
+  dispatch the host waits for its count exchange: until every rank of the group has reached the
+  dispatch plus ``host_release_s`` (the exchange's latency), when it can read the received-token
+  counts and size the expert buffers (the reason a captured graph must pad them to a static
+  maximum). The payload then moves on the communication engine while the host goes on issuing.
   Captured graph: one launch (``graph_launch_s``), then the GPU runs every kernel without the host.
   In both modes every kernel pays ``graph_node_s`` on its stream: the GPU-side gap between kernels.
 * Per rank, a **compute stream** runs compute ops in issue order; an op starts when the stream is
@@ -62,8 +64,10 @@ class Program:
     node_s: the graph-node cost included in ``work`` of every op (0 when eager).
     floor: ``[n]`` earliest start set by the graph launch (0 when eager).
     launch_s: eager: host seconds to launch each kernel (0 inside a captured graph).
-    host_sync: ``[n]`` bool: eager: the host waits for this op to finish before issuing more
+    host_sync: ``[n]`` bool: eager: the host waits on this collective before issuing more
         (EP dispatch: the host reads the received-token counts to size the expert buffers).
+    host_release_s: ``[n]`` seconds after such a collective starts when the host resumes (the
+        count exchange's latency; 0 elsewhere).
     group_size: ``[n]`` ranks per collective group (consecutive ranks form a group); 0 for compute.
     slowdown: compute speed lost while a collective is in flight.
     steps: the fast executor's precomputed steps (``plan_steps``), empty to compute them per run.
@@ -81,6 +85,7 @@ class Program:
     floor: np.ndarray
     launch_s: float
     host_sync: np.ndarray
+    host_release_s: np.ndarray
     group_size: np.ndarray
     slowdown: float
     steps: tuple = field(default=())
@@ -296,8 +301,9 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             comm = done
             intervals.append((begin, done, done.max()))
             if eager and prog.host_sync[first]:
-                host = np.maximum(host, done)
-                sync_end, sync_cat = done, st.cat
+                release = begin + prog.host_release_s[first]
+                host = np.maximum(host, release)
+                sync_end, sync_cat = release, st.cat
             continue
         # a run of compute ops: only the first waits on anything but its predecessor
         ready = np.maximum(stream, f)
@@ -389,6 +395,7 @@ def run_exact(prog: Program) -> Timeline:
     coll_ops = [i for i in range(n) if prog.is_coll[i]]
     eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
     issued = [[env.event() for _ in range(ranks)] for _ in range(n)] if eager else None
+    begun = [[env.event() for _ in range(ranks)] for _ in range(n)]
     issue = np.tile(prog.floor[:, None], (1, ranks))
 
     def host(rank: int):
@@ -399,8 +406,15 @@ def run_exact(prog: Program) -> Timeline:
                 yield env.timeout(prog.floor[i] - env.now)
             issue[i, rank] = env.now
             issued[i][rank].succeed()
-            if prog.host_sync[i] and not done[i][rank].processed:
-                yield done[i][rank]
+            if prog.host_sync[i] and not prog.is_coll[i]:
+                if not done[i][rank].processed:
+                    yield done[i][rank]
+            elif prog.host_sync[i]:
+                if not begun[i][rank].processed:
+                    yield begun[i][rank]
+                release = start[i, rank] + prog.host_release_s[i]
+                if release > env.now:
+                    yield env.timeout(release - env.now)
 
     def wait_issue(i: int, rank: int):
         if eager:
@@ -450,6 +464,7 @@ def run_exact(prog: Program) -> Timeline:
                 barriers[key] = _Barrier(env, g)
             yield barriers[key].arrive()
             start[i, rank] = env.now
+            begun[i][rank].succeed()
             flip(rank, True)
             yield env.timeout(prog.work[i, rank])
             flip(rank, False)
@@ -483,8 +498,8 @@ def attribute(prog: Program, start: np.ndarray, end: np.ndarray,
             comm_busy[:, cats[i]] += end[i] - start[i]
             comm_end = np.maximum(comm_end, end[i])
             if prog.host_sync[i]:
-                # the ops issued after this one were issued after it ended
-                sync_end, sync_cat = end[i], cats[i]
+                # the ops issued after this one were issued after its count exchange
+                sync_end, sync_cat = start[i] + prog.host_release_s[i], cats[i]
             continue
         wait_cat = np.full(ranks, _LAUNCH)
         wait_end = np.full(ranks, prog.floor[i]) if issue is None else issue[i]

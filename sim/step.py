@@ -185,6 +185,10 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     floor = np.full(n, eff.graph_launch_s if captured else 0.0)
     launch_s = 0.0 if captured else profile.kernel_launch_s
     host_sync = np.array([(not captured) and op.kind == "dispatch" for op in ops])
+    # the host waits for the dispatch's count exchange, a latency-bound exchange of its group
+    host_release_s = np.array([
+        cost.collective_latency(op.kind, profile, captured, int(group_size[i])) if host_sync[i]
+        else 0.0 for i, op in enumerate(ops)])
     deps = tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order)
     is_coll = np.array([op.is_collective for op in ops])
     program = Program(
@@ -192,7 +196,8 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         categories=np.array([CATEGORIES.index(op.category) for op in ops]),
         layers=tuple(op.layer for op in ops), microbatches=tuple(op.microbatch for op in ops),
         is_coll=is_coll, deps=deps, work=np.tile(work[:, None], (1, ranks)), node_s=node_s,
-        floor=floor, launch_s=launch_s, host_sync=host_sync, group_size=group_size, slowdown=eff.comm_compute_slowdown,
+        floor=floor, launch_s=launch_s, host_sync=host_sync, host_release_s=host_release_s,
+        group_size=group_size, slowdown=eff.comm_compute_slowdown,
     )
     # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
     program = replace(program, steps=plan_steps(program, fold=captured))

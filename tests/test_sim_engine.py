@@ -12,8 +12,10 @@ C = {c: i for i, c in enumerate(CATEGORIES)}
 
 
 def program(ops, ranks, *, slowdown=0.0, launch_s=0.0, node_s=0.0, floor=0.0, sync=(),
-            fold=True):
-    """ops: (name, kind "c"/"x" (compute/collective), category, deps by name, work per rank)."""
+            release=None, fold=True):
+    """ops: (name, kind "c"/"x" (compute/collective), category, deps by name, work per rank).
+    sync: collectives the eager host waits on, ``release`` seconds after they start (default:
+    their whole duration)."""
     names = [o[0] for o in ops]
     work = np.array([np.broadcast_to(np.asarray(o[4], dtype=float), (ranks,)) for o in ops])
     prog = Program(
@@ -23,6 +25,8 @@ def program(ops, ranks, *, slowdown=0.0, launch_s=0.0, node_s=0.0, floor=0.0, sy
         deps=tuple(tuple(names.index(d) for d in o[3]) for o in ops), work=work + node_s,
         node_s=node_s, floor=np.full(len(ops), floor), launch_s=launch_s,
         host_sync=np.array([o[0] in sync for o in ops]),
+        host_release_s=np.array([(float(np.max(o[4])) if release is None else release)
+                                 if o[0] in sync else 0.0 for o in ops]),
         group_size=np.array([ranks if o[1] == "x" else 0 for o in ops]), slowdown=slowdown,
     )
     if fold and launch_s == 0:
@@ -108,6 +112,11 @@ def test_eager_host_launch_and_dispatch_sync():
     # b's stream sat idle 1.1..8: 5.9 s while the host waited on the dispatch, 1 s launching
     assert tl.breakdown[0, C["dispatch"]] == pytest.approx(5.9)
     assert tl.breakdown[0, C["launch"]] == pytest.approx(1.0 + 1.0)  # + a's own launch wait
+    # a host released by the dispatch's count exchange (0.5 s after it starts) launches b while
+    # the payload is still moving: b runs 3.5..3.6, the step ends with the dispatch at 7
+    tl = both(program(ops, ranks=2, launch_s=1.0, sync=("x",), release=0.5))
+    assert tl.start[2] == pytest.approx([3.5, 3.5])
+    assert tl.rank_end == pytest.approx([7.0, 7.0])
 
 
 def test_graph_node_cost_is_charged_to_launch():
@@ -141,7 +150,8 @@ def random_programs(draw):
     slowdown = draw(st.sampled_from([0.0, 0.2, 0.5]))
     launch = draw(st.sampled_from([0.0, 0.3]))
     return program(ops, ranks, slowdown=slowdown, launch_s=launch,
-                   sync=("o1", "o3") if launch else ())
+                   sync=("o1", "o3") if launch else (),
+                   release=draw(st.sampled_from([None, 0.05])))
 
 
 @settings(max_examples=60, deadline=None)
