@@ -84,6 +84,16 @@ def read_tables(out: str | Path) -> dict[str, pd.DataFrame]:
     return tables
 
 
+def _gloo_worker_threads() -> int:
+    """Asynchronous collectives gloo runs at once: its worker threads (torch's default is 2)."""
+    try:
+        import torch.distributed as dist
+
+        return max(1, int(dist.ProcessGroupGloo._Options()._threads))
+    except Exception:  # an older or newer torch without the attribute: one at a time
+        return 1
+
+
 def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                         machine_info: dict[str, Any], csv_names: dict[str, str],
                         configs: list[dict[str, Any]], base: str | None = None
@@ -248,6 +258,11 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     else:
         eff["comm_compute_slowdown"] = 0.01
         sources["efficiency.comm_compute_slowdown"] = "not measured (one device): 0.01"
+    if device == "cpu":
+        eff["comm_concurrency"] = _gloo_worker_threads()
+        sources["efficiency.comm_concurrency"] = (
+            "torch.distributed.ProcessGroupGloo default options on this machine: "
+            f"{eff['comm_concurrency']} worker threads run asynchronous collectives side by side")
     missing = [k for k in EFFICIENCY_KEYS if k not in eff]
     assert not missing, missing
     obj["efficiency"] = eff

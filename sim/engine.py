@@ -12,9 +12,12 @@ Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` 
   In both modes every kernel pays ``graph_node_s`` on its stream: the GPU-side gap between kernels.
 * Per rank, a **compute stream** runs compute ops in issue order; an op starts when the stream is
   free, its data dependencies are done and the host has issued it.
-* Per rank, a **communication engine** runs collectives in issue order. A collective starts when
-  every rank of its group has reached it (dependencies done, engine free, issued) and lasts its
-  cost-model duration (slowest link); every member finishes together.
+* Per rank, a **communication engine** with ``comm_slots`` slots runs collectives in issue order:
+  one slot on a GPU (one communication stream), two for torch's gloo (its default of two worker
+  threads runs two asynchronous collectives at once). A collective takes a slot once its
+  dependencies are done, it is issued and a slot is free (not before the previous collective took
+  one), starts when every rank of its group has done so, and lasts its cost-model duration
+  (slowest link); every member finishes together.
 * While a collective is in flight on a rank, compute ops there progress at ``1 - s`` of their
   speed (``s`` = ``efficiency.comm_compute_slowdown``: the CUs the comm kernel holds): a fluid
   model, so an op overlapping half its length with communication takes ``d * (1 + s / 2 / (1-s))``.
@@ -70,6 +73,7 @@ class Program:
         count exchange's latency; 0 elsewhere).
     group_size: ``[n]`` ranks per collective group (consecutive ranks form a group); 0 for compute.
     slowdown: compute speed lost while a collective is in flight.
+    comm_slots: collectives one rank can have in flight at once (1 on GPUs).
     steps: the fast executor's precomputed steps (``plan_steps``), empty to compute them per run.
     """
 
@@ -89,6 +93,7 @@ class Program:
     group_size: np.ndarray
     slowdown: float
     steps: tuple = field(default=())
+    comm_slots: int = 1
 
     @property
     def ranks(self) -> int:
@@ -256,7 +261,9 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     start = np.full((n, ranks), np.nan)
     end = np.full((n, ranks), np.nan)
     stream = np.zeros(ranks)
-    comm = np.zeros(ranks)
+    comm_free = np.zeros((prog.comm_slots, ranks))  # when each comm slot frees, per rank
+    comm_taken = np.zeros(ranks)  # when the last collective took its slot
+    rank_index = np.arange(ranks)
     intervals: list[tuple] = []  # (start, end, latest end) of the collectives in flight
     s = prog.slowdown
     cats = prog.categories
@@ -285,7 +292,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             f = floor[first]
         if st.coll:
             # a collective: every member has arrived, then the slowest link delivers
-            arrive = np.maximum(comm, f)
+            arrive = np.maximum(np.maximum(comm_free.min(axis=0), comm_taken), f)
             for d in st.waits:
                 arrive = np.maximum(arrive, end[d])
             g = st.group
@@ -298,8 +305,13 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             done = begin + work_all[first]
             start[first] = begin
             end[first] = done
-            comm = done
-            intervals.append((begin, done, done.max()))
+            comm_free[comm_free.argmin(axis=0), rank_index] = done
+            comm_taken = arrive
+            # keep the in-flight intervals disjoint: a collective overlapping the previous one
+            # (two slots) adds only the part after it
+            busy_from = np.maximum(begin, intervals[-1][1]) if intervals else begin
+            busy_to = np.maximum(done, busy_from)
+            intervals.append((busy_from, busy_to, busy_to.max()))
             if eager and prog.host_sync[first]:
                 release = begin + prog.host_release_s[first]
                 host = np.maximum(host, release)
@@ -356,7 +368,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     comm_busy = np.zeros((ranks, len(CATEGORIES)))
     np.add.at(comm_busy.T, cats[coll], work_all[coll])
     slowdown = (busy_all - work_steps).sum(axis=0)
-    rank_end = np.maximum(stream, comm)
+    rank_end = np.maximum(stream, comm_free.max(axis=0))
     return Timeline(start=start, end=end, rank_end=rank_end, breakdown=breakdown,
                     slowdown_s=slowdown, comm_busy=comm_busy)
 
@@ -387,7 +399,8 @@ def run_exact(prog: Program) -> Timeline:
     start = np.full((n, ranks), np.nan)
     end = np.full((n, ranks), np.nan)
     done = [[env.event() for _ in range(ranks)] for _ in range(n)]
-    comm_active = [False] * ranks
+    comm_active = [0] * ranks  # collectives in flight
+    slots = [simpy.Resource(env, capacity=prog.comm_slots) for _ in range(ranks)]
     comm_change = [env.event() for _ in range(ranks)]
     barriers: dict[tuple[int, int], _Barrier] = {}
     s = prog.slowdown
@@ -423,8 +436,8 @@ def run_exact(prog: Program) -> Timeline:
         elif prog.floor[i] > env.now:
             yield env.timeout(prog.floor[i] - env.now)
 
-    def flip(rank: int, active: bool) -> None:
-        comm_active[rank] = active
+    def flip(rank: int, delta: int) -> None:
+        comm_active[rank] += delta
         old = comm_change[rank]
         comm_change[rank] = env.event()
         old.succeed()
@@ -458,18 +471,24 @@ def run_exact(prog: Program) -> Timeline:
                 if not done[d][rank].processed:
                     yield done[d][rank]
             yield from wait_issue(i, rank)
-            g = int(prog.group_size[i])
-            key = (i, rank // g)
-            if key not in barriers:
-                barriers[key] = _Barrier(env, g)
-            yield barriers[key].arrive()
-            start[i, rank] = env.now
-            begun[i][rank].succeed()
-            flip(rank, True)
-            yield env.timeout(prog.work[i, rank])
-            flip(rank, False)
-            end[i, rank] = env.now
-            done[i][rank].succeed()
+            slot = slots[rank].request()
+            yield slot
+            env.process(collective(i, rank, slot))
+
+    def collective(i: int, rank: int, slot: simpy.resources.resource.Request):
+        g = int(prog.group_size[i])
+        key = (i, rank // g)
+        if key not in barriers:
+            barriers[key] = _Barrier(env, g)
+        yield barriers[key].arrive()
+        start[i, rank] = env.now
+        begun[i][rank].succeed()
+        flip(rank, 1)
+        yield env.timeout(prog.work[i, rank])
+        flip(rank, -1)
+        end[i, rank] = env.now
+        done[i][rank].succeed()
+        slots[rank].release(slot)
 
     for r in range(ranks):
         if eager:

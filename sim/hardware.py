@@ -63,6 +63,9 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
       rank_compute_slowdown_by_kind  {op class: {ranks per node: factor}}: the same per op class
                              (short ops and long ones suffer differently); classes not listed
                              use ``rank_compute_slowdown``
+      comm_concurrency       collectives one rank can have in flight at once (default 1: a GPU's
+                             one communication stream; 2 for torch's gloo, whose two worker
+                             threads run asynchronous collectives side by side)
     sources["efficiency.<key>"] gives each one's source (optional keys included when present).
 
 Shipped profiles are built from public component measurements (``docs/hardware.md``); ``epsim
@@ -119,7 +122,7 @@ _FRACTION_KEYS = ("hbm_fraction", "comm_compute_slowdown")
 OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "op_overhead_s", "op_time_scale", "op_bytes_scale", "roofline", "a2a_latency_per_peer_s", "combine_latency_s",
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
-    "rank_compute_slowdown_by_kind",
+    "rank_compute_slowdown_by_kind", "comm_concurrency",
 )
 
 
@@ -152,6 +155,7 @@ class Efficiency:
     rank_compute_slowdown: ``{ranks: factor}``, empty: every rank has its own device. Example
         (4 local ranks on a 2-core CPU): ``{2: 1.4, 4: 2.1}``.
     rank_compute_slowdown_by_kind: ``{op class: {ranks: factor}}``, empty unless fitted.
+    comm_concurrency: collectives in flight at once per rank. Example: 1 (GPU), 2 (gloo).
         Example: ``{"norm": {2: 1.3, 4: 1.5}, "attention_decode": {2: 1.15, 4: 1.9}}``.
     """
 
@@ -179,6 +183,7 @@ class Efficiency:
     rank_compute_slowdown: Mapping[int, float] = field(default_factory=dict)
     rank_compute_slowdown_by_kind: Mapping[str, Mapping[int, float]] = field(
         default_factory=dict)
+    comm_concurrency: int = 1
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
@@ -267,6 +272,12 @@ def _int_keyed(table: Any, where: str) -> dict[int, float]:
 def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The optional efficiency keys present in ``obj``, checked."""
     out: dict[str, Any] = {}
+    if "comm_concurrency" in obj:
+        value = obj["comm_concurrency"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise EpsimError(f"{where}: efficiency.comm_concurrency must be a positive integer, "
+                             f"got {value!r}")
+        out["comm_concurrency"] = value
     if "roofline" in obj:
         if obj["roofline"] not in ("max", "sum"):
             raise EpsimError(f"{where}: efficiency.roofline must be max or sum, got "

@@ -197,7 +197,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         layers=tuple(op.layer for op in ops), microbatches=tuple(op.microbatch for op in ops),
         is_coll=is_coll, deps=deps, work=np.tile(work[:, None], (1, ranks)), node_s=node_s,
         floor=floor, launch_s=launch_s, host_sync=host_sync, host_release_s=host_release_s,
-        group_size=group_size, slowdown=eff.comm_compute_slowdown,
+        group_size=group_size, comm_slots=eff.comm_concurrency, slowdown=eff.comm_compute_slowdown,
     )
     # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
     program = replace(program, steps=plan_steps(program, fold=captured))

@@ -49,3 +49,17 @@ def test_corrupt_and_unknown_profiles(tmp_path):
         load_profile(str(path))
     with pytest.raises(EpsimError, match="unknown hardware 'b200'"):
         load_profile("b200")
+
+
+def test_comm_concurrency_must_be_a_positive_integer(tmp_path):
+    data = json.loads(json.dumps(load_profile("mi300x").raw))
+    data["efficiency"]["comm_concurrency"] = 0
+    data["sources"]["efficiency.comm_concurrency"] = "test"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(EpsimError, match="comm_concurrency must be a positive integer"):
+        load_profile(str(path))
+    data["efficiency"]["comm_concurrency"] = 2
+    path.write_text(json.dumps(data))
+    assert load_profile(str(path)).efficiency.comm_concurrency == 2
+    assert load_profile("mi300x").efficiency.comm_concurrency == 1

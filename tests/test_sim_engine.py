@@ -12,7 +12,7 @@ C = {c: i for i, c in enumerate(CATEGORIES)}
 
 
 def program(ops, ranks, *, slowdown=0.0, launch_s=0.0, node_s=0.0, floor=0.0, sync=(),
-            release=None, fold=True):
+            release=None, slots=1, fold=True):
     """ops: (name, kind "c"/"x" (compute/collective), category, deps by name, work per rank).
     sync: collectives the eager host waits on, ``release`` seconds after they start (default:
     their whole duration)."""
@@ -28,6 +28,7 @@ def program(ops, ranks, *, slowdown=0.0, launch_s=0.0, node_s=0.0, floor=0.0, sy
         host_release_s=np.array([(float(np.max(o[4])) if release is None else release)
                                  if o[0] in sync else 0.0 for o in ops]),
         group_size=np.array([ranks if o[1] == "x" else 0 for o in ops]), slowdown=slowdown,
+        comm_slots=slots,
     )
     if fold and launch_s == 0:
         from dataclasses import replace
@@ -151,10 +152,26 @@ def random_programs(draw):
     launch = draw(st.sampled_from([0.0, 0.3]))
     return program(ops, ranks, slowdown=slowdown, launch_s=launch,
                    sync=("o1", "o3") if launch else (),
-                   release=draw(st.sampled_from([None, 0.05])))
+                   release=draw(st.sampled_from([None, 0.05])),
+                   slots=draw(st.sampled_from([1, 2])))
 
 
 @settings(max_examples=60, deadline=None)
 @given(random_programs())
 def test_fast_executor_matches_simpy(prog):
     both(prog)
+
+
+def test_two_comm_slots_run_collectives_side_by_side():
+    # two independent 1 s collectives and a 2 s compute op on one rank, compute slowed by half
+    # while anything is in flight
+    ops = [("x1", "x", "dispatch", (), 1.0), ("x2", "x", "combine", (), 1.0),
+           ("c", "c", "dense", (), 2.0)]
+    one = both(program(ops, ranks=1, slowdown=0.5, slots=1))
+    two = both(program(ops, ranks=1, slowdown=0.5, slots=2))
+    # one slot: x2 waits for x1 (0..1, 1..2); compute at half speed for 2 s does 1 s of work,
+    # then 1 s at full speed: ends at 3
+    assert one.rank_end[0] == pytest.approx(3.0)
+    # two slots: both in flight 0..1; compute does 0.5 s of work there, 1.5 s after: ends at 2.5
+    assert two.start[1, 0] == pytest.approx(0.0)
+    assert two.rank_end[0] == pytest.approx(2.5)
