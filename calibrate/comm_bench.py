@@ -184,11 +184,9 @@ def run_ranks(world: int, tokens: tuple[int, ...], repeats: int, probe_rounds: i
                 "probe_repeats": probe_repeats, "comm_rows": comm_rows,
                 "busy_rounds": busy_rounds}
         Path(folder, "spec.json").write_text(json.dumps(spec))
-        env = dict(os.environ, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO),
-                                                            os.environ.get("PYTHONPATH")])))
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(key, None)
+        from runtime.launch import local_rank_environment
+
+        env = local_rank_environment()
         procs = [subprocess.Popen([sys.executable, "-m", "calibrate.comm_bench", folder, str(r)],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, env=env, cwd=str(_REPO))

@@ -40,6 +40,17 @@ _SECONDARY = re.compile(r"connection|closed|reset|broken pipe|timed out|timeout|
 _REPO = Path(__file__).resolve().parents[1]
 
 
+def local_rank_environment() -> dict[str, str]:
+    """The environment of a locally spawned rank process: one compute thread (ranks share the
+    cores), epsim importable, and no torchrun variables leaking in from a parent launch."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO),
+                                                        os.environ.get("PYTHONPATH")])))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
 def under_torchrun() -> bool:
     """Started by ``torchrun`` (or any launcher that sets the env:// variables)."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
@@ -297,11 +308,7 @@ def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0
         spec = {"options": [o.to_json() for o in options], "world": world,
                 "timeout_s": timeout_s, "init": f"file://{folder}/store"}
         Path(folder, "spec.json").write_text(json.dumps(spec))
-        env = dict(os.environ, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO),
-                                                            os.environ.get("PYTHONPATH")])))
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(key, None)
+        env = local_rank_environment()
         procs, logs = [], []
         try:
             for rank in range(world):
