@@ -22,7 +22,6 @@ overlaps (``tests/test_validate.py``).
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from model.config import ModelConfig, load_model
-from model.errors import EpsimError
+from model.errors import EpsimError, read_json_file
 from model.graph import Batch
 from sim.hardware import HardwareProfile
 
@@ -118,14 +117,7 @@ def parse_grid(obj: Any, where: str = "grid") -> list[Case]:
 
 def read_grid(path: str | Path) -> list[Case]:
     """Read and validate a grid file."""
-    p = Path(path)
-    if not p.is_file():
-        raise EpsimError(f"grid file not found: {p}")
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError as exc:
-        raise EpsimError(f"{p}: malformed grid JSON ({exc.msg} at line {exc.lineno})") from None
-    return parse_grid(obj, str(p))
+    return parse_grid(read_json_file(path, "grid file", kind="grid"), str(path))
 
 
 def shape_signature(model: ModelConfig) -> str:

@@ -10,14 +10,13 @@ Loads are counts, not probabilities; ``frequencies`` normalises each layer.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import EpsimError
+from .errors import EpsimError, read_json_file
 
 
 def _as_loads(obj: Any, where: str) -> np.ndarray:
@@ -59,11 +58,7 @@ def read_loads(path: str | Path) -> np.ndarray:
         except Exception as exc:
             raise EpsimError(f"{p}: not a readable torch dump ({type(exc).__name__})") from None
         return _as_loads(obj, str(p))
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError as exc:
-        raise EpsimError(f"{p}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
-    return _as_loads(obj, str(p))
+    return _as_loads(read_json_file(p, "load file"), str(p))
 
 
 def loads_from_object(obj: Any, where: str = "loads") -> np.ndarray:

@@ -14,14 +14,13 @@ function that the simulator and the runtime both use.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import EpsimError
+from .errors import EpsimError, read_json_file
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,14 +158,10 @@ def read_placement(path: str | Path, num_layers: int | None = None,
                    num_experts: int | None = None) -> Placement:
     """Read a placement file written by ``epsim balance --out`` (or :meth:`Placement.to_json`)."""
     p = Path(path)
-    if not p.is_file():
-        raise EpsimError(f"placement file not found: {p}")
+    obj = read_json_file(p, "placement file")
     try:
-        obj = json.loads(p.read_text(encoding="utf-8", errors="replace"))
         placement = Placement(np.asarray(obj["physical_to_logical"], dtype=np.int64),
                               num_gpus=int(obj["num_gpus"]), num_logical=int(obj["num_logical"]))
-    except json.JSONDecodeError as exc:
-        raise EpsimError(f"{p}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, EpsimError):
             raise EpsimError(f"{p}: {exc}") from None

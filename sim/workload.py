@@ -24,14 +24,13 @@ which is what ``--ignore-eos`` guarantees on a real server.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from model.errors import EpsimError
+from model.errors import EpsimError, read_json_file
 
 DATASETS = ("fixed", "random", "sharegpt-like")
 
@@ -207,12 +206,7 @@ def sharegpt_file_lengths(path: str, rng: np.random.Generator, n: int, osl: int 
     fewer valid pairs, as vLLM's oversampling does).
     """
     file = Path(path)
-    if not file.is_file():
-        raise EpsimError(f"ShareGPT dataset file not found: {file}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError as exc:
-        raise EpsimError(f"{file}: malformed JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json_file(file, "ShareGPT dataset file")
     if not isinstance(data, list):
         raise EpsimError(f"{file}: a ShareGPT file is a JSON list of conversations")
     pairs = []
