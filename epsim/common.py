@@ -6,10 +6,11 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from model.errors import EpsimError
+from model.plan import KV_DTYPES
 
 
 def _int_at_least(text: str, minimum: int, what: str) -> int:
@@ -28,6 +29,38 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "non-negative")
+
+
+def request_rate(text: str) -> float:
+    """Requests per second: a positive number, or ``inf`` (all at once, as vllm bench serve)."""
+    if text.strip().lower() == "inf":
+        return math.inf
+    return positive_float(text)
+
+
+def kv_dtype(text: str) -> str:
+    if text not in KV_DTYPES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(KV_DTYPES)}, got {text!r}")
+    return text
+
+
+def comma_list(text: str | None, convert: Callable[[str], Any], name: str) -> list[Any]:
+    """``"1024,2048"`` -> ``[1024, 2048]`` through ``convert``; ``None`` -> ``[None]``. A value
+    ``convert`` rejects (ValueError or ArgumentTypeError) is an :class:`EpsimError` naming it."""
+    if text is None:
+        return [None]
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            out.append(convert(part))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise EpsimError(f"--{name}: {part!r} is not a valid value") from None
+    if not out:
+        raise EpsimError(f"--{name} is empty")
+    return out
 
 
 def positive_float(text: str) -> float:

@@ -89,3 +89,17 @@ def test_no_feasible_slo_is_one_line(epsim):
                 "--slo", "median_itl_ms<=0.01", "--target-output-throughput", "1000")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "meets the SLO" in res.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "--isl", "abc", "--osl", "100"], "--isl: 'abc' is not a valid value"),
+    (["tune", "--isl", "100", "--osl", "100", "--request-rate", "-3"],
+     "--request-rate: '-3' is not a valid value"),
+    (["plan", "--isl", "100,200", "--osl", "100", "--target-output-throughput", "1000"],
+     "--isl takes one value here"),
+])
+def test_search_commands_reject_bad_lengths_and_rates_in_one_line(epsim, argv, message):
+    r = epsim(*argv, "--model", "deepseek-r1", "--hardware", "mi300x",
+              "--slo", "median_itl_ms<=100")
+    assert r.returncode == 2
+    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

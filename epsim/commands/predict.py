@@ -20,27 +20,19 @@ from sim.search import Scenario, parse_disagg, run_scenario
 from sim.serving import DP_BALANCE
 from sim.workload import DATASETS, WorkloadSpec
 
-from ..common import add_model_arg, add_plan_args, emit_json, positive_float, positive_int
+from ..common import (
+    add_model_arg,
+    add_plan_args,
+    emit_json,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    request_rate,
+)
 
 # --------------------------------------------------------------------------------------------
 # Shared arguments
 # --------------------------------------------------------------------------------------------
-
-
-def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
-def rate(text: str) -> float:
-    if text.strip().lower() == "inf":
-        return math.inf
-    return positive_float(text)
 
 
 def add_serving_args(p: argparse.ArgumentParser, *, lists: bool = False,
@@ -56,12 +48,12 @@ def add_serving_args(p: argparse.ArgumentParser, *, lists: bool = False,
     g.add_argument("--concurrency", "--max-concurrency", dest="concurrency",
                    type=str if lists else positive_int, default=None, metavar="C",
                    help="closed loop: requests in flight at most" + many)
-    g.add_argument("--request-rate", type=str if lists else rate, default="inf" if lists
+    g.add_argument("--request-rate", type=str if lists else request_rate, default="inf" if lists
                    else math.inf, metavar="R",
                    help="open loop: requests/s, Poisson arrivals, or inf (default)" + many)
     g.add_argument("--burstiness", type=positive_float, default=1.0,
                    help="gamma shape of inter-arrival gaps (1: Poisson)")
-    g.add_argument("--num-prompts", type=nonneg_int, default=None, metavar="N",
+    g.add_argument("--num-prompts", type=non_negative_int, default=None, metavar="N",
                    help="requests in the benchmark (default: the concurrency, else 1000)")
     g.add_argument("--dataset", "--dataset-name", dest="dataset", choices=DATASETS,
                    default=None, help="request lengths (default: fixed with --isl, else "

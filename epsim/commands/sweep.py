@@ -6,7 +6,6 @@ import argparse
 import csv
 import io
 import itertools
-import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -16,7 +15,7 @@ from typing import Any
 from model.errors import EpsimError
 from sim.search import StepCache, run_scenario
 
-from ..common import emit_json
+from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
 from .predict import Progress, add_serving_args, scenario_from_args
 
 #: columns of the table and the CSV, in order
@@ -25,45 +24,6 @@ COLUMNS = ("max_concurrency", "request_rate", "isl", "osl", "kv_dtype", "complet
            "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
            "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "mean_tpot_ms", "median_e2el_ms",
            "mean_decode_step_ms", "expert_imbalance", "kv_cache_usage", "sim_wall_s")
-
-
-def _list(text: str | None, convert, name: str) -> list[Any]:
-    if text is None:
-        return [None]
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            out.append(convert(part))
-        except (ValueError, argparse.ArgumentTypeError):
-            raise EpsimError(f"--{name}: {part!r} is not a valid value") from None
-    if not out:
-        raise EpsimError(f"--{name} is empty")
-    return out
-
-
-def _pos_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _rate(text: str) -> float:
-    if text.lower() == "inf":
-        return math.inf
-    value = float(text)
-    if not value > 0 or not math.isfinite(value):
-        raise ValueError(text)
-    return value
-
-
-def _kv(text: str) -> str:
-    if text not in ("fp8", "bf16"):
-        raise ValueError(text)
-    return text
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -81,10 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def sweep(args: argparse.Namespace, progress=None) -> list[dict[str, Any]]:
     grid = list(itertools.product(
-        _list(args.concurrency, _pos_int, "concurrency"),
-        _list(args.request_rate, _rate, "request-rate"),
-        _list(args.isl, _pos_int, "isl"), _list(args.osl, _pos_int, "osl"),
-        _list(args.kv_dtype, _kv, "kv-dtype")))
+        comma_list(args.concurrency, positive_int, "concurrency"),
+        comma_list(args.request_rate, request_rate, "request-rate"),
+        comma_list(args.isl, positive_int, "isl"), comma_list(args.osl, positive_int, "osl"),
+        comma_list(args.kv_dtype, kv_dtype, "kv-dtype")))
     cache = StepCache()
     rows = []
     for n, (conc, rate, isl, osl, kv) in enumerate(grid, 1):

@@ -10,9 +10,8 @@ from typing import Any
 from model.errors import EpsimError
 from sim.search import SearchSpace, TuneResult, parse_slo, tune
 
-from ..common import emit_json
+from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
 from .predict import Progress, add_serving_args, scenario_from_args
-from .sweep import _kv, _list, _pos_int
 
 OBJECTIVES = ("output_throughput", "decode_throughput", "total_token_throughput")
 DEFAULT_CONCURRENCY = "256,512,1024,2048,3072,4096"
@@ -51,31 +50,29 @@ def add_space_args(p: argparse.ArgumentParser) -> None:
 def space_from_args(args: argparse.Namespace) -> SearchSpace:
     conc = args.concurrency or DEFAULT_CONCURRENCY
     return SearchSpace(
-        concurrency=tuple(_list(conc, _pos_int, "concurrency")),
+        concurrency=tuple(comma_list(conc, positive_int, "concurrency")),
         # --no-dbo / --no-graph pin the knob off; otherwise the lists say what to try
-        dbo=(False,) if args.no_dbo else tuple(dict.fromkeys(_list(args.dbo, _onoff, "dbo"))),
+        dbo=(False,) if args.no_dbo else tuple(dict.fromkeys(
+            comma_list(args.dbo, _onoff, "dbo"))),
         graph=(False,) if args.no_graph else tuple(dict.fromkeys(
-            _list(args.graph, _onoff, "graph"))),
-        splits=tuple(_list(args.splits, _split, "splits")) if args.splits else (None,),
-        kv_dtype=tuple(dict.fromkeys(_list(args.kv_dtype, _kv, "kv-dtype"))),
+            comma_list(args.graph, _onoff, "graph"))),
+        splits=tuple(comma_list(args.splits, _split, "splits")) if args.splits else (None,),
+        kv_dtype=tuple(dict.fromkeys(comma_list(args.kv_dtype, kv_dtype, "kv-dtype"))),
     )
 
 
 def base_from_args(args: argparse.Namespace, hardware: str):
     """The scenario the search varies (first value of each list stands in until varied)."""
-    for name in ("isl", "osl"):
-        value = getattr(args, name)
-        if value is not None and "," in str(value):
+    def one(value: Any, convert, name: str) -> Any:
+        values = comma_list(value, convert, name)
+        if len(values) > 1:
             raise EpsimError(f"--{name} takes one value here")
-    rate = str(args.request_rate)
-    if "," in rate:
-        raise EpsimError("--request-rate takes one value here")
-    from .sweep import _rate
+        return values[0]
+
     return scenario_from_args(
         args, hardware=hardware, concurrency=1,
-        isl=_pos_int(args.isl) if args.isl is not None else None,
-        osl=_pos_int(args.osl) if args.osl is not None else None,
-        request_rate=_rate(rate), kv_dtype="fp8")
+        isl=one(args.isl, positive_int, "isl"), osl=one(args.osl, positive_int, "osl"),
+        request_rate=one(str(args.request_rate), request_rate, "request-rate"), kv_dtype="fp8")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
