@@ -20,20 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from model import load_model  # noqa: E402
-from model.eplb import (  # noqa: E402
+from epsim.model import load_model  # noqa: E402
+from epsim.model.eplb import (  # noqa: E402
     DEFAULT_METHOD,
     balance_placement,
     lower_bound,
     moved_experts,
 )
-from model.loads import frequencies, read_loads  # noqa: E402
-from model.placement import contiguous_placement  # noqa: E402
-from sim.hardware import load_profile  # noqa: E402
-from sim.rebalance import (  # noqa: E402
+from epsim.model.loads import frequencies, read_loads, shipped_loads  # noqa: E402
+from epsim.model.placement import contiguous_placement  # noqa: E402
+from epsim.sim.hardware import load_profile  # noqa: E402
+from epsim.sim.rebalance import (  # noqa: E402
     RebalancePolicy,
     expert_weight_bytes,
     load_stream,
@@ -198,9 +195,9 @@ def online(files: dict[str, np.ndarray]) -> None:
 
 
 def online_simulated(files: dict[str, np.ndarray]) -> None:
-    from model import make_plan
-    from model.graph import Batch
-    from sim.rebalance import simulate_online_eplb
+    from epsim.model import make_plan
+    from epsim.model.graph import Batch
+    from epsim.sim.rebalance import simulate_online_eplb
 
     print("## Online rebalancing through the step simulator (sim.step.simulate_step)\n")
     model = load_model("deepseek-r1")
@@ -230,14 +227,17 @@ def online_simulated(files: dict[str, np.ndarray]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--loads-dir", default=str(REPO.parent / "shared" / "data" /
-                                                   "expert_loads"))
+    parser.add_argument("--loads-dir", default=None,
+                        help="a folder of the four load files (default: the shipped ones)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-online", action="store_true")
     args = parser.parse_args()
-    files = {p.stem: read_loads(p) for p in sorted(Path(args.loads_dir).glob("*.json"))}
+    if args.loads_dir:
+        files = {p.stem: read_loads(p) for p in sorted(Path(args.loads_dir).glob("*.json"))}
+    else:
+        files = {name: read_loads(name) for name in shipped_loads()}
     if set(files) != set(PAIRS):
-        sys.exit(f"expected the four shared load files in {args.loads_dir}")
+        sys.exit(f"expected the four load files {sorted(PAIRS)}, got {sorted(files)}")
     timing(files, args.repeats)
     quality(files)
     held_out_helpers(files)

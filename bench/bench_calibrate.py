@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def epsim(*argv: str) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "epsim", *argv], capture_output=True, text=True,
                        cwd=REPO, env=env)

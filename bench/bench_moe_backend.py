@@ -19,13 +19,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from runtime import kernels  # noqa: E402
+from epsim.runtime import kernels  # noqa: E402
 
 SHAPES = {
     # name: (rows, hidden, inter, experts, top_k, ep)

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sim.search import Scenario, StepCache, run_scenario  # noqa: E402
-from sim.workload import WorkloadSpec  # noqa: E402
+from epsim.sim.search import Scenario, StepCache, run_scenario  # noqa: E402
+from epsim.sim.workload import WorkloadSpec  # noqa: E402
 
 
 def scenario(concurrency: int) -> Scenario:

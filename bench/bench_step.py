@@ -15,15 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model import Batch, load_model, make_plan  # noqa: E402
-from sim.hardware import load_profile  # noqa: E402
-from sim.step import simulate_step  # noqa: E402
+from epsim.model import Batch, load_model, make_plan  # noqa: E402
+from epsim.sim.hardware import load_profile  # noqa: E402
+from epsim.sim.step import simulate_step  # noqa: E402
 
 
 def main() -> None:

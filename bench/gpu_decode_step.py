@@ -19,12 +19,9 @@ import argparse
 import json
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from runtime.launch import run_rank  # noqa: E402
-from runtime.options import RunOptions  # noqa: E402
+from epsim.runtime.launch import run_rank  # noqa: E402
+from epsim.runtime.options import RunOptions  # noqa: E402
 
 
 def run(options: list[RunOptions]) -> list[dict]:

@@ -7,17 +7,11 @@ at small and large batch. Every figure is a `simulate_step` run (fast mode, seed
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from epsim.model import Batch, load_model, make_plan  # noqa: E402
+from epsim.model.loads import read_loads  # noqa: E402
+from epsim.sim.hardware import load_profile  # noqa: E402
+from epsim.sim.step import simulate_step  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model import Batch, load_model, make_plan  # noqa: E402
-from model.loads import read_loads  # noqa: E402
-from sim.hardware import load_profile  # noqa: E402
-from sim.step import simulate_step  # noqa: E402
-
-LOADS = Path(__file__).resolve().parents[2] / "shared" / "data" / "expert_loads"
 MODEL = load_model("deepseek-r1")
 MI300X = load_profile("mi300x")
 
@@ -40,7 +34,7 @@ def main() -> None:
           f"interference {base.compute_slowdown_ms:.2f} ms, imbalance {base.expert_imbalance:.3f}")
 
     print("\nablations (step ms, delta vs baseline)")
-    real = read_loads(LOADS / "decode_in2000out100.json")
+    real = read_loads("decode_in2000out100")
     balanced = step(loads=real)
     rows = [
         ("--no-dbo", step(microbatches=1), base),

@@ -32,11 +32,9 @@ from typing import Any
 
 import pandas as pd
 
-from model.dtypes import bytes_per_element
-from model.errors import EpsimError
-from model.graph import prob_rank_hit
-
-_REPO = Path(__file__).resolve().parents[1]
+from epsim.model.dtypes import bytes_per_element
+from epsim.model.errors import EpsimError
+from epsim.model.graph import prob_rank_hit
 
 #: the exchange benchmark's model-like sizes (disjoint from the shipped tiny models' hidden sizes)
 A2A_HIDDEN = 128
@@ -68,7 +66,7 @@ def link_bytes(kind: str, tokens: int, world: int) -> float:
 
 def _probe(torch: Any, x: Any, w: Any, norm_w: Any, rounds: int) -> float:
     """Seconds for ``rounds`` of (RMSNorm, GEMM, SiLU-and-mul) through runtime.kernels."""
-    from runtime import kernels
+    from epsim.runtime import kernels
 
     t0 = time.perf_counter()
     for _ in range(rounds):
@@ -88,7 +86,7 @@ def _rank_main(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from runtime import comm
+    from epsim.runtime import comm
 
     torch.set_num_threads(1)
     world = spec["world"]
@@ -184,12 +182,12 @@ def run_ranks(world: int, tokens: tuple[int, ...], repeats: int, probe_rounds: i
                 "probe_repeats": probe_repeats, "comm_rows": comm_rows,
                 "busy_rounds": busy_rounds}
         Path(folder, "spec.json").write_text(json.dumps(spec))
-        from runtime.launch import local_rank_environment
+        from epsim.runtime.launch import local_rank_environment
 
         env = local_rank_environment()
-        procs = [subprocess.Popen([sys.executable, "-m", "calibrate.comm_bench", folder, str(r)],
+        procs = [subprocess.Popen([sys.executable, "-m", "epsim.calibrate.comm_bench", folder, str(r)],
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, env=env, cwd=str(_REPO))
+                                  stderr=subprocess.DEVNULL, env=env, cwd=folder)
                  for r in range(world)]
         deadline = time.monotonic() + timeout_s
         try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 #: the kind whose scale is fixed to 1: its rows (skinny and square GEMMs) identify F and B
 ROOFLINE_KIND = "gemm"

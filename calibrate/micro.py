@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from model.graph import Op
+from epsim.model.graph import Op
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def write_shape_config(shape: Shape, folder: Path) -> Path:
     """Write ``shape`` as a ``config.json`` (tiny-deepseek with the overrides) under ``folder``."""
     from importlib import resources
 
-    base = json.loads((resources.files("model") / "configs" / "tiny-deepseek.json").read_text())
+    base = json.loads((resources.files("epsim.model") / "configs" / "tiny-deepseek.json").read_text())
     base.update(shape.overrides)
     base["_comment"] = "calibration-only shape (epsim calibrate), not a shipped model"
     path = folder / f"{shape.name}.json"
@@ -134,8 +134,8 @@ def op_sweep(folder: Path, shapes: Sequence[Shape] = CALIBRATION_SHAPES,
     """
     import torch
 
-    from runtime.executor import RankRuntime
-    from runtime.options import RunOptions, validate
+    from epsim.runtime.executor import RankRuntime
+    from epsim.runtime.options import RunOptions, validate
 
     torch.set_num_threads(1)  # as each runtime rank does
     samples: dict[tuple, list[float]] = {}
@@ -198,7 +198,7 @@ def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 
 
     import torch
 
-    from runtime.executor import OP_IMPLS, MicrobatchState
+    from epsim.runtime.executor import OP_IMPLS, MicrobatchState
 
     torch.set_num_threads(1)
     dev = torch.device(device)
@@ -255,7 +255,7 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         One row per (shape, world, batch, context, op id): ``kind``, ``time_s`` (median over the
         timed steps, ranks and ``rounds``), ``repeats``.
     """
-    from runtime import RunOptions, launch_local
+    from epsim.runtime import RunOptions, launch_local
 
     points = list(points)
     samples: dict[tuple, tuple[str, list[float]]] = {}

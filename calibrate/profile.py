@@ -20,9 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-from model.errors import EpsimError
-from model.trace import write_json_atomic
-from sim.hardware import EFFICIENCY_KEYS, load_profile, profile_from_dict
+from epsim.model.errors import EpsimError
+from epsim.model.trace import write_json_atomic
+from epsim.sim.hardware import EFFICIENCY_KEYS, load_profile, profile_from_dict
 
 from . import fit as F
 
@@ -291,7 +291,7 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
     ``device="cuda"``: world size 1 on one GPU (no all-to-all: the communication figures come
     from ``base``, default ``h200``). ``quick``: a small subset of every sweep (tests).
     """
-    from model.config import load_model
+    from epsim.model.config import load_model
 
     from . import comm_bench, micro
     from .validate import shape_signature

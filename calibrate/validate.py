@@ -22,20 +22,23 @@ overlaps (``tests/test_validate.py``).
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from model.config import ModelConfig, load_model
-from model.errors import EpsimError, read_json_file
-from model.graph import Batch
-from sim.hardware import HardwareProfile
+from epsim.model.config import ModelConfig, load_model
+from epsim.model.errors import EpsimError, read_json_file
+from epsim.model.graph import Batch
+from epsim.sim.hardware import HardwareProfile
 
-DEFAULT_GRID = Path(__file__).resolve().parent / "grids" / "cpu.json"
+#: the shipped grid ``epsim validate`` runs without ``--grid`` (``calibrate/grids/cpu.json``)
+DEFAULT_GRID = "cpu"
 _CASE_KEYS = {"model", "world_size", "ep", "dp", "batch", "context", "dbo", "placement"}
 
 
@@ -115,9 +118,20 @@ def parse_grid(obj: Any, where: str = "grid") -> list[Case]:
     return cases
 
 
-def read_grid(path: str | Path) -> list[Case]:
-    """Read and validate a grid file."""
-    return parse_grid(read_json_file(path, "grid file", kind="grid"), str(path))
+def shipped_grids() -> list[str]:
+    """Names of the validation grids shipped with epsim. Example: ``["cpu", "gpu1"]``."""
+    folder = resources.files("epsim.calibrate") / "grids"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def read_grid(name_or_path: str | Path) -> list[Case]:
+    """Read and validate a grid: a shipped name (``cpu``, ``gpu1``) or a grid file; an existing
+    file wins over a shipped name."""
+    text = str(name_or_path)
+    if not Path(text).is_file() and text in shipped_grids():
+        shipped = resources.files("epsim.calibrate") / "grids" / f"{text}.json"
+        return parse_grid(json.loads(shipped.read_text(encoding="utf-8")), f"grid {text!r}")
+    return parse_grid(read_json_file(name_or_path, "grid file", kind="grid"), text)
 
 
 def shape_signature(model: ModelConfig) -> str:
@@ -161,7 +175,7 @@ def run_cases(cases: Sequence[Case], steps: int, repeats: int = 1, device: str =
         Per case (in order): ``step_ms`` (every timed step of every pass: the slowest rank's),
         ``kind_ms`` ({kind: [per timed step: mean over ranks of the kind's summed op time]}).
     """
-    from runtime import RunOptions, launch_local
+    from epsim.runtime import RunOptions, launch_local
 
     out: list[dict[str, Any]] = [{"step_ms": [], "kind_ms": {}} for _ in cases]
     worlds = sorted({c.world_size for c in cases})
@@ -209,8 +223,8 @@ def simulate_case(case: Case, profile: HardwareProfile, steps: int) -> dict[str,
         ``step_ms`` [timed steps], ``kind_ms`` {kind: [per step: mean over ranks of the kind's
         summed op ms]}.
     """
-    from runtime.options import RunOptions, validate
-    from sim.step import simulate_step
+    from epsim.runtime.options import RunOptions, validate
+    from epsim.sim.step import simulate_step
 
     opts = RunOptions(model=case.model, world_size=case.world_size, batch=case.batch,
                       context=case.context, steps=steps, dp=case.dp, ep=case.ep, dbo=case.dbo,
@@ -337,9 +351,9 @@ def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int
     simulate them, compare; optionally plot. Returns the report (``epsim validate --json``)."""
     import importlib.util
 
-    from runtime.options import RunOptions
-    from runtime.options import validate as check_options
-    from sim.hardware import load_profile
+    from epsim.runtime.options import RunOptions
+    from epsim.runtime.options import validate as check_options
+    from epsim.sim.hardware import load_profile
 
     plot_path = kwargs.pop("plot", plot_path)
     if kwargs:

@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 from . import __version__
 from .commands import COMMANDS

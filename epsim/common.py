@@ -9,8 +9,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from model.errors import EpsimError
-from model.plan import KV_DTYPES
+from epsim.model.errors import EpsimError
+from epsim.model.loads import shipped_loads
+from epsim.model.plan import KV_DTYPES
+
+
+def loads_help(what: str) -> str:
+    """Help text of a ``--loads``-like flag: a file or one of the shipped names."""
+    return (f"{what}: a shipped name ({', '.join(shipped_loads())}) or a file "
+            '{"logical_count": [layers][experts]} (.json, or .pt with torch)')
 
 
 def _int_at_least(text: str, minimum: int, what: str) -> int:

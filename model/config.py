@@ -400,7 +400,7 @@ def _validate(model: ModelConfig) -> None:
 
 def shipped_models() -> list[str]:
     """Names of the configurations shipped with epsim."""
-    folder = resources.files("model") / "configs"
+    folder = resources.files("epsim.model") / "configs"
     return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
@@ -416,7 +416,7 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
         source = str(path)
         text = path.read_text(encoding="utf-8", errors="replace")
     else:
-        shipped = resources.files("model") / "configs" / f"{text_name}.json"
+        shipped = resources.files("epsim.model") / "configs" / f"{text_name}.json"
         if not shipped.is_file():
             raise EpsimError(
                 f"unknown model {text_name!r}: not a shipped name "

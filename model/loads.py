@@ -6,11 +6,22 @@ SGLang's ``.pt`` dumps (a dict with a ``logical_count`` tensor, optionally with 
 step/window axis that is summed) are read too when torch is installed.
 
 Loads are counts, not probabilities; ``frequencies`` normalises each layer.
+
+Shipped load statistics (``model/data/loads/``, see its README for provenance): SGLang's published
+DeepSeek-V3 expert-distribution statistics, named by their workload. ``read_loads`` takes such a
+name or a path; an existing file of that name wins over a shipped name.
+
+    decode_in2000out100    decode of requests with 2000 input / 100 output tokens
+    decode_in1000out1000   decode, 1000 input / 1000 output tokens
+    prefill_in2048         prefill of 2048-token prompts
+    prefill_in4096         prefill of 4096-token prompts
 """
 
 from __future__ import annotations
 
+import json
 import math
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +54,27 @@ def _as_loads(obj: Any, where: str) -> np.ndarray:
     return arr
 
 
-def read_loads(path: str | Path) -> np.ndarray:
-    """Read a load file; returns float64 ``[layers, experts]`` counts (dense layers all zero)."""
-    p = Path(path)
+def _shipped_folder():
+    return resources.files("epsim.model") / "data" / "loads"
+
+
+def shipped_loads() -> list[str]:
+    """Names of the load statistics shipped with epsim. Example: ``["decode_in1000out1000",
+    "decode_in2000out100", "prefill_in2048", "prefill_in4096"]``."""
+    return sorted(p.name[: -len(".json")] for p in _shipped_folder().iterdir()
+                  if p.name.endswith(".json"))
+
+
+def read_loads(name_or_path: str | Path) -> np.ndarray:
+    """Read load statistics by shipped name (``decode_in2000out100``) or from a ``.json``/``.pt``
+    file; returns float64 ``[layers, experts]`` counts (dense layers all zero)."""
+    p = Path(name_or_path)
     if not p.is_file():
-        raise EpsimError(f"load file not found: {p}")
+        shipped = _shipped_folder() / f"{name_or_path}.json"
+        if str(name_or_path) in shipped_loads() and shipped.is_file():
+            return _as_loads(json.loads(shipped.read_text(encoding="utf-8")), str(name_or_path))
+        raise EpsimError(f"load file not found: {p} (nor a shipped name: "
+                         f"{', '.join(shipped_loads())})")
     if p.suffix == ".pt":
         try:
             import torch

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from model.trace import TraceEvent
+from epsim.model.trace import TraceEvent
 
 from .executor import RankRuntime, StepResult
 

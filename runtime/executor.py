@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from model.config import ModelConfig
-from model.errors import EpsimError
-from model.graph import Batch, Op, OpGraph, build_step_graph
-from model.placement import Placement, remap
-from model.plan import ParallelPlan
-from model.trace import TraceEvent
+from epsim.model.config import ModelConfig
+from epsim.model.errors import EpsimError
+from epsim.model.graph import Batch, Op, OpGraph, build_step_graph
+from epsim.model.placement import Placement, remap
+from epsim.model.plan import ParallelPlan
+from epsim.model.trace import TraceEvent
 
 from . import comm, kernels
 from . import weights as W

@@ -2,7 +2,7 @@
 
 Two ways in:
     ``launch_local(options, world)``  spawns ``world`` local rank processes (``python -m
-        runtime.worker``), joined through a file store with gloo (or NCCL with ``device="cuda"``),
+        epsim.runtime.worker``), joined through a file store with gloo (or NCCL with ``device="cuda"``),
         and watches them: the first rank that fails ends the run, the others are killed, and the
         failing rank's one-line message comes back as an :class:`EpsimError`.
     ``run_rank(options, rank, world, "env://")``  what each rank runs; under ``torchrun`` the
@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 from .options import RunOptions, validate
 
@@ -37,15 +37,14 @@ FAULT_ENV = "EPSIM_RUNTIME_FAULT"
 #: messages of ranks that failed only because a peer went away
 _SECONDARY = re.compile(r"connection|closed|reset|broken pipe|timed out|timeout|peer|"
                         r"socket|gloo|nccl|abort", re.IGNORECASE)
-_REPO = Path(__file__).resolve().parents[1]
 
 
 def local_rank_environment() -> dict[str, str]:
     """The environment of a locally spawned rank process: one compute thread (ranks share the
-    cores), epsim importable, and no torchrun variables leaking in from a parent launch."""
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO),
-                                                        os.environ.get("PYTHONPATH")])))
+    cores) and no torchrun variables leaking in from a parent launch. A rank imports the
+    installed ``epsim`` (editable or not), like its parent; it runs in the launch's temporary
+    folder, so no source tree in the user's working directory shadows the installed package."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env
@@ -299,6 +298,8 @@ def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0
         EpsimError: a rank failed (its message, the earliest root cause first) or the run
             passed ``deadline_s`` (default ``4 * timeout_s``).
     """
+    # ranks run in a temporary folder: paths the user gave relative to their own directory
+    options = [_with_absolute_paths(o) for o in options]
     for opts in options:
         validate(opts)  # bad input: one line here, before any process starts
         if opts.world_size != world:
@@ -315,8 +316,8 @@ def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0
                 log = open(Path(folder, f"stderr.{rank}"), "w")  # noqa: SIM115
                 logs.append(log)
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "runtime.worker", folder, str(rank)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=str(_REPO)))
+                    [sys.executable, "-m", "epsim.runtime.worker", folder, str(rank)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=folder))
             failure = _watch(procs, folder, deadline)
         finally:
             for p in procs:
@@ -332,6 +333,17 @@ def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0
         if not result.is_file():
             raise EpsimError("rank 0 ended without writing its results")
         return pickle.loads(result.read_bytes())
+
+
+def _with_absolute_paths(opts: RunOptions) -> RunOptions:
+    """``opts`` with a model config path and a placement path made absolute (shipped model
+    names stay names)."""
+    changes: dict[str, str] = {}
+    if opts.placement:
+        changes["placement"] = os.path.abspath(opts.placement)
+    if Path(opts.model).exists():
+        changes["model"] = os.path.abspath(opts.model)
+    return opts.with_(**changes) if changes else opts
 
 
 def _watch(procs: list[subprocess.Popen], folder: str, deadline: float) -> str | None:

@@ -7,10 +7,10 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from model.config import ModelConfig, load_model
-from model.errors import EpsimError
-from model.placement import Placement, contiguous_placement, read_placement
-from model.plan import Fusion, ParallelPlan, make_plan
+from epsim.model.config import ModelConfig, load_model
+from epsim.model.errors import EpsimError
+from epsim.model.placement import Placement, contiguous_placement, read_placement
+from epsim.model.plan import Fusion, ParallelPlan, make_plan
 
 DTYPES = ("fp32", "bf16")
 

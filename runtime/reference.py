@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.config import ModelConfig
+from epsim.model.config import ModelConfig
 
 from . import kernels
 from . import weights as W

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from model.config import ModelConfig
+from epsim.model.config import ModelConfig
 
 
 def _generator(seed: int, key: str) -> torch.Generator:

@@ -1,8 +1,8 @@
-"""``python -m runtime.worker FOLDER RANK``: one rank spawned by ``runtime.launch.launch_local``."""
+"""``python -m epsim.runtime.worker FOLDER RANK``: one rank spawned by ``runtime.launch.launch_local``."""
 
 import sys
 
-from runtime.launch import worker_main
+from epsim.runtime.launch import worker_main
 
 if __name__ == "__main__":
     sys.exit(worker_main(sys.argv[1], int(sys.argv[2])))

@@ -38,9 +38,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from model.errors import EpsimError
-from model.graph import Op
-from sim.hardware import Efficiency, HardwareProfile
+from epsim.model.errors import EpsimError
+from epsim.model.graph import Op
+from epsim.sim.hardware import Efficiency, HardwareProfile
 
 
 def _eff(profile: HardwareProfile) -> Efficiency:

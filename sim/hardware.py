@@ -84,7 +84,7 @@ from typing import Any
 
 import numpy as np
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 TOPOLOGIES = ("full_mesh", "switch")
 _NUMBER_KEYS = ("compute_units", "gpus_per_node", "hbm_bytes", "hbm_bandwidth",
@@ -406,7 +406,7 @@ class HardwareProfile:
 
 
 def shipped_profiles() -> list[str]:
-    folder = resources.files("sim") / "profiles"
+    folder = resources.files("epsim.sim") / "profiles"
     return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
@@ -478,7 +478,7 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
             raise EpsimError(f"hardware profile file not found: {path}")
         where, text = str(path), path.read_text(encoding="utf-8", errors="replace")
     else:
-        shipped = resources.files("sim") / "profiles" / f"{text_name}.json"
+        shipped = resources.files("epsim.sim") / "profiles" / f"{text_name}.json"
         if not shipped.is_file():
             raise EpsimError(
                 f"unknown hardware {text_name!r}: not a shipped profile "

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 from .serving import ServingRun
 

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.config import ModelConfig
-from model.dtypes import bytes_per_element
-from model.eplb import DEFAULT_METHOD, balance_placement, gpu_incidence
-from model.errors import EpsimError
-from model.graph import Batch
-from model.loads import frequencies
-from model.placement import Placement
-from model.plan import ParallelPlan
+from epsim.model.config import ModelConfig
+from epsim.model.dtypes import bytes_per_element
+from epsim.model.eplb import DEFAULT_METHOD, balance_placement, gpu_incidence
+from epsim.model.errors import EpsimError
+from epsim.model.graph import Batch
+from epsim.model.loads import frequencies
+from epsim.model.placement import Placement
+from epsim.model.plan import ParallelPlan
 
 from .hardware import HardwareProfile
 from .step import simulate_step
@@ -46,7 +46,7 @@ LINK_EFFICIENCY = 0.75
 def expert_weight_bytes(model: ModelConfig) -> float:
     """Bytes of one routed expert's weights (gate, up, down; block scales included).
     Example: 44.05e6 for DeepSeek-R1 (FP8 with 128x128 block scales)."""
-    from model.accounting import expert_params
+    from epsim.model.accounting import expert_params
 
     return expert_params(model) * bytes_per_element(model.expert_weight_dtype)
 

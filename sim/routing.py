@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.config import ModelConfig
-from model.errors import EpsimError
-from model.placement import Placement, remap
+from epsim.model.config import ModelConfig
+from epsim.model.errors import EpsimError
+from epsim.model.placement import Placement, remap
 
 SYNTHETIC_SEED = 0
 SYNTHETIC_GROUP_SIGMA = 0.5

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from model import accounting
-from model.config import ModelConfig, load_model
-from model.errors import EpsimError
-from model.plan import ParallelPlan, make_plan
+from epsim.model import accounting
+from epsim.model.config import ModelConfig, load_model
+from epsim.model.errors import EpsimError
+from epsim.model.plan import ParallelPlan, make_plan
 
 from .hardware import HardwareProfile, load_profile
 from .metrics import (
@@ -112,7 +112,7 @@ def simulated_step_model(model: ModelConfig, plan: ParallelPlan, profile: Hardwa
     """The default factory: the step simulator behind the memo."""
     loads = None
     if sc.loads:
-        from model.loads import read_loads
+        from epsim.model.loads import read_loads
         loads = read_loads(sc.loads)
     return SimulatedStepTime(model, plan, profile, loads=loads, eplb=sc.eplb, mode=sc.step_mode,
                              seed=sc.workload.seed)

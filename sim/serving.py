@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 from .workload import Requests
 
@@ -193,7 +193,7 @@ class SimulatedStepTime(MemoStepTime):
     def __init__(self, model: Any, plan: Any, profile: Any, *, loads: Any = None,
                  placement: Any = None, eplb: bool = True, mode: str = "fast", seed: int = 0,
                  per_octave: int = 8) -> None:
-        from model.graph import Batch
+        from epsim.model.graph import Batch
 
         from .step import simulate_step  # the step simulator (sim/step.py)
 

@@ -26,17 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from model.config import ModelConfig
-from model.eplb import balance_placement
-from model.errors import EpsimError
-from model.graph import Batch, OpGraph, build_step_graph
-from model.placement import Placement, contiguous_placement
-from model.plan import ParallelPlan
-from model.trace import TraceEvent
-from sim import cost
-from sim.engine import CATEGORIES, Program, Timeline, plan_steps, run_exact, run_fast
-from sim.hardware import HardwareProfile
-from sim.routing import (
+from epsim.model.config import ModelConfig
+from epsim.model.eplb import balance_placement
+from epsim.model.errors import EpsimError
+from epsim.model.graph import Batch, OpGraph, build_step_graph
+from epsim.model.placement import Placement, contiguous_placement
+from epsim.model.plan import ParallelPlan
+from epsim.model.trace import TraceEvent
+from epsim.sim import cost
+from epsim.sim.engine import CATEGORIES, Program, Timeline, plan_steps, run_exact, run_fast
+from epsim.sim.hardware import HardwareProfile
+from epsim.sim.routing import (
     LOAD_KINDS,
     RoutingSample,
     placed_frequencies,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model.errors import EpsimError, read_json_file
+from epsim.model.errors import EpsimError, read_json_file
 
 DATASETS = ("fixed", "random", "sharegpt-like")
 

@@ -5,7 +5,7 @@ Not a step simulator: ``epsim`` itself always uses ``sim.step.simulate_step``.
 
 from dataclasses import dataclass
 
-from sim.serving import StepCost
+from epsim.sim.serving import StepCost
 
 
 @dataclass

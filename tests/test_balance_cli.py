@@ -2,13 +2,13 @@ import json
 
 import pytest
 
-from model.placement import read_placement
+from epsim.model.placement import read_placement
 
 
-def test_balance_json_keys_and_placement_file(epsim, shared_loads, tmp_path):
+def test_balance_json_keys_and_placement_file(epsim, tmp_path):
     out = tmp_path / "placement.json"
-    r = epsim("balance", "--loads", str(shared_loads / "decode_in2000out100.json"), "--gpus", "8",
-              "--eval", str(shared_loads / "decode_in1000out1000.json"), "--out", str(out),
+    r = epsim("balance", "--loads", "decode_in2000out100", "--gpus", "8",
+              "--eval", "decode_in1000out1000", "--out", str(out),
               "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
@@ -25,7 +25,7 @@ def test_balance_json_keys_and_placement_file(epsim, shared_loads, tmp_path):
     assert placement.slots_per_gpu == 32
 
     # rebalancing on other loads from that placement, at most 8 experts off their GPU
-    r = epsim("balance", "--loads", str(shared_loads / "decode_in1000out1000.json"),
+    r = epsim("balance", "--loads", "decode_in1000out1000",
               "--gpus", "8", "--previous", str(out), "--max-moves", "8", "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
@@ -34,8 +34,8 @@ def test_balance_json_keys_and_placement_file(epsim, shared_loads, tmp_path):
     assert report["imbalance_after"]["mean"] < report["imbalance_before"]["mean"]
 
 
-def test_balance_replicas_and_nodes_text(epsim, shared_loads):
-    r = epsim("balance", "--loads", str(shared_loads / "prefill_in4096.json"), "--gpus", "8",
+def test_balance_replicas_and_nodes_text(epsim):
+    r = epsim("balance", "--loads", "prefill_in4096", "--gpus", "8",
               "--redundant", "32", "--nodes", "2", "--expert-groups", "8")
     assert r.returncode == 0, r.stderr
     assert "8 GPUs x 36 slots" in r.stdout and "lower bound" in r.stdout
@@ -58,10 +58,10 @@ def test_bad_load_files_exit_2(epsim, tmp_path, content, message):
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr
 
 
-def test_eval_file_of_another_shape_exits_2(epsim, shared_loads, tmp_path):
+def test_eval_file_of_another_shape_exits_2(epsim, tmp_path):
     path = tmp_path / "small.json"
     path.write_text(json.dumps({"logical_count": [[1] * 16] * 61}))
-    r = epsim("balance", "--loads", str(shared_loads / "prefill_in2048.json"), "--gpus", "8",
+    r = epsim("balance", "--loads", "prefill_in2048", "--gpus", "8",
               "--eval", str(path))
     assert r.returncode == 2 and "do not match" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibrate import fit as F
-from calibrate.micro import gemm_op
-from calibrate.profile import profile_from_tables, read_tables, table_paths, write_csv_atomic
-from model import EpsimError
-from model.graph import Op
-from sim import cost
-from sim.hardware import load_profile, profile_from_dict
+from epsim.calibrate import fit as F
+from epsim.calibrate.micro import gemm_op
+from epsim.calibrate.profile import profile_from_tables, read_tables, table_paths, write_csv_atomic
+from epsim.model import EpsimError
+from epsim.model.graph import Op
+from epsim.sim import cost
+from epsim.sim.hardware import load_profile, profile_from_dict
 
 KINDS_TRUE = {  # kind: (overhead s, flops factor, bytes factor)
     "gemm": (7e-6, 1.0, 1.0),

@@ -3,8 +3,8 @@ from importlib import resources
 
 import pytest
 
-from model import EpsimError, load_model, param_counts, shipped_models
-from model.accounting import kv_bytes_for_sequence, kv_bytes_per_token
+from epsim.model import EpsimError, load_model, param_counts, shipped_models
+from epsim.model.accounting import kv_bytes_for_sequence, kv_bytes_per_token
 
 
 def test_shipped_models_include_the_named_ones():
@@ -70,7 +70,7 @@ def test_tiny_deepseek_is_deepseek_shaped():
 
 
 def test_load_from_path(tmp_path):
-    src = json.loads((resources.files("model") / "configs" / "mixtral-8x7b.json").read_text())
+    src = json.loads((resources.files("epsim.model") / "configs" / "mixtral-8x7b.json").read_text())
     path = tmp_path / "config.json"
     path.write_text(json.dumps(src))
     assert load_model(str(path)).hidden_size == 4096

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model import EpsimError
-from model.eplb import (
+from epsim.model import EpsimError
+from epsim.model.eplb import (
     BALANCERS,
     balance_placement,
     exact_groups,
@@ -18,8 +18,8 @@ from model.eplb import (
     refine_swaps,
     replicate_experts,
 )
-from model.loads import read_loads
-from model.placement import contiguous_placement, remap
+from epsim.model.loads import read_loads, shipped_loads
+from epsim.model.placement import contiguous_placement, remap
 
 HEURISTICS = ("greedy", "kk", "kk-swap", "greedy-swap", "greedy-swap2")
 
@@ -168,8 +168,7 @@ def test_replicate_experts_hottest_per_replica_first():
 
 @pytest.fixture(scope="module")
 def shared(request):
-    from tests.conftest import SHARED_LOADS
-    return {p.stem: read_loads(p) for p in sorted(SHARED_LOADS.glob("*.json"))}
+    return {name: read_loads(name) for name in shipped_loads()}
 
 
 def test_shared_files_meet_the_targets(shared):

@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 
-from model import EpsimError, load_model
-from model.eplb import balance_placement
-from model.loads import read_loads
-from model.placement import Placement
-from sim.hardware import load_profile
-from sim.rebalance import (
+from epsim.model import EpsimError, load_model
+from epsim.model.eplb import balance_placement
+from epsim.model.loads import read_loads
+from epsim.model.placement import Placement
+from epsim.sim.hardware import load_profile
+from epsim.sim.rebalance import (
     LINK_EFFICIENCY,
     OnlineRebalancer,
     RebalancePolicy,
@@ -73,9 +73,9 @@ def test_rebalancer_interval_window_and_min_gain():
         RebalancePolicy(0, 3)
 
 
-def test_online_rebalancing_follows_a_workload_shift(shared_loads):
-    a = read_loads(shared_loads / "decode_in2000out100.json")
-    b = read_loads(shared_loads / "decode_in1000out1000.json")
+def test_online_rebalancing_follows_a_workload_shift():
+    a = read_loads("decode_in2000out100")
+    b = read_loads("decode_in1000out1000")
     initial = balance_placement(a, 8)
     policy = RebalancePolicy(interval_steps=10, window_steps=10, max_moves=16)
     run = simulate_rebalancing(load_stream([(a, 10), (b, 30)], 512 * 8 * 8, seed=3), initial,
@@ -89,11 +89,11 @@ def test_online_rebalancing_follows_a_workload_shift(shared_loads):
     assert summary["rebalances"] == 4 and summary["move_seconds_total"] > 0
 
 
-def test_timed_rebalancing_charges_the_move_to_its_step(shared_loads):
-    from sim.rebalance import simulate_timed_rebalancing
+def test_timed_rebalancing_charges_the_move_to_its_step():
+    from epsim.sim.rebalance import simulate_timed_rebalancing
 
-    a = read_loads(shared_loads / "prefill_in2048.json")
-    b = read_loads(shared_loads / "decode_in2000out100.json")
+    a = read_loads("prefill_in2048")
+    b = read_loads("decode_in2000out100")
 
     def step_seconds(loads, placement, seed):
         # a stand-in for the per-step simulator: 10 ms times the placement's mean imbalance
@@ -115,15 +115,15 @@ def test_timed_rebalancing_charges_the_move_to_its_step(shared_loads):
     assert s["online_step_ms_max"] > s["online_step_ms_mean"] and s["static_step_ms_mean"] > 10
 
 
-def test_online_eplb_through_the_step_simulator(shared_loads):
-    from model import make_plan
-    from model.graph import Batch
-    from sim.rebalance import simulate_online_eplb
+def test_online_eplb_through_the_step_simulator():
+    from epsim.model import make_plan
+    from epsim.model.graph import Batch
+    from epsim.sim.rebalance import simulate_online_eplb
 
     model = load_model("deepseek-r1")
     plan = make_plan(model, dp=8, ep=8)
-    a = read_loads(shared_loads / "prefill_in2048.json")
-    b = read_loads(shared_loads / "decode_in2000out100.json")
+    a = read_loads("prefill_in2048")
+    b = read_loads("decode_in2000out100")
     run = simulate_online_eplb(model, plan, Batch.prefill(1, 2048), load_profile("mi300x"),
                                [(a, 3), (b, 6)], RebalancePolicy(3, 3, max_moves=16))
     assert run.steps == [2, 5, 8] and len(run.online_step_s) == 9

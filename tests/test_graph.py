@@ -5,8 +5,8 @@ from math import comb
 import networkx as nx
 import pytest
 
-from model import Batch, Fusion, build_step_graph, load_model, make_plan
-from model.graph import KIND_DIMS, OP_KINDS
+from epsim.model import Batch, Fusion, build_step_graph, load_model, make_plan
+from epsim.model.graph import KIND_DIMS, OP_KINDS
 
 R1 = load_model("deepseek-r1")
 B, T = 512, 2000

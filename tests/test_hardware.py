@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from model import EpsimError
-from sim.hardware import load_profile, shipped_profiles
+from epsim.model import EpsimError
+from epsim.sim.hardware import load_profile, shipped_profiles
 
 
 def test_shipped_profiles_carry_design_figures():

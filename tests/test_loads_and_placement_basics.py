@@ -3,18 +3,20 @@ import json
 import numpy as np
 import pytest
 
-from model import EpsimError
-from model.loads import frequencies, moe_layer_rows, read_loads
-from model.placement import Placement, contiguous_placement, read_placement, remap
+from epsim.model import EpsimError
+from epsim.model.loads import frequencies, moe_layer_rows, read_loads, shipped_loads
+from epsim.model.placement import Placement, contiguous_placement, read_placement, remap
 
 
-def test_shared_loads_contiguous_imbalance(shared_loads):
-    for path in sorted(shared_loads.glob("*.json")):
+def test_shipped_loads_contiguous_imbalance():
+    assert shipped_loads() == ["decode_in1000out1000", "decode_in2000out100", "prefill_in2048",
+                               "prefill_in4096"]
+    for path in shipped_loads():
         loads = read_loads(path)
         assert loads.shape == (61, 256)
         assert list(moe_layer_rows(loads)) == list(range(3, 61))
         imb = contiguous_placement(61, 256, 8).imbalance(loads)[3:]
-        # the shared README: the busiest of 8 GPUs carries about 1.7-2.1x the mean
+        # the data README: the busiest of 8 GPUs carries about 1.7-2.1x the mean
         assert 1.6 < np.mean(imb) < 2.2, path.name
         np.testing.assert_allclose(frequencies(loads)[3:].sum(axis=1), 1.0)
 

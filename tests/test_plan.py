@@ -1,6 +1,6 @@
 import pytest
 
-from model import EpsimError, ParallelPlan, load_model, make_plan
+from epsim.model import EpsimError, ParallelPlan, load_model, make_plan
 
 R1 = load_model("deepseek-r1")
 

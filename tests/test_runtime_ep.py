@@ -8,10 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from model.eplb import balance_placement  # noqa: E402
-from model.graph import Batch, build_step_graph  # noqa: E402
-from model.placement import Placement  # noqa: E402
-from runtime import RunOptions, launch_local, validate  # noqa: E402
+from epsim.model.eplb import balance_placement  # noqa: E402
+from epsim.model.graph import Batch, build_step_graph  # noqa: E402
+from epsim.model.placement import Placement  # noqa: E402
+from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
 
 TOL = 1e-4
 

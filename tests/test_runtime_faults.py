@@ -46,7 +46,7 @@ def _free_port() -> int:
 
 
 def _torchrun_like(rank: int, world: int, port: int, *args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO), RANK=str(rank), WORLD_SIZE=str(world),
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world),
                LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     env.pop("EPSIM_RUNTIME_FAULT", None)
     return subprocess.Popen([sys.executable, "-m", "epsim", *args], cwd=REPO, env=env,

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runtime import kernels  # noqa: E402
-from runtime.reference import route_reference  # noqa: E402
+from epsim.runtime import kernels  # noqa: E402
+from epsim.runtime.reference import route_reference  # noqa: E402
 
 
 def test_rms_norm_hand_computed():

@@ -4,11 +4,11 @@ the same op ids on every rank (DESIGN.md section 2.1: an op only one of them kno
 import pytest
 
 pytest.importorskip("torch")
-sim_step = pytest.importorskip("sim.step")  # the simulator's step (lands on main separately)
+sim_step = pytest.importorskip("epsim.sim.step")  # the simulator's step (lands on main separately)
 
-from model.graph import Batch  # noqa: E402
-from runtime import RunOptions, launch_local, validate  # noqa: E402
-from sim.hardware import load_profile  # noqa: E402
+from epsim.model.graph import Batch  # noqa: E402
+from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
+from epsim.sim.hardware import load_profile  # noqa: E402
 
 
 def test_runtime_and_simulator_traces_share_op_ids():

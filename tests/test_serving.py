@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from serving_models import Affine, affine_factory
 
-from model.errors import EpsimError
-from sim.metrics import compute_metrics
-from sim.search import Scenario, StepCache, run_scenario
-from sim.serving import MemoStepTime, ServingConfig, StepCost, grid_bracket, simulate_serving
-from sim.workload import Requests, WorkloadSpec
+from epsim.model.errors import EpsimError
+from epsim.sim.metrics import compute_metrics
+from epsim.sim.search import Scenario, StepCache, run_scenario
+from epsim.sim.serving import MemoStepTime, ServingConfig, StepCost, grid_bracket, simulate_serving
+from epsim.sim.workload import Requests, WorkloadSpec
 
 
 def reqs(n, isl, osl, times=None):

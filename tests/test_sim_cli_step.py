@@ -33,8 +33,8 @@ def test_step_trace_is_chrome_trace_json(epsim, tmp_path):
     assert {"rank 0", "compute", "comm"} <= names
 
 
-def test_step_flags_and_real_loads(epsim, shared_loads):
-    real = str(shared_loads / "decode_in2000out100.json")
+def test_step_flags_and_real_loads(epsim):
+    real = "decode_in2000out100"
     r = epsim(*ARGS, "--loads", real, "--no-eplb", "--no-dbo", "--no-graph", "--kv-dtype",
               "bf16", "--mem-fraction", "0.95", "--json")
     assert r.returncode == 0, r.stderr

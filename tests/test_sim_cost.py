@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from model import Batch, EpsimError, build_step_graph, load_model, make_plan
-from model.graph import Op
-from sim import cost
-from sim.hardware import load_profile, profile_from_dict
+from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_plan
+from epsim.model.graph import Op
+from epsim.sim import cost
+from epsim.sim.hardware import load_profile, profile_from_dict
 
 MI = load_profile("mi300x")
 BW = 5.3e12 * (4.2 / 5.3)  # achievable HBM bytes/s
@@ -155,7 +155,7 @@ def test_profile_without_or_with_bad_efficiency(tmp_path):
 
 
 def test_every_efficiency_number_has_a_source():
-    from sim.hardware import EFFICIENCY_KEYS, shipped_profiles
+    from epsim.sim.hardware import EFFICIENCY_KEYS, shipped_profiles
     for name in shipped_profiles():
         p = load_profile(name)
         assert p.efficiency is not None

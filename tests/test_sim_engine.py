@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine import CATEGORIES, Program, plan_steps, run_exact, run_fast
+from epsim.sim.engine import CATEGORIES, Program, plan_steps, run_exact, run_fast
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
 

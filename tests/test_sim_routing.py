@@ -3,19 +3,19 @@
 import numpy as np
 import pytest
 
-from model import load_model
-from model.eplb import balance_placement
-from model.graph import prob_rank_hit
-from model.loads import hottest_to_mean, read_loads
-from model.placement import Placement, contiguous_placement
-from sim.routing import sample_routing, slot_frequencies, synthetic_loads
+from epsim.model import load_model
+from epsim.model.eplb import balance_placement
+from epsim.model.graph import prob_rank_hit
+from epsim.model.loads import hottest_to_mean, read_loads
+from epsim.model.placement import Placement, contiguous_placement
+from epsim.sim.routing import sample_routing, slot_frequencies, synthetic_loads
 
 R1 = load_model("deepseek-r1")
 
 
-def test_synthetic_loads_match_the_real_deepseek_statistics(shared_loads):
+def test_synthetic_loads_match_the_real_deepseek_statistics():
     syn = synthetic_loads(R1)
-    real = read_loads(shared_loads / "decode_in2000out100.json")
+    real = read_loads("decode_in2000out100")
     assert syn.shape == real.shape == (61, 256)
     assert np.all(syn[:3] == 0) and np.all(syn[3:] > 0)
     # hottest / mean expert: real 5.6-8.1 over the four files; synthetic 5.85
@@ -56,8 +56,8 @@ def test_uniform_routing_dedup_matches_the_hypergeometric_hit_rate():
     assert s.imbalance().mean() < 1.03
 
 
-def test_contiguous_placement_on_real_loads_is_about_2x_busier(shared_loads):
-    real = read_loads(shared_loads / "decode_in2000out100.json")
+def test_contiguous_placement_on_real_loads_is_about_2x_busier():
+    real = read_loads("decode_in2000out100")
     rng = np.random.default_rng(0)
     cont = sample_routing(R1, real, contiguous_placement(61, 256, 8), (512,), 8, rng)
     bal = sample_routing(R1, real, balance_placement(real, 8), (512,), 8, rng)

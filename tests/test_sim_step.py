@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from model import Batch, EpsimError, load_model, make_plan
-from model.loads import read_loads
-from model.placement import contiguous_placement
-from sim.hardware import load_profile, profile_from_dict
-from sim.step import simulate_step
+from epsim.model import Batch, EpsimError, load_model, make_plan
+from epsim.model.loads import read_loads
+from epsim.model.placement import contiguous_placement
+from epsim.sim.hardware import load_profile, profile_from_dict
+from epsim.sim.step import simulate_step
 
 R1 = load_model("deepseek-r1")
 MI = load_profile("mi300x")
@@ -58,13 +58,13 @@ def test_same_seed_same_result(base):
     assert other.rank_ms != base.rank_ms
 
 
-def test_ablations_move_the_way_physics_says(base, shared_loads):
+def test_ablations_move_the_way_physics_says(base):
     # eager launches with a host sync per dispatch: slower
     assert step(graph_mode=False).step_ms > base.step_ms
     # a BF16 KV cache reads twice the bytes and runs BF16 attention math: slower
     assert step(kv_dtype="bf16").step_ms > base.step_ms
     # contiguous placement on the real loads: the busiest GPU has ~1.7-2.1x the expert work
-    real = read_loads(shared_loads / "decode_in2000out100.json")
+    real = read_loads("decode_in2000out100")
     balanced = step(loads=real)
     contiguous = step(loads=real, eplb=False)
     assert balanced.expert_imbalance < 1.1
@@ -151,7 +151,7 @@ def test_bad_inputs_are_one_line_errors():
 
 
 def test_repeated_calls_reuse_the_compiled_graph():
-    from sim import step as step_module
+    from epsim.sim import step as step_module
     plan = make_plan(R1, dp=8, ep=8)
     batch = Batch.decode(77, 300)
     simulate_step(R1, plan, batch, MI)

@@ -1,6 +1,6 @@
 import json
 
-from model.trace import TraceEvent, write_chrome_trace
+from epsim.model.trace import TraceEvent, write_chrome_trace
 
 
 def test_chrome_trace_round_trip(tmp_path):

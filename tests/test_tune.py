@@ -6,8 +6,8 @@ import math
 import pytest
 from serving_models import affine_factory
 
-from model.errors import EpsimError
-from sim.search import (
+from epsim.model.errors import EpsimError
+from epsim.sim.search import (
     Scenario,
     SearchSpace,
     StepCache,
@@ -19,7 +19,7 @@ from sim.search import (
     tune,
     with_slo_metrics,
 )
-from sim.workload import WorkloadSpec
+from epsim.sim.workload import WorkloadSpec
 
 BASE = Scenario(model="deepseek-r1", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=64, isl=1000, osl=30))

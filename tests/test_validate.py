@@ -3,12 +3,13 @@
 error thresholds on this machine's noisy measurements)."""
 
 import json
+from importlib import resources
 
 import numpy as np
 import pytest
 
-from calibrate.micro import CALIBRATION_SHAPES, write_shape_config
-from calibrate.validate import (
+from epsim.calibrate.micro import CALIBRATION_SHAPES, write_shape_config
+from epsim.calibrate.validate import (
     DEFAULT_GRID,
     Case,
     check_disjoint,
@@ -16,8 +17,9 @@ from calibrate.validate import (
     parse_grid,
     read_grid,
     shape_signature,
+    shipped_grids,
 )
-from model import EpsimError, load_model
+from epsim.model import EpsimError, load_model
 from tests.test_calibrate_fit import build, synthetic_tables
 
 
@@ -30,8 +32,16 @@ def test_default_grid_meets_the_acceptance_shape():
     assert {c.model for c in cases} == {"tiny-deepseek", "tiny-deepseek-wide"}
 
 
+def test_shipped_grids_by_name_and_a_file_wins(tmp_path, monkeypatch):
+    assert shipped_grids() == ["cpu", "gpu1"] and DEFAULT_GRID == "cpu"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu").write_text(json.dumps([{"model": "tiny-deepseek", "world_size": 2,
+                                               "batch": 8, "context": 64}]))
+    assert len(read_grid("cpu")) == 1  # the file in the working directory, not the shipped grid
+
+
 def test_gpu_grid_is_single_rank():
-    cases = read_grid(DEFAULT_GRID.parent / "gpu1.json")
+    cases = read_grid("gpu1")
     assert {c.world_size for c in cases} == {1} and {c.dbo for c in cases} == {False, True}
 
 
@@ -77,7 +87,7 @@ def test_calibration_shapes_are_not_the_validated_models(tmp_path):
     # the signature ignores the name: a copy of a shipped config has the same shape
     copy = tmp_path / "copy.json"
     copy.write_text(json.dumps(json.loads(
-        (DEFAULT_GRID.parents[2] / "model" / "configs" / "tiny-deepseek.json").read_text())))
+        (resources.files("epsim.model") / "configs" / "tiny-deepseek.json").read_text())))
     assert shape_signature(load_model(copy)) == shape_signature(load_model("tiny-deepseek"))
 
 

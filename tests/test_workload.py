@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.errors import EpsimError
-from sim.workload import (
+from epsim.model.errors import EpsimError
+from epsim.sim.workload import (
     SHAREGPT_LIKE,
     WorkloadSpec,
     issue_times,

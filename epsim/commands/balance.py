@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from model.eplb import BALANCERS, DEFAULT_METHOD, balance_report
-from model.loads import read_loads
-from model.placement import read_placement
-from model.trace import write_json_atomic
+from epsim.model.eplb import BALANCERS, DEFAULT_METHOD, balance_report
+from epsim.model.loads import read_loads
+from epsim.model.placement import read_placement
+from epsim.model.trace import write_json_atomic
 
-from ..common import emit_json, non_negative_int, positive_int, print_table
+from ..common import emit_json, loads_help, non_negative_int, positive_int, print_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -19,8 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "each, so the GPUs carry equal loads; report the imbalance (max GPU load / mean GPU "
         "load) before and after, and optionally on another load file.",
     )
-    p.add_argument("--loads", required=True, metavar="FILE",
-                   help='load statistics {"logical_count": [layers][experts]} (SGLang format)')
+    p.add_argument("--loads", required=True, metavar="NAME|FILE",
+                   help=loads_help("load statistics to balance (SGLang's format)"))
     p.add_argument("--gpus", required=True, type=positive_int, metavar="G", help="GPUs (EP size)")
     p.add_argument("--nodes", type=positive_int, default=1, metavar="N",
                    help="nodes: place experts on nodes first, then on each node's GPUs")
@@ -35,8 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="with --previous: only swap experts, at most K off their GPU per layer")
     p.add_argument("--method", choices=tuple(BALANCERS), default=DEFAULT_METHOD,
                    help=f"packing algorithm (default {DEFAULT_METHOD})")
-    p.add_argument("--eval", metavar="FILE2",
-                   help="also measure the placement on these loads (held out)")
+    p.add_argument("--eval", metavar="NAME|FILE",
+                   help=loads_help("also measure the placement on these loads (held out)"))
     p.add_argument("--out", metavar="PLACEMENT", help="write the placement JSON here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

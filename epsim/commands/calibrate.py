@@ -9,7 +9,7 @@ import argparse
 import sys
 import time
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 from ..common import emit_json, print_table
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         has_torch = False
     if not has_torch:
         raise EpsimError("epsim calibrate needs torch: pip install 'epsim[runtime]'")
-    from calibrate.profile import calibrate, table_paths
+    from epsim.calibrate.profile import calibrate, table_paths
 
     t0 = time.perf_counter()
     log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))

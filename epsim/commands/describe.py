@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from model import accounting, load_model, make_plan
-from sim.hardware import load_profile
+from epsim.model import accounting, load_model, make_plan
+from epsim.sim.hardware import load_profile
 
 from ..common import (
     add_model_arg,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from model.errors import EpsimError
-from sim.search import parse_disagg, parse_slo, plan_capacity
+from epsim.model.errors import EpsimError
+from epsim.sim.search import parse_disagg, parse_slo, plan_capacity
 
 from ..common import emit_json, positive_float
 from .predict import Progress

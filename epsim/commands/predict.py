@@ -13,17 +13,18 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from model.errors import EpsimError
-from model.trace import TraceEvent, write_chrome_trace
-from sim.metrics import METRICS, parse_percentile_metrics, parse_percentiles, percentile_word
-from sim.search import Scenario, parse_disagg, run_scenario
-from sim.serving import DP_BALANCE
-from sim.workload import DATASETS, WorkloadSpec
+from epsim.model.errors import EpsimError
+from epsim.model.trace import TraceEvent, write_chrome_trace
+from epsim.sim.metrics import METRICS, parse_percentile_metrics, parse_percentiles, percentile_word
+from epsim.sim.search import Scenario, parse_disagg, run_scenario
+from epsim.sim.serving import DP_BALANCE
+from epsim.sim.workload import DATASETS, WorkloadSpec
 
 from ..common import (
     add_model_arg,
     add_plan_args,
     emit_json,
+    loads_help,
     non_negative_int,
     positive_float,
     positive_int,
@@ -80,8 +81,8 @@ def add_serving_args(p: argparse.ArgumentParser, *, lists: bool = False,
     o.add_argument("--kv-dtype", default="fp8", type=str if lists else None,
                    choices=None if lists else ("fp8", "bf16"),
                    help="KV-cache dtype (default fp8)" + many)
-    o.add_argument("--loads", default=None, metavar="FILE",
-                   help="expert load statistics for routing (default: synthetic)")
+    o.add_argument("--loads", default=None, metavar="NAME|FILE",
+                   help=loads_help("expert load statistics for routing (default: synthetic)"))
     o.add_argument("--disagg", default=None, metavar="P:D",
                    help="prefill on P nodes, decode on D nodes (KV shipped over the NIC)")
     o.add_argument("--chunked-prefill-size", type=positive_int, default=8192,

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from model.errors import EpsimError
+from epsim.model.errors import EpsimError
 
 from ..common import add_model_arg, emit_json, positive_int, print_table
 
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if torch_spec is None:
         raise EpsimError("epsim run needs torch: pip install 'epsim[runtime]' (CPU: first "
                          "pip install torch==2.13.0)")
-    from model.trace import write_chrome_trace
-    from runtime import RunOptions, launch_local, run_rank, under_torchrun
+    from epsim.model.trace import write_chrome_trace
+    from epsim.runtime import RunOptions, launch_local, run_rank, under_torchrun
 
     if args.tp not in (None, 1):
         raise EpsimError(f"the runtime runs tp = 1 (DP attention + EP MoE), got --tp {args.tp}")

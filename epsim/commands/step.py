@@ -6,14 +6,14 @@ import argparse
 import time
 from typing import Any
 
-from model import Batch, accounting, load_model, make_plan
-from model.errors import EpsimError
-from model.loads import read_loads
-from model.trace import write_chrome_trace
-from sim.hardware import load_profile
-from sim.step import MODES, simulate_step
+from epsim.model import Batch, accounting, load_model, make_plan
+from epsim.model.errors import EpsimError
+from epsim.model.loads import read_loads
+from epsim.model.trace import write_chrome_trace
+from epsim.sim.hardware import load_profile
+from epsim.sim.step import MODES, simulate_step
 
-from ..common import add_model_arg, add_plan_args, emit_json, positive_int, print_table
+from ..common import add_model_arg, add_plan_args, emit_json, loads_help, positive_int, print_table
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -42,8 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="share of HBM for weights + activations + KV cache (default 0.9); the "
                    "batch's KV cache must fit")
     loads = p.add_mutually_exclusive_group()
-    loads.add_argument("--loads", metavar="FILE",
-                       help="expert loads {\"logical_count\": [layers][experts]} (.json or .pt)")
+    loads.add_argument("--loads", metavar="NAME|FILE",
+                       help=loads_help("expert load statistics for routing (default: synthetic)"))
     loads.add_argument("--uniform", action="store_true",
                        help="uniform routing instead of the synthetic skewed loads")
     p.add_argument("--mode", choices=MODES, default="fast",

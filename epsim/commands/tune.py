@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from model.errors import EpsimError
-from sim.search import SearchSpace, TuneResult, parse_slo, tune
+from epsim.model.errors import EpsimError
+from epsim.sim.search import SearchSpace, TuneResult, parse_slo, tune
 
 from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
 from .predict import Progress, add_serving_args, scenario_from_args

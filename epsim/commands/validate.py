@@ -9,7 +9,8 @@ import argparse
 import sys
 import time
 
-from model.errors import EpsimError
+from epsim.calibrate.validate import DEFAULT_GRID, shipped_grids
+from epsim.model.errors import EpsimError
 
 from ..common import emit_json, positive_int
 
@@ -23,8 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", required=True, metavar="PROFILE",
                    help="a profile JSON (epsim calibrate --out) or a shipped hardware name")
-    p.add_argument("--grid", metavar="FILE", default=None,
-                   help="JSON list of configurations (default: calibrate/grids/cpu.json)")
+    p.add_argument("--grid", metavar="NAME|FILE", default=DEFAULT_GRID,
+                   help="the configurations: a shipped grid (" + ", ".join(shipped_grids())
+                   + f") or a JSON list of them (default: the shipped {DEFAULT_GRID!r})")
     p.add_argument("--steps", type=positive_int, default=6,
                    help="decode steps per case and pass, the first a warm-up (default 6)")
     p.add_argument("--repeats", type=positive_int, default=3,
@@ -37,13 +39,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibrate.validate import DEFAULT_GRID, validate
+    from epsim.calibrate.validate import validate
 
     if args.steps < 2:
         raise EpsimError("--steps must be at least 2 (the first step is a warm-up)")
     t0 = time.perf_counter()
     log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))
-    report = validate(args.profile, args.grid or DEFAULT_GRID, steps=args.steps,
+    report = validate(args.profile, args.grid, steps=args.steps,
                       repeats=args.repeats, device=args.device, plot=args.plot, log=log)
     report["wall_s"] = time.perf_counter() - t0
     if args.json:
