@@ -1,9 +1,9 @@
 """Multi-rank microbenchmarks: the runtime's EP exchange over message sizes, and contention.
 
 ``comm_sweep(world)`` spawns ``world`` local ranks (``python -m calibrate.comm_bench FOLDER
-RANK``, gloo over a file store, one thread each, as ``runtime.launch`` starts them) that measure:
+RANK``, gloo over a file store, one thread each, as ``epsim.runtime.launch`` starts them) that measure:
 
-* ``a2a``: the runtime's own ``runtime.comm.dispatch_dynamic`` and ``combine_dynamic`` (count
+* ``a2a``: the runtime's own ``epsim.runtime.comm.dispatch_dynamic`` and ``combine_dynamic`` (count
   exchange, rows and metadata) over tokens per rank, each issued after ``busy_rounds`` of the
   contention probe (about 1 ms of compute, as a decode step computes between exchanges) and
   timed from issue to the end of its wait, so waiting for peers that are still computing (ranks
@@ -47,7 +47,7 @@ DISPATCH_DTYPE = "fp8_token128"  # model.plan.ParallelPlan's default: what the g
 
 def bytes_per_token(kind: str, hidden: int = A2A_HIDDEN, top_k: int = A2A_TOP_K) -> float:
     """Bytes per token row the op graph charges a dispatch (FP8 rows + metadata) or a combine
-    (bf16 rows), as ``model.graph`` computes them."""
+    (bf16 rows), as ``epsim.model.graph`` computes them."""
     if kind == "dispatch":
         return hidden * bytes_per_element(DISPATCH_DTYPE) + top_k * 8
     return hidden * bytes_per_element("bf16")

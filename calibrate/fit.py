@@ -72,7 +72,7 @@ class ComputeFit:
 
 def with_classes(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``kind`` replaced by the op class the simulator keys fitted figures on
-    (``sim.cost.op_class``: batched GEMMs are ``gemm.batched``)."""
+    (``epsim.sim.cost.op_class``: batched GEMMs are ``gemm.batched``)."""
     if "gemm_batch" not in df or df.empty:
         return df
     batched = (df["kind"] == "gemm") & (df["gemm_batch"].fillna(1) > 1)

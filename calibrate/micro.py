@@ -2,7 +2,7 @@
 
 Two sweeps, each returning a pandas DataFrame with one row per measured op shape:
 
-``op_sweep``   single-rank decode steps (``runtime.executor.RankRuntime.step``, world size 1) of
+``op_sweep``   single-rank decode steps (``epsim.runtime.executor.RankRuntime.step``, world size 1) of
                synthetic DeepSeek-shaped models (``CALIBRATION_SHAPES``) over batch sizes and
                contexts: every op of the step is timed by the executor itself, so the rows cover
                GEMMs at decode's skinny M, MLA decode attention over batch and context, the
@@ -13,7 +13,7 @@ Two sweeps, each returning a pandas DataFrame with one row per measured op shape
                larger than the models', which pins the achievable FLOP/s.
 
 Every row carries the op's graph features (``flops``, ``bytes``, dims) exactly as
-``model.graph.build_step_graph`` computes them, so the fit works in the simulator's terms.
+``epsim.model.graph.build_step_graph`` computes them, so the fit works in the simulator's terms.
 torch is imported inside the functions: importing this module is cheap.
 """
 
@@ -186,7 +186,7 @@ def op_sweep(folder: Path, shapes: Sequence[Shape] = CALIBRATION_SHAPES,
 
 def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 15,
                device: str = "cpu") -> pd.DataFrame:
-    """Time the runtime's GEMM implementation (``runtime.executor.OP_IMPLS["gemm"]``) over an
+    """Time the runtime's GEMM implementation (``epsim.runtime.executor.OP_IMPLS["gemm"]``) over an
     (M, N, K) grid, fp32, one thread on the CPU.
 
     Returns:
@@ -231,7 +231,7 @@ def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 
 
 def gemm_op(m: int, n: int, k: int) -> Op:
     """A graph ``gemm`` op of shape ``[m, k] @ [k, n]`` with bf16 weights, as
-    ``model.graph._StepBuilder.gemm`` builds it (the role ``attn.q_a``: its input is ``h``)."""
+    ``epsim.model.graph._StepBuilder.gemm`` builds it (the role ``attn.q_a``: its input is ``h``)."""
     w, act = 2.0, 2.0
     return Op(id=f"gemm.{m}x{n}x{k}", kind="gemm", name="attn.q_a", layer=0, microbatch=0,
               category="attention", dims={"batch": 1, "m": m, "n": n, "k": k}, dtype="bf16",
@@ -247,7 +247,7 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                 worlds: Sequence[int] = (1, 2, 4), steps: int = 5, rounds: int = 2
                 ) -> pd.DataFrame:
     """The op sweep's configurations again on ``world`` local ranks (EP over all of them, no
-    DBO), through ``runtime.launch.launch_local`` as ``epsim run`` starts them: how much slower
+    DBO), through ``epsim.runtime.launch.launch_local`` as ``epsim run`` starts them: how much slower
     each op runs when it shares the machine with the other ranks and their exchanges (world 1
     in the same way gives the reference).
 

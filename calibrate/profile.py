@@ -110,7 +110,7 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         base: a shipped profile whose communication figures are kept when ``a2a`` is empty.
 
     Returns:
-        A JSON-ready profile dict, checked by ``sim.hardware.profile_from_dict``.
+        A JSON-ready profile dict, checked by ``epsim.sim.hardware.profile_from_dict``.
     """
     ops, steps, ranks, a2a, cont = (tables[t] for t in TABLES)
     # a CPU core computes and moves bytes in turn (sum); a GPU overlaps them (max)

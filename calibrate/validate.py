@@ -7,9 +7,9 @@ A grid file is a JSON list of runtime configurations::
       "context": 256, "dbo": true, "placement": "placement.json"}]
 
 (``ep``, ``dp``, ``dbo``, ``placement`` optional; defaults as ``epsim run``.) Each case runs on
-local ranks through ``runtime.launch.launch_local`` (``epsim run``'s machinery; the cases of one
+local ranks through ``epsim.runtime.launch.launch_local`` (``epsim run``'s machinery; the cases of one
 world size share one launch) with per-op tracing, and the same model, plan, placement and batch
-go through ``sim.step.simulate_step`` under the profile, one simulated step per timed runtime
+go through ``epsim.sim.step.simulate_step`` under the profile, one simulated step per timed runtime
 step (the context grows by one per step, as in the runtime).
 
 Disjointness: a fitted profile lists the configurations its microbenchmarks ran

@@ -2,7 +2,7 @@
 
 Commands live in ``epsim.commands``, one module each with ``add_parser(subparsers)`` and
 ``run(args) -> int``; ``epsim.commands.COMMANDS`` lists them. Every user error is one line on
-stderr and exit status 2 (DESIGN.md section 3).
+stderr and exit status 2 (docs/design.md section 3).
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class ModelConfig:
     family: Hugging Face ``model_type``: ``deepseek_v3``, ``gpt_oss``, ``qwen3_moe``, ``mixtral``.
     num_layers: decoder layers (DeepSeek's MTP layer is not counted: it is a separate draft model).
     dense_intermediate_size: FFN width of the non-MoE layers (0 when every layer is MoE).
-    weight_dtype: storage of the attention/dense linear weights (see ``model.dtypes``).
+    weight_dtype: storage of the attention/dense linear weights (see ``epsim.model.dtypes``).
     expert_weight_dtype: storage of routed and shared expert weights.
     """
 

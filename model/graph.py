@@ -643,7 +643,7 @@ class _StepBuilder:
 
 
 def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> OpGraph:
-    """The op graph of one forward step of one rank (DESIGN.md section 2.1).
+    """The op graph of one forward step of one rank (docs/design.md section 2.1).
 
     Args:
         model: the model.

@@ -1,7 +1,7 @@
-"""epsim's runtime: the op graph executed for real with torch (DESIGN.md section 2.4).
+"""epsim's runtime: the op graph executed for real with torch (docs/design.md section 2.4).
 
 Requires torch (the ``runtime`` extra) in the rank processes; this package's top level and
-``runtime.launch``/``runtime.options`` import it lazily, so a launching parent process stays light.
+``epsim.runtime.launch``/``epsim.runtime.options`` import it lazily, so a launching parent process stays light.
 Depends on ``model`` only, never on ``sim``.
 
     runtime.options    RunOptions and validation (model, plan, placement)

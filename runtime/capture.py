@@ -7,7 +7,7 @@ whole cache buffer with the valid lengths as a tensor) and no host reads inside 
 state the step advances (lengths, next input tokens) is updated in place, so each replay decodes
 the next token. NCCL/RCCL collectives are captured inside the graph.
 
-On the CPU there is nothing to capture: ``runtime.options.validate`` refuses ``capture`` with a
+On the CPU there is nothing to capture: ``epsim.runtime.options.validate`` refuses ``capture`` with a
 one-line error. This path has not been run on a GPU in this project yet (docs/runtime.md);
 ``bench/gpu_decode_step.py`` is the script that exercises it.
 """

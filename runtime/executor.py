@@ -151,7 +151,7 @@ class RankRuntime:
 
     Args:
         opts: the run (see :class:`runtime.options.RunOptions`).
-        model / plan / placement: from ``runtime.options.validate(opts)``.
+        model / plan / placement: from ``epsim.runtime.options.validate(opts)``.
         rank: this rank; group: the EP process group (None: the default group).
     """
 

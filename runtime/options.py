@@ -28,7 +28,7 @@ class RunOptions:
     dbo: two microbatches interleaved by the shared schedule.
     static: static-shape dispatch/combine and MoE (what graph capture needs).
     capture: capture the decode step as a CUDA/HIP graph (needs a GPU; implies static).
-    placement: path of a placement file (``model.placement.read_placement``), None: contiguous.
+    placement: path of a placement file (``epsim.model.placement.read_placement``), None: contiguous.
     kv_dtype: KV-cache storage, ``"fp8"`` (float8_e4m3fn) or ``"bf16"``.
     check: compare every rank's outputs with the dense single-process reference.
     seed: weights, initial tokens and cache contents.

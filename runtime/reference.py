@@ -3,7 +3,7 @@
 Written independently of the executor on purpose: MLA in its plain (non-absorbed) form, with K
 and V expanded per head from the cached latent; routing as a per-token loop over the groups; the
 routed experts as a per-token loop over all logical experts (no placement, no dispatch). It shares
-only the weights, the initial tokens/cache (``runtime.weights``), RMSNorm/RoPE/SiLU primitives and
+only the weights, the initial tokens/cache (``epsim.runtime.weights``), RMSNorm/RoPE/SiLU primitives and
 the KV storage rounding, so a match checks the runtime's absorption, routing, placement remap,
 dispatch/combine and fused-MoE backends.
 """

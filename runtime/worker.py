@@ -1,4 +1,4 @@
-"""``python -m epsim.runtime.worker FOLDER RANK``: one rank spawned by ``runtime.launch.launch_local``."""
+"""``python -m epsim.runtime.worker FOLDER RANK``: one rank spawned by ``epsim.runtime.launch.launch_local``."""
 
 import sys
 

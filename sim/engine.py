@@ -28,7 +28,7 @@ barrier per collective and group, rate changes as events). ``run_fast`` computes
 directly in issue order, vectorised over ranks with numpy, and folds runs of compute ops that wait
 on nothing but the previous op into one step (their fluid progress composes exactly). The fold is
 exact when every collective depends on the op issued just before it, which is how
-``model.graph.build_step_graph`` builds them.
+``epsim.model.graph.build_step_graph`` builds them.
 
 The fast executor's folded runs know only the run's total time, so when comm interference
 stretches a run that mixes categories, the stretch is shared among them in proportion to their own

@@ -12,7 +12,7 @@ percentile ``P`` (``--metric-percentiles``) of each selected metric (``--percent
 Throughputs divide by the benchmark's duration (first send to last token):
 ``request_throughput``, ``output_throughput`` and ``total_token_throughput`` (input + output).
 
-epsim's own (DESIGN.md section 3):
+epsim's own (docs/design.md section 3):
     decode_throughput     tokens produced by pure decode steps / the time those steps took:
                           decode time only, prefill excluded, as the reference report measures
     mean_decode_step_ms   mean duration of the pure decode steps

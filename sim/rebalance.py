@@ -39,7 +39,7 @@ from .hardware import HardwareProfile
 from .step import simulate_step
 
 #: usable share of a link's peak for bulk copies: about 48 of 64 GB/s per xGMI link on MI300X
-#: (DESIGN.md section 4, AMD's "MI300X RCCL xGMI" blog)
+#: (docs/design.md section 4, AMD's "MI300X RCCL xGMI" blog)
 LINK_EFFICIENCY = 0.75
 
 
@@ -151,7 +151,7 @@ class RebalancePolicy:
     window_steps: the loads of this many most recent steps are summed to fit. Example: 200.
     redundant: extra replica slots per layer (kept from the initial placement). Example: 0.
     max_moves: at most this many experts off their GPU per layer per rebalance (None: any).
-    method: the balancer (``model.eplb.BALANCERS``).
+    method: the balancer (``epsim.model.eplb.BALANCERS``).
     min_gain: re-place only when the window's mean imbalance drops by more than this (moving
         weights for a sampling-noise gain is a loss). Example: 0.002.
     """

@@ -1,10 +1,10 @@
 """Per-step expert routing: which GPU's experts each token goes to, sampled from load statistics.
 
 Glossary:
-    loads       ``[layers, experts]`` counts (``model.loads``); dense layers are all-zero rows.
+    loads       ``[layers, experts]`` counts (``epsim.model.loads``); dense layers are all-zero rows.
     frequencies each MoE layer's loads normalised to probabilities.
     pairs       (token, expert) assignments; a token makes ``top_k`` of them per MoE layer.
-    slot        a physical expert place (``model.placement``); GPU ``g`` holds slots
+    slot        a physical expert place (``epsim.model.placement``); GPU ``g`` holds slots
                 ``g * slots_per_gpu ..``.
 
 Sampling model (documented in docs/simulator.md): for every MoE layer, microbatch and source rank,

@@ -1,7 +1,7 @@
 """What users run the serving simulation for: predict one deployment, tune it for SLOs, plan capacity.
 
     Scenario      one deployment + one benchmark (model, hardware, plan options, workload)
-    run_scenario  simulate it -> vLLM-style metrics (``sim.metrics``) plus the deployment echoed
+    run_scenario  simulate it -> vLLM-style metrics (``epsim.sim.metrics``) plus the deployment echoed
     SLO           ``"median_itl_ms<=100,p90_ttft_ms<=5000"``: metric keys of ``compute_metrics``
     tune          every point of a search space (concurrency, DBO, dp/tp split, KV dtype, graph
                   mode); the best one meeting the SLO and the throughput/latency frontier

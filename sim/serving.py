@@ -20,7 +20,7 @@ What is simulated (event by event, one event per step of each engine, not per to
                  the transfer ends. The first token reaches the client when the KV has arrived.
 
 Step times come from a :class:`StepTimeModel`: :class:`SimulatedStepTime` asks the step simulator
-(``sim.step.simulate_step``) for each point of a geometric (batch, context) grid once and
+(``epsim.sim.step.simulate_step``) for each point of a geometric (batch, context) grid once and
 interpolates between grid points, so a several-thousand-request benchmark costs a few dozen step
 simulations.
 """
@@ -185,7 +185,7 @@ def _cost_from_step_result(result: Any) -> StepCost:
 class SimulatedStepTime(MemoStepTime):
     """Step times from the step simulator, memoised on the (batch, context) grid.
 
-    model / plan / profile: what ``sim.step.simulate_step`` simulates.
+    model / plan / profile: what ``epsim.sim.step.simulate_step`` simulates.
     loads / placement / eplb / mode / seed: passed through (expert loads, placement, whether
         EPLB re-places experts, the simulator's mode, the routing seed).
     """

@@ -2,14 +2,14 @@
 
 What happens in a call:
 
-1. the op graph of one rank (``model.graph.build_step_graph``) is compiled into a
+1. the op graph of one rank (``epsim.model.graph.build_step_graph``) is compiled into a
    :class:`sim.engine.Program`: every op's cost-model time (:mod:`sim.cost`), the host's issue
    times (eager) or the graph-replay costs (captured), the collective groups. Compilation is
    memoised per (model, plan, batch, profile), so repeated calls (the serving simulator's) pay
    only for steps 2-4;
 2. this step's routing is sampled (:mod:`sim.routing`): per MoE layer, microbatch and rank a
    multinomial over the load statistics, mapped to GPUs by the placement (balanced by
-   ``model.eplb.balance_placement`` unless ``eplb=False``: then contiguous);
+   ``epsim.model.eplb.balance_placement`` unless ``eplb=False``: then contiguous);
 3. each rank's fused-MoE time follows its own experts' counts, and each dispatch/combine lasts as
    long as its busiest link (traffic matrix from the sampled routing);
 4. the engine runs every rank (:mod:`sim.engine`): ``mode="exact"`` through simpy, ``"fast"`` the
@@ -70,7 +70,7 @@ class StepResult:
     critical_rank: the rank that finished last.
     rank_ms: ``[ranks]`` each rank's end.
     mode / seed: as called.
-    events: per-op trace events (``model.trace.TraceEvent``, op ids = the graph's) when
+    events: per-op trace events (``epsim.model.trace.TraceEvent``, op ids = the graph's) when
         ``trace=True``, else empty.
     """
 
@@ -296,10 +296,10 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     Args:
         model / plan / batch: what runs; ``batch`` is per dp rank (``Batch.decode(512, 2100)``).
         profile: the hardware (with efficiency tables).
-        loads: ``[num_layers, num_experts]`` expert counts (``model.loads.read_loads``); ``None``:
+        loads: ``[num_layers, num_experts]`` expert counts (``epsim.model.loads.read_loads``); ``None``:
             the synthetic distribution ``synthetic`` (``"skewed"`` or ``"uniform"``).
         placement: where the experts sit; ``None``: balanced over the EP GPUs for ``loads``
-            (``model.eplb.balance_placement``), or contiguous when ``eplb=False``.
+            (``epsim.model.eplb.balance_placement``), or contiguous when ``eplb=False``.
         mode: ``"fast"`` or ``"exact"``.
         seed: seeds this step's routing sample; same seed, same result.
         trace: also return per-op trace events of every rank.

@@ -1,5 +1,5 @@
 """The runtime and the simulator run the same op graph: their traces of one configuration have
-the same op ids on every rank (DESIGN.md section 2.1: an op only one of them knows is a bug)."""
+the same op ids on every rank (docs/design.md section 2.1: an op only one of them knows is a bug)."""
 
 import pytest
 

@@ -9,7 +9,7 @@ import pytest
 R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
 SMALL = R1 + ["--isl", "256", "--osl", "8"]
 
-#: the keys DESIGN.md section 3 promises
+#: the keys docs/design.md section 3 promises
 KEYS = ("output_throughput", "total_token_throughput", "request_throughput", "mean_ttft_ms",
         "median_ttft_ms", "p90_ttft_ms", "mean_itl_ms", "median_itl_ms", "p10_itl_ms",
         "p25_itl_ms", "p75_itl_ms", "p90_itl_ms", "mean_tpot_ms", "mean_e2el_ms",

@@ -1,6 +1,6 @@
 """``epsim calibrate``: microbenchmark the device at hand and fit a hardware profile.
 
-The work is in ``calibrate.profile.calibrate``; this module parses, calls and prints.
+The work is in ``epsim.calibrate.profile.calibrate``; this module parses, calls and prints.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``epsim validate``: run the runtime over a grid, simulate the same, compare step times.
 
-The work is in ``calibrate.validate``; this module parses, calls and prints.
+The work is in ``epsim.calibrate.validate``; this module parses, calls and prints.
 """
 
 from __future__ import annotations
