@@ -103,3 +103,16 @@ def test_search_commands_reject_bad_lengths_and_rates_in_one_line(epsim, argv, m
               "--slo", "median_itl_ms<=100")
     assert r.returncode == 2
     assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["predict", "--isl", "200000", "--osl", "100"], "--isl 200000 + --osl 100: 200100 tokens"),
+    (["sweep", "--isl", "1000,163800", "--osl", "100"], "--isl 163800 + --osl 100: 163900 tokens"),
+    (["predict", "--dataset", "random", "--isl", "110000", "--osl", "100",
+      "--random-range-ratio", "0.5"], "165150 tokens"),  # 110000 * 1.5 + 100 * 1.5
+])
+def test_requests_beyond_the_context_are_one_line(epsim, argv, message):
+    r = epsim(*argv, *R1, "--num-prompts", "4", "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "deepseek-r1's context of 163840 tokens (max_position_embeddings" in r.stderr
