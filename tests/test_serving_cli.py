@@ -116,3 +116,30 @@ def test_requests_beyond_the_context_are_one_line(epsim, argv, message):
     assert r.returncode == 2 and r.stdout == ""
     assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "deepseek-r1's context of 163840 tokens (max_position_embeddings" in r.stderr
+
+
+def _flat_keys(obj, prefix=""):
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            yield from _flat_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def test_sweep_csv_has_every_json_key_at_full_precision(epsim, tmp_path):
+    out_csv = tmp_path / "s.csv"
+    rows = _json(epsim("sweep", *SMALL, "--concurrency", "16,32", "--csv", str(out_csv),
+                       "--json"))["results"]
+    with out_csv.open() as f:
+        header, *lines = list(csv.reader(f))
+    assert header == list(_flat_keys(rows[0]))  # every key, in the JSON's order
+    assert len(header) == len(set(header)) > 76  # 76 keys, step_breakdown_ms spread out
+    assert {"model", "hardware", "nodes", "dp", "tp", "ep", "dbo", "eplb", "graph",
+            "step_breakdown_ms.attention", "step_breakdown_ms.moe_experts"} <= set(header)
+    table = [dict(zip(header, line, strict=True)) for line in lines]
+    for row, cells in zip(rows, table, strict=True):
+        # floats read back exactly (no rounding to 2 decimals)
+        assert float(cells["median_itl_ms"]) == row["median_itl_ms"]
+        assert round(row["median_itl_ms"], 2) != row["median_itl_ms"]  # so rounding would show
+        assert float(cells["step_breakdown_ms.attention"]) == row["step_breakdown_ms"]["attention"]
+        assert cells["dbo"] == "true" and cells["disagg"] == "" and cells["model"] == "deepseek-r1"
