@@ -51,8 +51,16 @@ def test_predict_text_and_trace(epsim, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "Output token throughput (tok/s):" in res.stdout
     assert "decode_throughput:" in res.stdout
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
-    assert events and {e["name"].split(".")[1] for e in events} <= {"prefill", "decode", "mixed"}
+    ev = json.loads(trace.read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert sorted(procs.values()) == ["ranks", "requests"]
+    ranks = [e for e in ev if e["ph"] == "X" and procs[e["pid"]] == "ranks"]
+    assert {e["tid"] for e in ranks} == set(range(8))  # one track per dp rank
+    assert {e["name"] for e in ranks} == {"prefill", "decode"}
+    requests = [e for e in ev if e["ph"] == "X" and procs[e["pid"]] == "requests"]
+    assert sorted(e["args"]["request"] for e in requests) == list(range(32))
+    assert {(e["name"], k) for e in ev if e["ph"] == "C" for k in e["args"]} == {
+        ("requests", "running"), ("requests", "queued"), ("KV cache", "use")}
 
 
 def test_sweep_throughput_and_itl_rise_with_concurrency(epsim, tmp_path):
