@@ -19,8 +19,8 @@ Shipped configurations (``model/configs/*.json``) are the Hugging Face files of 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -99,11 +99,15 @@ class ModelConfig:
     """One decoder-only MoE model, as far as cost and memory are concerned.
 
     name: shipped name or the path it was read from.
-    family: Hugging Face ``model_type``: ``deepseek_v3``, ``gpt_oss``, ``qwen3_moe``, ``mixtral``.
+    family: the architecture read: ``deepseek_v3``, ``gpt_oss``, ``qwen3_moe``, ``mixtral`` (a
+        config.json of another ``model_type`` with a known ``architectures`` entry, e.g. Kimi-K2's
+        ``kimi_k2`` / ``DeepseekV3ForCausalLM``, gets its architecture's family).
     num_layers: decoder layers (DeepSeek's MTP layer is not counted: it is a separate draft model).
     dense_intermediate_size: FFN width of the non-MoE layers (0 when every layer is MoE).
     weight_dtype: storage of the attention/dense linear weights (see ``epsim.model.dtypes``).
     expert_weight_dtype: storage of routed and shared expert weights.
+    max_position_embeddings: the longest sequence (prompt + output tokens) the model's positions
+        cover, from config.json; ``None`` when the file does not say. Example: 163840 (R1).
     """
 
     name: str
@@ -119,6 +123,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    max_position_embeddings: int | None = None
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -228,7 +233,10 @@ def _deepseek(cfg: Mapping[str, Any], name: str) -> ModelConfig:
     )
 
 
-def _gqa_attention(cfg: Mapping[str, Any], name: str, layers: int, **extra: Any) -> AttentionConfig:
+def _gqa_attention(cfg: Mapping[str, Any], name: str, layers: int, *,
+                   window_everywhere: bool = False, **extra: Any) -> AttentionConfig:
+    """GQA attention; ``window_everywhere``: without ``layer_types``, a ``sliding_window`` applies
+    to every layer (Mixtral's convention; the others name their sliding layers)."""
     heads = _positive_int(cfg, "num_attention_heads", name)
     hidden = _positive_int(cfg, "hidden_size", name)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
@@ -243,7 +251,7 @@ def _gqa_attention(cfg: Mapping[str, Any], name: str, layers: int, **extra: Any)
         if len(types) != layers:
             raise EpsimError(f"{name}: layer_types has {len(types)} entries for {layers} layers")
         layer_types = tuple("sliding" if "sliding" in str(t) else "full" for t in types)
-    elif window and cfg.get("use_sliding_window", True) and cfg.get("model_type") == "mixtral":
+    elif window and cfg.get("use_sliding_window", True) and window_everywhere:
         layer_types = ("sliding",) * layers
     else:
         layer_types = ("full",) * layers
@@ -332,7 +340,7 @@ def _mixtral(cfg: Mapping[str, Any], name: str) -> ModelConfig:
         hidden_size=_positive_int(cfg, "hidden_size", name),
         num_layers=layers,
         dense_intermediate_size=0,
-        attention=_gqa_attention(cfg, name, layers),
+        attention=_gqa_attention(cfg, name, layers, window_everywhere=True),
         moe=MoEConfig(
             num_experts=_positive_int(cfg, "num_local_experts", name),
             top_k=_positive_int(cfg, "num_experts_per_tok", name),
@@ -348,8 +356,11 @@ def _mixtral(cfg: Mapping[str, Any], name: str) -> ModelConfig:
     )
 
 
-#: Hugging Face model_type -> reader; add a family by registering its reader here.
-CONFIG_READERS = {
+Reader = Callable[[Mapping[str, Any], str], ModelConfig]
+
+#: Hugging Face model_type -> reader; add a family by registering its reader here and its
+#: architecture class below.
+CONFIG_READERS: dict[str, Reader] = {
     "deepseek_v3": _deepseek,
     "deepseek_v2": _deepseek,
     "gpt_oss": _gpt_oss,
@@ -357,25 +368,66 @@ CONFIG_READERS = {
     "mixtral": _mixtral,
 }
 
+#: Hugging Face ``architectures`` class -> reader: the fallback for a file whose model_type is
+#: a derivative's own name on a known architecture (Kimi-K2: ``kimi_k2`` on DeepseekV3ForCausalLM)
+ARCHITECTURE_READERS: dict[str, Reader] = {
+    "DeepseekV3ForCausalLM": _deepseek,
+    "DeepseekV2ForCausalLM": _deepseek,
+    "GptOssForCausalLM": _gpt_oss,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
+    "MixtralForCausalLM": _mixtral,
+}
+
+
+def _reader_for(cfg: Mapping[str, Any], name: str) -> Reader:
+    """The reader of ``cfg``: by ``model_type``, else by its first known ``architectures`` entry."""
+    model_type = cfg.get("model_type")
+    if isinstance(model_type, str) and model_type in CONFIG_READERS:
+        return CONFIG_READERS[model_type]
+    architectures = cfg.get("architectures") or []
+    if isinstance(architectures, str):
+        architectures = [architectures]
+    for arch in architectures if isinstance(architectures, list) else []:
+        if isinstance(arch, str) and arch in ARCHITECTURE_READERS:
+            return ARCHITECTURE_READERS[arch]
+    raise EpsimError(
+        f"{name}: unsupported model_type {model_type!r} with architectures {architectures!r} "
+        f"(supported model types: {', '.join(sorted(CONFIG_READERS))}; architectures: "
+        f"{', '.join(sorted(ARCHITECTURE_READERS))})"
+    )
+
+
+def _context_limit(cfg: Mapping[str, Any], name: str) -> int | None:
+    if cfg.get("max_position_embeddings") is None:
+        return None
+    return _positive_int(cfg, "max_position_embeddings", name)
+
 
 def model_from_hf_config(cfg: Mapping[str, Any], name: str = "config.json") -> ModelConfig:
     """Build a :class:`ModelConfig` from the parsed contents of a Hugging Face ``config.json``."""
     if not isinstance(cfg, Mapping):
         raise EpsimError(f"{name}: config.json must hold a JSON object")
-    model_type = cfg.get("model_type")
-    if model_type not in CONFIG_READERS:
-        raise EpsimError(
-            f"{name}: unsupported model_type {model_type!r} "
-            f"(supported: {', '.join(sorted(CONFIG_READERS))})"
-        )
+    reader = _reader_for(cfg, name)
     try:
-        model = CONFIG_READERS[model_type](cfg, name)
+        model = replace(reader(cfg, name), max_position_embeddings=_context_limit(cfg, name))
     except (TypeError, ValueError, KeyError) as exc:
         if isinstance(exc, EpsimError):
             raise
         raise EpsimError(f"{name}: malformed config.json ({exc})") from None
     _validate(model)
     return model
+
+
+def check_context_length(model: ModelConfig, tokens: int, what: str) -> None:
+    """Refuse a sequence of ``tokens`` positions beyond the model's ``max_position_embeddings``.
+
+    ``what`` says where the length comes from (``"--context 200000"``); the message names the
+    limit. A model whose config.json gives no limit accepts any length.
+    """
+    limit = model.max_position_embeddings
+    if limit is not None and tokens > limit:
+        raise EpsimError(f"{what}: {tokens} tokens exceed {model.name}'s context of {limit} "
+                         "tokens (max_position_embeddings in its config.json)")
 
 
 def _validate(model: ModelConfig) -> None:

@@ -5,6 +5,14 @@ stream. The simulator and the runtime both emit it with the op graph's ids, so t
 one configuration line up op by op. ``write_chrome_trace`` writes the Chrome trace-event JSON
 (``traceEvents``, ``ph: "X"``, ``pid`` = rank, ``tid`` = stream) that Perfetto and
 chrome://tracing open.
+
+Timelines above the op level (the serving simulation's steps and requests) use
+:class:`TrackSlice` (a slice on a named process and thread) and :class:`CounterSample` (a counter
+track, ``ph: "C"``); their processes get the pids after the ranks'.
+
+Times are written in microseconds to ``TS_DECIMALS`` decimals (1 ns). A slice's start and end
+are rounded and its duration is their difference, so slices that were back to back stay back to
+back (rounding start and duration separately made them overlap by 1 ns).
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ from .errors import EpsimError
 
 #: stream name -> Chrome ``tid``
 STREAMS: dict[str, int] = {"compute": 0, "comm": 1, "host": 2}
+
+#: decimals of the microsecond times written: 3 = nanoseconds
+TS_DECIMALS = 3
 
 
 @dataclass(frozen=True)
@@ -51,9 +62,75 @@ class TraceEvent:
         return self.start_us + self.dur_us
 
 
-def to_chrome_trace(events: Iterable[TraceEvent], metadata: Mapping[str, Any] | None = None
+@dataclass(frozen=True)
+class TrackSlice:
+    """One slice on a named track beside the ranks' op streams (a rank's serving step, a request).
+
+    name: what the slice shows. Example: ``"decode"``, ``"request 17"``.
+    process / track: the Perfetto process and thread drawing it. Example: ``"ranks"`` / ``"rank 3"``.
+    track_id: the thread's id inside the process (orders the threads). Example: 3.
+    start_us / end_us: start and end in microseconds (an end, not a duration, so that a slice
+        ending where the next begins is written back to back with it).
+    cat / args: the slice's category and what else it shows.
+    """
+
+    name: str
+    process: str
+    track: str
+    track_id: int
+    start_us: float
+    end_us: float
+    cat: str = ""
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CounterSample:
+    """A counter's values from ``ts_us`` on (Chrome ``ph: "C"``), one series per key; Perfetto
+    names a series "<name> <key>". Example: ``CounterSample("requests", "requests", 1500.0,
+    {"running": 40, "queued": 8})``."""
+
+    name: str
+    process: str
+    ts_us: float
+    values: Mapping[str, float]
+
+
+def _span(start_us: float, end_us: float) -> tuple[float, float]:
+    """(ts, dur) with ts and the end rounded alike, so ``ts + dur`` is exactly the rounded end."""
+    ts, end = round(start_us, TS_DECIMALS), round(end_us, TS_DECIMALS)
+    return ts, round(max(end - ts, 0.0), TS_DECIMALS)
+
+
+def _named_tracks(slices: list[TrackSlice], counters: list[CounterSample], first_pid: int
+                  ) -> list[dict[str, Any]]:
+    """The slices and counters as Chrome events, each named process on its own pid from
+    ``first_pid`` (in order of first appearance), its threads named."""
+    pids: dict[str, int] = {}
+    threads: dict[tuple[int, int], str] = {}
+    out: list[dict[str, Any]] = []
+    for name in [x.process for x in slices] + [c.process for c in counters]:
+        pids.setdefault(name, first_pid + len(pids))
+    out += [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}}
+            for name, pid in pids.items()]
+    for x in slices:
+        threads.setdefault((pids[x.process], x.track_id), x.track)
+    out += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+            for (pid, tid), name in sorted(threads.items())]
+    for x in slices:
+        ts, dur = _span(x.start_us, x.end_us)
+        out.append({"name": x.name, "cat": x.cat, "ph": "X", "pid": pids[x.process],
+                    "tid": x.track_id, "ts": ts, "dur": dur, "args": dict(x.args)})
+    out += [{"name": c.name, "ph": "C", "pid": pids[c.process], "tid": 0,
+             "ts": round(c.ts_us, TS_DECIMALS), "args": dict(c.values)} for c in counters]
+    return out
+
+
+def to_chrome_trace(events: Iterable[TraceEvent], metadata: Mapping[str, Any] | None = None, *,
+                    slices: Iterable[TrackSlice] = (), counters: Iterable[CounterSample] = ()
                     ) -> dict[str, Any]:
-    """The Chrome trace-event object for ``events``."""
+    """The Chrome trace-event object for ``events`` (plus named-track ``slices`` and
+    ``counters``)."""
     events = list(events)
     out: list[dict[str, Any]] = []
     for rank in sorted({e.rank for e in events}):
@@ -65,11 +142,14 @@ def to_chrome_trace(events: Iterable[TraceEvent], metadata: Mapping[str, Any] | 
     for e in events:
         if e.stream not in STREAMS:
             raise ValueError(f"unknown stream {e.stream!r} for {e.op_id}")
+        ts, dur = _span(e.start_us, e.end_us)
         out.append({
             "name": e.op_id, "cat": e.kind, "ph": "X", "pid": e.rank, "tid": STREAMS[e.stream],
-            "ts": round(e.start_us, 3), "dur": round(e.dur_us, 3),
+            "ts": ts, "dur": dur,
             "args": {"layer": e.layer, "microbatch": e.microbatch, **dict(e.args)},
         })
+    first_pid = max((e.rank for e in events), default=-1) + 1
+    out += _named_tracks(list(slices), list(counters), first_pid)
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
 
 
@@ -93,6 +173,9 @@ def write_json_atomic(obj: Any, path: str | os.PathLike[str]) -> None:
 
 
 def write_chrome_trace(events: Iterable[TraceEvent], path: str | os.PathLike[str],
-                       metadata: Mapping[str, Any] | None = None) -> None:
-    """Write ``events`` as Chrome trace-event JSON, whole or not at all."""
-    write_json_atomic(to_chrome_trace(events, metadata), path)
+                       metadata: Mapping[str, Any] | None = None, *,
+                       slices: Iterable[TrackSlice] = (),
+                       counters: Iterable[CounterSample] = ()) -> None:
+    """Write ``events`` (plus ``slices`` and ``counters``) as Chrome trace-event JSON, whole or
+    not at all."""
+    write_json_atomic(to_chrome_trace(events, metadata, slices=slices, counters=counters), path)

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from epsim.model.config import ModelConfig, load_model
+from epsim.model.config import ModelConfig, check_context_length, load_model
 from epsim.model.errors import EpsimError
 from epsim.model.placement import Placement, contiguous_placement, read_placement
 from epsim.model.plan import Fusion, ParallelPlan, make_plan
@@ -93,6 +93,8 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
         value = getattr(opts, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EpsimError(f"{name} must be a positive integer, got {value!r}")
+    # the last decode step attends context + steps - 1 tokens
+    check_context_length(model, opts.context + opts.steps - 1, f"--context {opts.context} + --steps {opts.steps} - 1")
     if opts.world_size > 64:
         raise EpsimError(f"world size {opts.world_size} is too large for local ranks (max 64)")
     if opts.dtype not in DTYPES:

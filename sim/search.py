@@ -35,7 +35,7 @@ from .metrics import (
     METRICS,
     compute_metrics,
 )
-from .serving import ServingConfig, SimulatedStepTime, StepTimeModel, simulate_serving
+from .serving import ServingConfig, ServingRun, SimulatedStepTime, StepTimeModel, simulate_serving
 from .workload import WorkloadSpec, sample_requests
 
 #: builds the step-time model of one side of a deployment (tests pass analytic ones)
@@ -142,12 +142,14 @@ def _calls(models: Iterable[StepTimeModel]) -> int:
 
 
 def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
-                 steps_out: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 steps_out: list[dict[str, Any]] | None = None,
+                 run_out: list[ServingRun] | None = None) -> dict[str, Any]:
     """Simulate one deployment under one benchmark -> metrics plus the deployment echoed.
 
     Steps: load the model and profile; build the decode (and prefill) plans; size the KV cache
     per rank from the memory accounting; sample the requests; run the serving loop; compute the
-    metrics; record the simulation's own wall time as ``sim_wall_s``.
+    metrics; record the simulation's own wall time as ``sim_wall_s``. ``run_out`` receives the
+    :class:`ServingRun` itself.
     """
     t0 = time.perf_counter()
     cache = cache or StepCache()
@@ -185,9 +187,11 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
                                chunked_prefill_size=sc.chunked_prefill_size,
                                dp_balance=sc.dp_balance)
     calls_before = _calls([decode_model, *( [prefill_model] if prefill_model else [])])
-    requests = sample_requests(sc.workload)
+    requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
     run = simulate_serving(requests, config, decode_model, prefill_model,
                            max_concurrency=sc.workload.max_concurrency)
+    if run_out is not None:  # the whole run, for the serving trace (sim.serving_trace)
+        run_out.append(run)
     metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics)
     if steps_out is not None:  # the timeline, for a trace: pid 0 decode/co-located, 1 prefill
         steps_out.extend({"pid": 1 if s.engine == "prefill" else 0, "kind": s.kind,

@@ -268,7 +268,12 @@ class StepRecord:
     decode_tokens / prefill_tokens: tokens produced / prompt tokens processed, all ranks.
     max_seqs / context: the decode batch the step was costed for (busiest rank).
     cost: the decode part's :class:`StepCost` (``None`` without decode).
-    kv_usage: reserved KV share of the decode ranks at the step's start, in [0, 1].
+    kv_usage: reserved KV share of the step's ranks at its start, after admission, in [0, 1]
+        (the decode ranks', or the prefill ranks' for a disaggregated prefill step).
+    rank_prefill_tokens / rank_decode_seqs: per rank of the engine, the prompt tokens it
+        prefilled / the sequences it decoded in this step (a rank does one or the other).
+    running / queued: requests admitted and not finished (holding KV) / sent and waiting for
+        admission, all engines, at the step's start after admission.
     """
 
     engine: str
@@ -281,6 +286,10 @@ class StepRecord:
     context: int
     cost: StepCost | None
     kv_usage: float
+    rank_prefill_tokens: tuple[int, ...] = ()
+    rank_decode_seqs: tuple[int, ...] = ()
+    running: int = 0
+    queued: int = 0
 
 
 @dataclass
@@ -460,6 +469,25 @@ def _decode_batch(st: _State, ids: np.ndarray, ranks: int) -> tuple[int, int]:
     return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs))
 
 
+def _rank_work(chunks: Mapping[int, list[tuple[int, int]]], st: _State, ids: np.ndarray,
+               ranks: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per rank: (prompt tokens prefilled, sequences decoded) in one step."""
+    prefill = tuple(sum(n for _, n in chunks.get(r, ())) for r in range(ranks))
+    decode = np.bincount(st.rank[ids], minlength=ranks) if len(ids) else np.zeros(ranks, int)
+    return prefill, tuple(int(x) for x in decode)
+
+
+class _Occupancy:
+    """Requests admitted (KV reserved) and finished so far, for the steps' running/queued."""
+
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.finished = 0
+
+    def counts(self, sent: int) -> dict[str, int]:
+        return {"running": self.admitted - self.finished, "queued": sent - self.admitted}
+
+
 def _emit_tokens(st: _State, ids: np.ndarray, t: float) -> np.ndarray:
     """One more token for each request in ``ids`` at time ``t``; returns the finished ones."""
     st.itls.append(t - st.last[ids])
@@ -529,10 +557,12 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
     dkv = _KV(dp, config.kv_capacity_tokens)
     running = _Running(dp)
     peak = [0]
+    occ = _Occupancy()
 
     def finish(ids: np.ndarray, t: float) -> None:
         if len(ids):
             np.subtract.at(dkv.used, st.rank[ids], need[ids])
+            occ.finished += len(ids)
             client.finished(ids, t)
 
     if not config.disaggregated:
@@ -545,6 +575,7 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             if not dkv.fits(r, int(need[i])):
                 return False
             dkv.used[r] += need[i]
+            occ.admitted += 1
             return True
 
         def send(i: int, t: float) -> None:
@@ -584,7 +615,8 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             kind = "mixed" if (pre and dec) else ("prefill" if pre else "decode")
             steps.append(StepRecord("colocated", t, dt, kind, len(ids),
                                     sum(n for c in chunks.values() for _, n in c),
-                                    max_seqs, ctx, dec, dkv.usage()))
+                                    max_seqs, ctx, dec, dkv.usage(),
+                                    *_rank_work(chunks, st, ids, dp), **occ.counts(client.next)))
             loop.at(t + dt, lambda t_end: end_step(t_end, chunks, ids))
 
         def end_step(t: float, chunks: dict[int, list[tuple[int, int]]], ids: np.ndarray) -> None:
@@ -626,6 +658,7 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
                 return False
             pkv.used[r] += st.isl[i]
             dkv.used[d] += need[i]
+            occ.admitted += 1
             return True
 
         def send(i: int, t: float) -> None:
@@ -658,7 +691,8 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
                       key=lambda c: c.seconds)
             steps.append(StepRecord("prefill", t, pre.seconds, "prefill", 0,
                                     sum(n for c in chunks.values() for _, n in c), 0, 0, None,
-                                    pkv.usage()))
+                                    pkv.usage(), *_rank_work(chunks, st, np.zeros(0, int), pdp),
+                                    **occ.counts(client.next)))
             loop.at(t + pre.seconds, lambda t_end: end_prefill(t_end, chunks))
 
         def end_prefill(t: float, chunks: dict[int, list[tuple[int, int]]]) -> None:
@@ -700,7 +734,8 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             peak[0] = max(peak[0], max_seqs)
             dec = decode_model.decode(max_seqs, ctx)
             steps.append(StepRecord("decode", t, dec.seconds, "decode", len(ids), 0, max_seqs,
-                                    ctx, dec, dkv.usage()))
+                                    ctx, dec, dkv.usage(), *_rank_work({}, st, ids, dp),
+                                    **occ.counts(client.next)))
             loop.at(t + dec.seconds, lambda t_end: end_decode(t_end, ids))
 
         def end_decode(t: float, ids: np.ndarray) -> None:

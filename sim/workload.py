@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from epsim.model.config import ModelConfig, check_context_length
 from epsim.model.errors import EpsimError, read_json_file
 
 DATASETS = ("fixed", "random", "sharegpt-like")
@@ -141,11 +142,16 @@ class Requests:
         return len(self.input_lens)
 
 
+def random_length_range(length: int, ratio: float, minimum: int = 1) -> tuple[int, int]:
+    """The lengths the random dataset draws from: ``[floor(L(1-r)), ceil(L(1+r))]`` -> (low, high)."""
+    low = max(minimum, math.floor(length * (1.0 - ratio)))
+    return low, max(low, math.ceil(length * (1.0 + ratio)))
+
+
 def random_lengths(rng: np.random.Generator, n: int, length: int, ratio: float,
                    minimum: int = 1) -> np.ndarray:
-    """``n`` integer lengths uniform over ``[floor(L(1-r)), ceil(L(1+r))]`` (vLLM's rule) -> (n,)."""
-    low = max(minimum, math.floor(length * (1.0 - ratio)))
-    high = max(low, math.ceil(length * (1.0 + ratio)))
+    """``n`` integer lengths uniform over ``random_length_range`` (vLLM's rule) -> (n,)."""
+    low, high = random_length_range(length, ratio, minimum)
     return rng.integers(low, high + 1, size=n, dtype=np.int64)
 
 
@@ -245,9 +251,41 @@ def issue_times(rng: np.random.Generator, n: int, rate: float, burstiness: float
     return np.cumsum(gaps)
 
 
-def sample_requests(spec: WorkloadSpec) -> Requests:
-    """Draw the benchmark's requests from ``spec`` (deterministic in ``spec.seed``)."""
+def max_request_tokens(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE) -> int:
+    """The longest prompt + output the dataset can produce, whatever the seed.
+
+    fixed: ``isl + osl``; random: the top of both ranges; sharegpt-like (synthetic or a file):
+    the ShareGPT filter's total cap, which every kept pair stays under.
+    """
+    if spec.dataset == "fixed":
+        return spec.isl + spec.osl
+    if spec.dataset == "random":
+        return (random_length_range(spec.isl, spec.random_range_ratio)[1]
+                + random_length_range(spec.osl, spec.random_range_ratio)[1])
+    return params.max_total_len
+
+
+def _check_context(spec: WorkloadSpec, model: ModelConfig) -> None:
+    longest = max_request_tokens(spec)
+    if spec.dataset == "fixed":
+        what = f"--isl {spec.isl} + --osl {spec.osl}"
+    elif spec.dataset == "random":
+        what = (f"the random dataset's longest request (--isl {spec.isl} + --osl {spec.osl} at "
+                f"range ratio {spec.random_range_ratio:g})")
+    else:
+        what = "the sharegpt-like dataset's longest request (its filter's total cap)"
+    check_context_length(model, longest, what)
+
+
+def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Requests:
+    """Draw the benchmark's requests from ``spec`` (deterministic in ``spec.seed``).
+
+    With ``model``, a dataset that can produce a request longer than the model's context
+    (``max_position_embeddings``) is refused before anything is drawn.
+    """
     spec.validate()
+    if model is not None:
+        _check_context(spec, model)
     rng = np.random.default_rng(spec.seed)
     n = spec.num_prompts
     if spec.dataset == "fixed":

@@ -64,3 +64,12 @@ def test_python_dash_m_entry(epsim):
     assert json.loads(r.stdout)["moe_layers"] == 2
     bad = epsim("describe", "--model", "nope")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_describe_kimi_k2_config_file(epsim):
+    """A config.json of another model_type on DeepSeek-V3's architecture (Kimi-K2)."""
+    r = epsim("describe", "--model", "tests/data/kimi-k2-config.json", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["family"] == "deepseek_v3" and d["experts"] == 384 and d["moe_layers"] == 60
+    assert d["total_params"] == 1_026_408_232_448  # about 1.03e12, Moonshot's "1T"

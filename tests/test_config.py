@@ -1,10 +1,14 @@
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
-from epsim.model import EpsimError, load_model, param_counts, shipped_models
+from epsim.model import EpsimError, load_model, model_from_hf_config, param_counts, shipped_models
 from epsim.model.accounting import kv_bytes_for_sequence, kv_bytes_per_token
+from epsim.model.config import check_context_length
+
+KIMI_K2 = Path(__file__).parent / "data" / "kimi-k2-config.json"
 
 
 def test_shipped_models_include_the_named_ones():
@@ -81,6 +85,7 @@ def test_load_from_path(tmp_path):
     ("{not json", "malformed"),
     ('{"model_type": "deepseek_v3"}', "lacks required key"),
     ('{"model_type": "llama"}', "unsupported model_type"),
+    ('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}', "architectures"),
     ("[1, 2]", "JSON object"),
 ])
 def test_bad_config_files(tmp_path, content, message):
@@ -93,3 +98,44 @@ def test_bad_config_files(tmp_path, content, message):
 def test_unknown_name():
     with pytest.raises(EpsimError, match="unknown model 'nope'"):
         load_model("nope")
+
+
+def test_kimi_k2_is_read_by_its_architecture():
+    """Kimi-K2's model_type is its own (kimi_k2); its DeepseekV3ForCausalLM architecture picks
+    the DeepSeek reader."""
+    m = load_model(str(KIMI_K2))
+    assert json.loads(KIMI_K2.read_text())["model_type"] == "kimi_k2"
+    assert m.family == "deepseek_v3" and m.attention.kind == "mla"
+    assert m.moe.num_experts == 384 and m.moe.top_k == 8 and m.moe.num_shared_experts == 1
+    assert len(m.moe_layers) == 60 and m.dense_layers == (0,)
+    assert m.attention.num_heads == 64 and (m.moe.n_group, m.moe.topk_group) == (1, 1)
+    assert m.max_position_embeddings == 131072 and m.weight_dtype == "fp8_block128"
+    c = param_counts(m)
+    # Moonshot's model card: 1T total (1.03e12 counted), 32B activated
+    assert abs(c.total / 1.03e12 - 1) < 0.005
+    assert abs(c.activated_per_token / 32e9 - 1) < 0.02
+    assert c.routed_experts == 384 * 60 * 3 * 7168 * 2048
+
+
+def test_model_type_wins_over_architectures():
+    cfg = json.loads((resources.files("epsim.model") / "configs" / "mixtral-8x7b.json").read_text())
+    # an unknown model_type falls back on the architecture, a known one is read as itself
+    assert model_from_hf_config({**cfg, "model_type": "my_mixtral"}).family == "mixtral"
+    with pytest.raises(EpsimError, match="unsupported model_type 'my_mixtral'"):
+        model_from_hf_config({**cfg, "model_type": "my_mixtral", "architectures": ["Nope"]})
+
+
+def test_context_limit_is_read_and_enforced():
+    r1 = load_model("deepseek-r1")
+    assert r1.max_position_embeddings == 163840
+    check_context_length(r1, 163840, "a request")  # exactly the limit fits
+    with pytest.raises(EpsimError, match=r"163841 tokens exceed deepseek-r1's context of 163840 "
+                       r"tokens \(max_position_embeddings"):
+        check_context_length(r1, 163841, "a request")
+    cfg = json.loads((resources.files("epsim.model") / "configs" / "tiny-deepseek.json").read_text())
+    cfg.pop("max_position_embeddings")
+    unlimited = model_from_hf_config(cfg)
+    assert unlimited.max_position_embeddings is None
+    check_context_length(unlimited, 10**9, "a request")  # no limit given, none enforced
+    with pytest.raises(EpsimError, match="max_position_embeddings must be a positive integer"):
+        model_from_hf_config({**cfg, "max_position_embeddings": 0})

@@ -33,6 +33,9 @@ def test_json_has_the_promised_keys_and_checks_against_the_reference(epsim, tmp_
     (["--model", "deepseek-x"], "unknown model"),
     (["--world-size", "3"], "ep 3 does not divide the 16 experts"),
     (["--trace", "/nonexistent/dir/t.json"], "does not exist"),
+    # tiny-deepseek's max_position_embeddings is 4096: the last step would attend 4097 tokens
+    (["--context", "4090", "--steps", "8"], "--context 4090 + --steps 8 - 1: 4097 tokens exceed "
+     "tiny-deepseek's context of 4096 tokens (max_position_embeddings"),
 ])
 def test_bad_input_is_one_line_and_exit_2(epsim, args, message):
     pytest.importorskip("torch")
@@ -70,3 +73,13 @@ def test_gpu_decode_step_script_runs_its_cpu_path_and_says_it_needs_a_gpu():
     assert out.stdout.startswith("CPU self-check (static eager")
     assert out.stderr.strip() == ("gpu_decode_step: no CUDA/ROCm device: the captured step "
                                   "needs a GPU")
+
+
+def test_options_up_to_the_context_limit_validate():
+    from epsim.model.errors import EpsimError
+    from epsim.runtime.options import RunOptions, validate
+    opts = RunOptions(model="tiny-deepseek", world_size=2, batch=2, context=4090, steps=7)
+    model, _, _ = validate(opts)  # the last step attends 4096 tokens: exactly the limit
+    assert model.max_position_embeddings == 4096
+    with pytest.raises(EpsimError, match="4097 tokens exceed"):
+        validate(opts.with_(steps=8))

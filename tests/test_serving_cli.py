@@ -51,8 +51,16 @@ def test_predict_text_and_trace(epsim, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "Output token throughput (tok/s):" in res.stdout
     assert "decode_throughput:" in res.stdout
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
-    assert events and {e["name"].split(".")[1] for e in events} <= {"prefill", "decode", "mixed"}
+    ev = json.loads(trace.read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert sorted(procs.values()) == ["ranks", "requests"]
+    ranks = [e for e in ev if e["ph"] == "X" and procs[e["pid"]] == "ranks"]
+    assert {e["tid"] for e in ranks} == set(range(8))  # one track per dp rank
+    assert {e["name"] for e in ranks} == {"prefill", "decode"}
+    requests = [e for e in ev if e["ph"] == "X" and procs[e["pid"]] == "requests"]
+    assert sorted(e["args"]["request"] for e in requests) == list(range(32))
+    assert {(e["name"], k) for e in ev if e["ph"] == "C" for k in e["args"]} == {
+        ("requests", "running"), ("requests", "queued"), ("KV cache", "use")}
 
 
 def test_sweep_throughput_and_itl_rise_with_concurrency(epsim, tmp_path):
@@ -103,3 +111,43 @@ def test_search_commands_reject_bad_lengths_and_rates_in_one_line(epsim, argv, m
               "--slo", "median_itl_ms<=100")
     assert r.returncode == 2
     assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["predict", "--isl", "200000", "--osl", "100"], "--isl 200000 + --osl 100: 200100 tokens"),
+    (["sweep", "--isl", "1000,163800", "--osl", "100"], "--isl 163800 + --osl 100: 163900 tokens"),
+    (["predict", "--dataset", "random", "--isl", "110000", "--osl", "100",
+      "--random-range-ratio", "0.5"], "165150 tokens"),  # 110000 * 1.5 + 100 * 1.5
+])
+def test_requests_beyond_the_context_are_one_line(epsim, argv, message):
+    r = epsim(*argv, *R1, "--num-prompts", "4", "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "deepseek-r1's context of 163840 tokens (max_position_embeddings" in r.stderr
+
+
+def _flat_keys(obj, prefix=""):
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            yield from _flat_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def test_sweep_csv_has_every_json_key_at_full_precision(epsim, tmp_path):
+    out_csv = tmp_path / "s.csv"
+    rows = _json(epsim("sweep", *SMALL, "--concurrency", "16,32", "--csv", str(out_csv),
+                       "--json"))["results"]
+    with out_csv.open() as f:
+        header, *lines = list(csv.reader(f))
+    assert header == list(_flat_keys(rows[0]))  # every key, in the JSON's order
+    assert len(header) == len(set(header)) > 76  # 76 keys, step_breakdown_ms spread out
+    assert {"model", "hardware", "nodes", "dp", "tp", "ep", "dbo", "eplb", "graph",
+            "step_breakdown_ms.attention", "step_breakdown_ms.moe_experts"} <= set(header)
+    table = [dict(zip(header, line, strict=True)) for line in lines]
+    for row, cells in zip(rows, table, strict=True):
+        # floats read back exactly (no rounding to 2 decimals)
+        assert float(cells["median_itl_ms"]) == row["median_itl_ms"]
+        assert round(row["median_itl_ms"], 2) != row["median_itl_ms"]  # so rounding would show
+        assert float(cells["step_breakdown_ms.attention"]) == row["step_breakdown_ms"]["attention"]
+        assert cells["dbo"] == "true" and cells["disagg"] == "" and cells["model"] == "deepseek-r1"

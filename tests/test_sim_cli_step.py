@@ -72,3 +72,11 @@ def test_step_runs_without_torch():
     r = run_without_torch(*ARGS[:-4], "--batch", "32", "--context", "1000", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["step_ms"] > 0
+
+
+def test_step_context_beyond_the_model_is_one_line(epsim):
+    r = epsim(*ARGS[:-2], "--context", "163841", "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "--context 163841" in r.stderr and "max_position_embeddings" in r.stderr
+    assert "163840" in r.stderr

@@ -8,11 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epsim.model import load_model
 from epsim.model.errors import EpsimError
 from epsim.sim.workload import (
     SHAREGPT_LIKE,
     WorkloadSpec,
     issue_times,
+    max_request_tokens,
     random_lengths,
     sample_requests,
 )
@@ -104,3 +106,31 @@ def test_poisson_gaps_have_the_rate():
 def test_bad_workloads_name_the_value(spec, match):
     with pytest.raises(EpsimError, match=match):
         spec.validate()
+
+
+def test_max_request_tokens_bounds_every_draw():
+    fixed = WorkloadSpec(num_prompts=5, isl=2000, osl=100)
+    assert max_request_tokens(fixed) == 2100
+    rnd = WorkloadSpec(dataset="random", num_prompts=3000, isl=1000, osl=10,
+                       random_range_ratio=0.5, seed=1)
+    assert max_request_tokens(rnd) == 1500 + 15
+    r = sample_requests(rnd)
+    assert (r.input_lens + r.output_lens).max() <= 1515
+    assert r.input_lens.max() == 1500  # the top of the range is drawn: the bound is tight
+    share = WorkloadSpec(dataset="sharegpt-like", num_prompts=100)
+    assert max_request_tokens(share) == SHAREGPT_LIKE.max_total_len == 2048
+
+
+@pytest.mark.parametrize("spec, longest", [
+    (WorkloadSpec(num_prompts=2, isl=4000, osl=97), 4097),
+    (WorkloadSpec(dataset="random", num_prompts=2, isl=3000, osl=100, random_range_ratio=0.4),
+     4200 + 140),
+])
+def test_requests_beyond_the_context_are_refused(spec, longest):
+    tiny = load_model("tiny-deepseek")  # max_position_embeddings 4096
+    with pytest.raises(EpsimError, match=f"{longest} tokens exceed tiny-deepseek's context of "
+                       "4096 tokens"):
+        sample_requests(spec, tiny)
+    assert len(sample_requests(WorkloadSpec(num_prompts=2, isl=4000, osl=96), tiny)) == 2
+    # the sharegpt-like filter caps a request at 2048 tokens: it always fits
+    assert len(sample_requests(WorkloadSpec(dataset="sharegpt-like", num_prompts=4), tiny)) == 4

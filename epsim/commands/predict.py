@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.model.trace import TraceEvent, write_chrome_trace
 from epsim.sim.metrics import METRICS, parse_percentile_metrics, parse_percentiles, percentile_word
 from epsim.sim.search import Scenario, parse_disagg, run_scenario
-from epsim.sim.serving import DP_BALANCE
+from epsim.sim.serving import DP_BALANCE, ServingRun
+from epsim.sim.serving_trace import write_serving_trace
 from epsim.sim.workload import DATASETS, WorkloadSpec
 
 from ..common import (
@@ -206,15 +206,6 @@ def print_result(r: Mapping[str, Any]) -> None:
     print("=" * 60)
 
 
-def write_trace(run_steps: list[Mapping[str, Any]], path: str, meta: Mapping[str, Any]) -> None:
-    events = [TraceEvent(op_id=f"step{n}.{s['kind']}", kind=s["kind"], rank=s["pid"],
-                         stream="compute", start_us=s["start_s"] * 1e6, dur_us=s["seconds"] * 1e6,
-                         args={k: s[k] for k in ("decode_tokens", "prefill_tokens", "max_seqs",
-                                                 "context", "kv_usage")})
-              for n, s in enumerate(run_steps)]
-    write_chrome_trace(events, path, meta)
-
-
 # --------------------------------------------------------------------------------------------
 # The command
 # --------------------------------------------------------------------------------------------
@@ -228,16 +219,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "step times from the step simulator. Prints vLLM's metrics plus decode-only throughput.")
     add_serving_args(p)
     p.add_argument("--trace", metavar="OUT", default=None,
-                   help="write the serving timeline (one event per step) as Chrome trace JSON")
+                   help="write the serving timeline as Chrome trace JSON: a track per rank, "
+                   "running/queued requests and KV-cache use, a slice per request")
     p.set_defaults(run=run)
 
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
     sc = scenario_from_args(args)
-    steps: list[dict[str, Any]] = []
-    result = run_scenario(sc, steps_out=steps if args.trace else None)
+    runs: list[ServingRun] = []
+    result = run_scenario(sc, run_out=runs if args.trace else None)
     if args.trace:
-        write_trace(steps, args.trace, {"model": result["model"], "hardware": result["hardware"]})
+        write_serving_trace(runs[0], args.trace,
+                            {"model": result["model"], "hardware": result["hardware"]})
     return result
 
 

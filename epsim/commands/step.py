@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from epsim.model import Batch, accounting, load_model, make_plan
+from epsim.model.config import check_context_length
 from epsim.model.errors import EpsimError
 from epsim.model.loads import read_loads
 from epsim.model.trace import write_chrome_trace
@@ -56,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     model = load_model(args.model)
+    check_context_length(model, args.context, f"--context {args.context}")
     profile = load_profile(args.hardware)
     plan = make_plan(model, nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node or profile.gpus_per_node,

@@ -6,6 +6,7 @@ import argparse
 import csv
 import io
 import itertools
+import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -17,13 +18,6 @@ from epsim.sim.search import StepCache, run_scenario
 
 from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
 from .predict import Progress, add_serving_args, scenario_from_args
-
-#: columns of the table and the CSV, in order
-COLUMNS = ("max_concurrency", "request_rate", "isl", "osl", "kv_dtype", "completed",
-           "output_throughput", "decode_throughput", "total_token_throughput",
-           "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
-           "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "mean_tpot_ms", "median_e2el_ms",
-           "mean_decode_step_ms", "expert_imbalance", "kv_cache_usage", "sim_wall_s")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -62,13 +56,39 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level with dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _csv_cell(value: Any) -> str:
+    """A JSON value as a CSV cell, losing nothing: floats as ``repr`` (they read back exactly),
+    booleans and lists as JSON spells them, ``None`` empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool | list | tuple):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
 def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> None:
-    """The sweep as CSV (``COLUMNS``), written whole or not at all."""
+    """The sweep as CSV: one column per key of the points' JSON (nested keys dotted, e.g.
+    ``step_breakdown_ms.attention``), in the JSON's order; written whole or not at all."""
+    flat = [flatten(r) for r in rows]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(COLUMNS)
-    for r in rows:
-        w.writerow([_cell(r.get(c)) for c in COLUMNS])
+    w.writerow(columns)
+    for r in flat:
+        w.writerow([_csv_cell(r.get(c)) for c in columns])
     target = Path(path)
     if not target.parent.exists():
         raise EpsimError(f"cannot write {target}: folder {target.parent} does not exist")
