@@ -7,18 +7,10 @@ import pytest
 from serving_models import affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.search import (
-    Scenario,
-    SearchSpace,
-    StepCache,
-    apply_point,
-    pareto_frontier,
-    parse_slo,
-    plan_capacity,
-    run_scenario,
-    tune,
-    with_slo_metrics,
-)
+from epsim.sim.capacity import plan_capacity
+from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.slo import parse_slo, with_slo_metrics
+from epsim.sim.tune import SearchSpace, apply_point, pareto_frontier, tune
 from epsim.sim.workload import WorkloadSpec
 
 BASE = Scenario(model="deepseek-r1", hardware="mi300x",

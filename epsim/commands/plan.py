@@ -6,7 +6,9 @@ import argparse
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.search import parse_disagg, parse_slo, plan_capacity
+from epsim.sim.capacity import plan_capacity
+from epsim.sim.scenario import parse_disagg
+from epsim.sim.slo import parse_slo
 
 from ..common import emit_json, positive_float
 from .predict import Progress

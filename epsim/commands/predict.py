@@ -1,7 +1,7 @@
 """``epsim predict``: one deployment under one ``vllm bench serve``-style benchmark.
 
 Also holds what ``sweep``, ``tune`` and ``plan`` share: the serving arguments, turning them into a
-:class:`sim.search.Scenario`, and the stderr progress bar.
+:class:`epsim.sim.scenario.Scenario`, and the stderr progress bar.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.trace import TraceEvent, write_chrome_trace
 from epsim.sim.metrics import METRICS, parse_percentile_metrics, parse_percentiles, percentile_word
-from epsim.sim.search import Scenario, parse_disagg, run_scenario
+from epsim.sim.scenario import Scenario, parse_disagg, run_scenario
 from epsim.sim.serving import DP_BALANCE
 from epsim.sim.workload import DATASETS, WorkloadSpec
 

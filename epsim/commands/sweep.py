@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.search import StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
 
 from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
 from .predict import Progress, add_serving_args, scenario_from_args

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.search import SearchSpace, TuneResult, parse_slo, tune
+from epsim.sim.slo import parse_slo
+from epsim.sim.tune import SearchSpace, TuneResult, tune
 
 from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
 from .predict import Progress, add_serving_args, scenario_from_args
