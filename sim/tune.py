@@ -100,7 +100,7 @@ def _point_row(point: Mapping[str, Any], result: Mapping[str, Any], slo: SLO) ->
     return row
 
 
-def tune(base: Scenario, slo: SLO, space: SearchSpace, *, objective: str = "output_throughput",
+def tune(base: Scenario, slo: SLO, space: SearchSpace, *, objective: str = OBJECTIVES[0],
          num_prompts: int | None = None, cache: StepCache | None = None,
          progress: Callable[[int, int], None] | None = None) -> TuneResult:
     """Evaluate every point of ``space``; the best meeting ``slo`` and the frontier.

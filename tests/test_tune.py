@@ -156,7 +156,7 @@ class _Tty:
 @pytest.mark.parametrize("tty, enabled, shown", [(True, True, True), (False, True, False),
                                                   (True, False, False)])
 def test_progress_bar_only_on_a_terminal_without_json(monkeypatch, tty, enabled, shown):
-    from epsim.commands.predict import Progress
+    from epsim.common import Progress
 
     fake = _Tty(tty)
     monkeypatch.setattr("sys.stderr", fake)

@@ -15,8 +15,16 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import StepCache, run_scenario
 
-from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
-from .predict import Progress, add_serving_args, scenario_from_args
+from ..common import (
+    Progress,
+    add_scenario_args,
+    comma_list,
+    emit_json,
+    kv_dtype,
+    positive_int,
+    request_rate,
+    scenario_from_args,
+)
 
 #: columns of the table and the CSV, in order
 COLUMNS = ("max_concurrency", "request_rate", "isl", "osl", "kv_dtype", "completed",
@@ -31,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sweep", help="predict over comma lists of concurrency, rate, lengths, KV dtype",
         description="Run predict for every combination of the comma lists given (e.g. "
         "--concurrency 1024,2048,3072,4096); print a table, or write --csv / --plot.")
-    add_serving_args(p, lists=True)
+    add_scenario_args(p, lists=True)
     p.add_argument("--csv", metavar="OUT", default=None, help="write the results as CSV")
     p.add_argument("--plot", metavar="OUT.png", default=None,
                    help="plot output throughput against median ITL, one point per concurrency "
