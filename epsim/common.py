@@ -402,8 +402,3 @@ def human_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise EpsimError(message)

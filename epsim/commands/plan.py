@@ -22,7 +22,7 @@ from ..common import (
 )
 
 
-def parse_prices(text: str | None, hardware: list[str]) -> dict[str, float] | None:
+def parse_prices(text: str | None) -> dict[str, float] | None:
     """``"2.5"`` (every hardware) or ``"mi300x=2.1,h200=3.7"`` -> {hardware: USD per GPU-hour}."""
     if not text:
         return None
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         layouts.append(parse_disagg(args.disagg))
     if not layouts:
         raise EpsimError("--no-colocated needs --disagg-splits")
-    prices = parse_prices(args.gpu_hour_usd, hardware)
+    prices = parse_prices(args.gpu_hour_usd)
     base = search_base_from_args(args.__class__(**{**vars(args), "disagg": None}), hardware[0])
     bar = Progress("plan", enabled=not args.json)
     try:

@@ -8,7 +8,7 @@ import io
 import itertools
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def sweep(args: argparse.Namespace, progress=None) -> list[dict[str, Any]]:
+def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None = None
+          ) -> list[dict[str, Any]]:
     grid = list(itertools.product(
         comma_list(args.concurrency, positive_int, "concurrency"),
         comma_list(args.request_rate, request_rate, "request-rate"),
