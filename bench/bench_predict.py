@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from epsim.sim.search import Scenario, StepCache, run_scenario  # noqa: E402
+from epsim.sim.scenario import Scenario, StepCache, run_scenario  # noqa: E402
 from epsim.sim.workload import WorkloadSpec  # noqa: E402
 
 

@@ -32,9 +32,6 @@ COMPUTE_KINDS = ("gemm", "gemm.batched", "grouped_gemm", "attention_decode", "at
                  "router", "elementwise", "embedding", "lm_head", "sample")
 
 
-ROOFLINES = ("max", "sum")
-
-
 @dataclass(frozen=True)
 class ComputeFit:
     """The fitted compute model.

@@ -93,3 +93,14 @@ def test_no_module_level_torch(package):
         for module, line, module_level in _imports(path, package):
             if module.split(".")[0] == "torch" and module_level:
                 pytest.fail(f"{path.relative_to(REPO)}:{line} imports torch at module level")
+
+
+def test_commands_import_no_other_command():
+    """What commands share lives in epsim.common, so a command never imports another one."""
+    commands = REPO / "epsim" / "commands"
+    for path in sorted(commands.glob("*.py")):
+        for module, line, _ in _imports(path, "epsim"):
+            other = module.removeprefix("epsim.commands.")
+            if other != module and other != path.stem:
+                pytest.fail(f"{path.relative_to(REPO)}:{line} imports {module}: "
+                            "move what they share to epsim/common.py")

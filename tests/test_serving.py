@@ -10,7 +10,7 @@ from serving_models import Affine, affine_factory
 
 from epsim.model.errors import EpsimError
 from epsim.sim.metrics import compute_metrics
-from epsim.sim.search import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import Scenario, StepCache, run_scenario
 from epsim.sim.serving import MemoStepTime, ServingConfig, StepCost, grid_bracket, simulate_serving
 from epsim.sim.workload import Requests, WorkloadSpec
 

@@ -7,18 +7,10 @@ import pytest
 from serving_models import affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.search import (
-    Scenario,
-    SearchSpace,
-    StepCache,
-    apply_point,
-    pareto_frontier,
-    parse_slo,
-    plan_capacity,
-    run_scenario,
-    tune,
-    with_slo_metrics,
-)
+from epsim.sim.capacity import plan_capacity
+from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.slo import parse_slo, with_slo_metrics
+from epsim.sim.tune import SearchSpace, apply_point, pareto_frontier, tune
 from epsim.sim.workload import WorkloadSpec
 
 BASE = Scenario(model="deepseek-r1", hardware="mi300x",
@@ -164,7 +156,7 @@ class _Tty:
 @pytest.mark.parametrize("tty, enabled, shown", [(True, True, True), (False, True, False),
                                                   (True, False, False)])
 def test_progress_bar_only_on_a_terminal_without_json(monkeypatch, tty, enabled, shown):
-    from epsim.commands.predict import Progress
+    from epsim.common import Progress
 
     fake = _Tty(tty)
     monkeypatch.setattr("sys.stderr", fake)

@@ -6,14 +6,23 @@ import argparse
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.search import parse_disagg, parse_slo, plan_capacity
+from epsim.sim.capacity import plan_capacity
+from epsim.sim.scenario import parse_disagg
+from epsim.sim.slo import parse_slo
 
-from ..common import emit_json, positive_float
-from .predict import Progress
-from .tune import add_space_args, base_from_args, print_rows, space_from_args
+from ..common import (
+    DEFAULT_SEARCH_HARDWARE,
+    Progress,
+    add_search_args,
+    emit_json,
+    positive_float,
+    print_columns,
+    search_base_from_args,
+    search_space_from_args,
+)
 
 
-def parse_prices(text: str | None, hardware: list[str]) -> dict[str, float] | None:
+def parse_prices(text: str | None) -> dict[str, float] | None:
     """``"2.5"`` (every hardware) or ``"mi300x=2.1,h200=3.7"`` -> {hardware: USD per GPU-hour}."""
     if not text:
         return None
@@ -37,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "hardware for the SLO, then size the deployment to the target output throughput.")
     p.add_argument("--target-output-throughput", type=positive_float, required=True,
                    metavar="TOK_S", help="output tokens/s the deployment must serve")
-    add_space_args(p)
+    add_search_args(p)
     p.add_argument("--disagg-splits", default=None, metavar="P:D,...",
                    help="prefill:decode node splits to try as units (e.g. 1:1,1:2)")
     p.add_argument("--no-colocated", action="store_true",
@@ -49,8 +58,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
-    space = space_from_args(args)
-    hardware = [h.strip() for h in (args.hardware or "mi300x").split(",") if h.strip()]
+    space = search_space_from_args(args)
+    hardware = [h.strip() for h in (args.hardware or DEFAULT_SEARCH_HARDWARE).split(",") if h.strip()]
     layouts: list[tuple[int, int] | None] = [] if args.no_colocated else [None]
     if args.disagg_splits:
         layouts += [parse_disagg(s) for s in args.disagg_splits.split(",")]
@@ -58,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         layouts.append(parse_disagg(args.disagg))
     if not layouts:
         raise EpsimError("--no-colocated needs --disagg-splits")
-    prices = parse_prices(args.gpu_hour_usd, hardware)
-    base = base_from_args(args.__class__(**{**vars(args), "disagg": None}), hardware[0])
+    prices = parse_prices(args.gpu_hour_usd)
+    base = search_base_from_args(args.__class__(**{**vars(args), "disagg": None}), hardware[0])
     bar = Progress("plan", enabled=not args.json)
     try:
         plans = plan_capacity(base, slo, args.target_output_throughput, space,
@@ -90,5 +99,5 @@ def run(args: argparse.Namespace) -> int:
             "$/Mtok": c.usd_per_million_output_tokens
             if c.usd_per_million_output_tokens is not None else "-",
         })
-    print_rows(rows, list(rows[0]))
+    print_columns(rows, list(rows[0]))
     return 0

@@ -1,158 +1,16 @@
-"""``epsim predict``: one deployment under one ``vllm bench serve``-style benchmark.
-
-Also holds what ``sweep``, ``tune`` and ``plan`` share: the serving arguments, turning them into a
-:class:`sim.search.Scenario`, and the stderr progress bar.
-"""
+"""``epsim predict``: one deployment under one ``vllm bench serve``-style benchmark."""
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-from epsim.model.errors import EpsimError
-from epsim.sim.metrics import METRICS, parse_percentile_metrics, parse_percentiles, percentile_word
-from epsim.sim.search import Scenario, parse_disagg, run_scenario
-from epsim.sim.serving import DP_BALANCE, ServingRun
+from epsim.sim.scenario import run_scenario
+from epsim.sim.serving import ServingRun
 from epsim.sim.serving_trace import write_serving_trace
-from epsim.sim.workload import DATASETS, WorkloadSpec
 
-from ..common import (
-    add_model_arg,
-    add_plan_args,
-    emit_json,
-    loads_help,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    request_rate,
-)
-
-# --------------------------------------------------------------------------------------------
-# Shared arguments
-# --------------------------------------------------------------------------------------------
-
-
-def add_serving_args(p: argparse.ArgumentParser, *, lists: bool = False,
-                     hardware_required: bool = True) -> None:
-    """The arguments of a deployment plus a benchmark (``lists``: comma lists where sweepable)."""
-    many = " (comma list)" if lists else ""
-    add_model_arg(p)
-    p.add_argument("--hardware", required=hardware_required, metavar="H",
-                   help="hardware profile name or path (e.g. mi300x)")
-    add_plan_args(p)
-    p.set_defaults(nodes=None)  # None: 1, or P + D under --disagg
-    g = p.add_argument_group("benchmark (vllm bench serve semantics)")
-    g.add_argument("--concurrency", "--max-concurrency", dest="concurrency",
-                   type=str if lists else positive_int, default=None, metavar="C",
-                   help="closed loop: requests in flight at most" + many)
-    g.add_argument("--request-rate", type=str if lists else request_rate, default="inf" if lists
-                   else math.inf, metavar="R",
-                   help="open loop: requests/s, Poisson arrivals, or inf (default)" + many)
-    g.add_argument("--burstiness", type=positive_float, default=1.0,
-                   help="gamma shape of inter-arrival gaps (1: Poisson)")
-    g.add_argument("--num-prompts", type=non_negative_int, default=None, metavar="N",
-                   help="requests in the benchmark (default: the concurrency, else 1000)")
-    g.add_argument("--dataset", "--dataset-name", dest="dataset", choices=DATASETS,
-                   default=None, help="request lengths (default: fixed with --isl, else "
-                   "sharegpt-like)")
-    g.add_argument("--isl", "--random-input-len", dest="isl", type=str if lists else positive_int,
-                   default=None, metavar="I", help="input tokens" + many)
-    g.add_argument("--osl", "--random-output-len", dest="osl",
-                   type=str if lists else positive_int, default=None, metavar="O",
-                   help="output tokens (exact, as under --ignore-eos)" + many)
-    g.add_argument("--random-range-ratio", type=float, default=0.0, metavar="r",
-                   help="random dataset: lengths uniform in [L(1-r), L(1+r)] (default 0)")
-    g.add_argument("--dataset-path", default=None, metavar="FILE",
-                   help="a local ShareGPT JSON for --dataset sharegpt-like")
-    g.add_argument("--seed", type=int, default=0, help="seeds requests and routing (default 0)")
-    g.add_argument("--metric-percentiles", default=",".join(
-        percentile_word(p) for p in (10, 25, 50, 75, 90, 99)),
-        help="percentiles reported (default 10,25,50,75,90,99)")
-    g.add_argument("--percentile-metrics", default=",".join(METRICS),
-                   help=f"metrics with percentiles (default {','.join(METRICS)})")
-    o = p.add_argument_group("execution options")
-    o.add_argument("--no-dbo", action="store_true", help="one microbatch (no dual-batch overlap)")
-    o.add_argument("--no-eplb", action="store_true", help="contiguous expert placement")
-    o.add_argument("--no-graph", action="store_true", help="eager launches (no graph replay)")
-    o.add_argument("--kv-dtype", default="fp8", type=str if lists else None,
-                   choices=None if lists else ("fp8", "bf16"),
-                   help="KV-cache dtype (default fp8)" + many)
-    o.add_argument("--loads", default=None, metavar="NAME|FILE",
-                   help=loads_help("expert load statistics for routing (default: synthetic)"))
-    o.add_argument("--disagg", default=None, metavar="P:D",
-                   help="prefill on P nodes, decode on D nodes (KV shipped over the NIC)")
-    o.add_argument("--chunked-prefill-size", type=positive_int, default=8192,
-                   help="prompt tokens one rank prefills per step (default 8192)")
-    o.add_argument("--dp-balance", choices=DP_BALANCE, default="round_robin",
-                   help="how requests are spread over dp ranks (default round_robin)")
-    o.add_argument("--mem-fraction", type=float, default=0.9,
-                   help="share of HBM for weights + activations + KV (default 0.9)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
-    """A :class:`Scenario` from parsed arguments (``override`` replaces single values)."""
-    v = {**vars(args), **override}
-    isl, osl = v["isl"], v["osl"]
-    dataset = v["dataset"] or ("fixed" if isl is not None else "sharegpt-like")
-    if dataset == "fixed" and isl is not None and osl is None:
-        raise EpsimError("--isl needs --osl")
-    conc = v["concurrency"]
-    n = v["num_prompts"]
-    if n is None:
-        n = conc if conc is not None else 1000
-    if n == 0:
-        raise EpsimError("num-prompts must be a positive integer, got 0")
-    workload = WorkloadSpec(
-        dataset=dataset, num_prompts=n, isl=isl, osl=osl,
-        random_range_ratio=v["random_range_ratio"], max_concurrency=conc,
-        request_rate=v["request_rate"], burstiness=v["burstiness"],
-        dataset_path=v["dataset_path"], seed=v["seed"]).validate()
-    return Scenario(
-        model=v["model"], hardware=v["hardware"], workload=workload, nodes=v["nodes"],
-        gpus_per_node=v["gpus_per_node"], dp=v["dp"], tp=v["tp"], ep=v["ep"],
-        dbo=not v["no_dbo"], eplb=not v["no_eplb"], graph=not v["no_graph"],
-        kv_dtype=v["kv_dtype"], loads=v["loads"],
-        disagg=parse_disagg(v["disagg"]) if v["disagg"] else None,
-        chunked_prefill_size=v["chunked_prefill_size"], dp_balance=v["dp_balance"],
-        mem_fraction=v["mem_fraction"],
-        percentiles=parse_percentiles(v["metric_percentiles"]),
-        percentile_metrics=parse_percentile_metrics(v["percentile_metrics"]),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Progress bar
-# --------------------------------------------------------------------------------------------
-
-
-class Progress:
-    """A one-line progress bar on stderr; silent under --json or when stderr is not a terminal."""
-
-    def __init__(self, label: str, enabled: bool, width: int = 30) -> None:
-        self.label, self.width = label, width
-        self.enabled = enabled and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
-        self._shown = False
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total <= 0:
-            return
-        fill = round(self.width * done / total)
-        sys.stderr.write(f"\r{self.label} [{'#' * fill}{'.' * (self.width - fill)}] "
-                         f"{done}/{total}")
-        sys.stderr.flush()
-        self._shown = True
-
-    def close(self) -> None:
-        if self._shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self._shown = False
-
+from ..common import add_scenario_args, emit_json, scenario_from_args
 
 # --------------------------------------------------------------------------------------------
 # Output
@@ -217,7 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Simulate a benchmark (vllm bench serve semantics) against a deployment: "
         "continuous batching per dp rank, KV-cache admission, chunked or disaggregated prefill, "
         "step times from the step simulator. Prints vLLM's metrics plus decode-only throughput.")
-    add_serving_args(p)
+    add_scenario_args(p)
     p.add_argument("--trace", metavar="OUT", default=None,
                    help="write the serving timeline as Chrome trace JSON: a track per rank, "
                    "running/queued requests and KV-cache use, a slice per request")

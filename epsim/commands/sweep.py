@@ -9,15 +9,23 @@ import itertools
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.search import StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
 
-from ..common import comma_list, emit_json, kv_dtype, positive_int, request_rate
-from .predict import Progress, add_serving_args, scenario_from_args
+from ..common import (
+    Progress,
+    add_scenario_args,
+    comma_list,
+    emit_json,
+    kv_dtype,
+    positive_int,
+    request_rate,
+    scenario_from_args,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sweep", help="predict over comma lists of concurrency, rate, lengths, KV dtype",
         description="Run predict for every combination of the comma lists given (e.g. "
         "--concurrency 1024,2048,3072,4096); print a table, or write --csv / --plot.")
-    add_serving_args(p, lists=True)
+    add_scenario_args(p, lists=True)
     p.add_argument("--csv", metavar="OUT", default=None, help="write the results as CSV")
     p.add_argument("--plot", metavar="OUT.png", default=None,
                    help="plot output throughput against median ITL, one point per concurrency "
@@ -33,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def sweep(args: argparse.Namespace, progress=None) -> list[dict[str, Any]]:
+def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None = None
+          ) -> list[dict[str, Any]]:
     grid = list(itertools.product(
         comma_list(args.concurrency, positive_int, "concurrency"),
         comma_list(args.request_rate, request_rate, "request-rate"),

@@ -1,0 +1,153 @@
+"""Capacity planning: how many deployment units serve a target output throughput within an SLO.
+
+    unit      the replica a deployment is built of: ``unit_nodes`` co-located nodes, or a
+              ``(P, D)`` prefill:decode split; tuned per hardware for the SLO (``sim.tune``)
+    per node  the unit's output tok/s divided by its nodes: how units are compared
+    units     independent replicas, so ``ceil(target / unit throughput)`` of them
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from epsim.model.errors import EpsimError
+
+from .scenario import Scenario, StepCache
+from .slo import SLO
+from .tune import SearchSpace, tune
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """How many deployment units serve a target output throughput.
+
+    hardware: the profile. unit: the tuned unit's row (its config and metrics).
+    unit_nodes / prefill_nodes_per_unit / decode_nodes_per_unit: one unit's node counts.
+    units / nodes / prefill_nodes / decode_nodes / gpus: the whole deployment.
+    per_node_output_throughput: the unit's output tok/s divided by its nodes.
+    served_output_throughput: units x the unit's output tok/s (>= the target).
+    gpu_hour_usd / cost_per_hour_usd / usd_per_million_output_tokens: with a GPU price.
+    """
+
+    hardware: str
+    target_output_throughput: float
+    unit: dict[str, Any]
+    unit_nodes: int
+    prefill_nodes_per_unit: int
+    decode_nodes_per_unit: int
+    units: int
+    nodes: int
+    prefill_nodes: int
+    decode_nodes: int
+    gpus: int
+    per_node_output_throughput: float
+    served_output_throughput: float
+    gpu_hour_usd: float | None = None
+    cost_per_hour_usd: float | None = None
+    usd_per_million_output_tokens: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def units_needed(target: float, unit_throughput: float) -> int:
+    """The fewest units whose summed throughput reaches ``target``."""
+    if unit_throughput <= 0:
+        raise EpsimError("the deployment unit has no throughput")
+    return max(1, math.ceil(target / unit_throughput - 1e-9))
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """The best unit of one hardware: its tuned row and its prefill / decode node counts."""
+
+    per_node: float
+    row: dict[str, Any]
+    prefill_nodes: int
+    decode_nodes: int
+
+
+@dataclass
+class _Progress:
+    """Points done over every hardware x layout x point, reported through ``report``."""
+
+    total: int
+    report: Callable[[int, int], None] | None
+    done: int = 0
+
+    def tick(self, _n: int = 0, _of: int = 0) -> None:
+        self.done += 1
+        if self.report:
+            self.report(self.done, self.total)
+
+
+def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
+               unit_layouts: Sequence[tuple[int, int] | None], unit_nodes: int,
+               num_prompts: int | None, cache: StepCache, progress: _Progress) -> _Unit | None:
+    """The layout of ``hw`` with the highest per-node throughput meeting the SLO, if any."""
+    best: _Unit | None = None
+    for layout in unit_layouts:
+        sc = base.with_(hardware=hw, disagg=layout, nodes=None if layout else unit_nodes)
+        start = progress.done
+        try:
+            res = tune(sc, slo, space, num_prompts=num_prompts, cache=cache,
+                       progress=progress.tick)
+        except EpsimError:  # this hardware/layout cannot run at all (e.g. weights too big)
+            progress.done = start + space.size()
+            continue
+        if res.best is None:
+            continue
+        p, d = layout if layout else (0, unit_nodes)
+        per_node = res.best["output_throughput"] / (p + d)
+        if best is None or per_node > best.per_node:
+            best = _Unit(per_node, res.best, p, d)
+    return best
+
+
+def _size(hw: str, unit: _Unit, target: float, price: float | None) -> CapacityPlan:
+    """The deployment of ``unit`` replicas serving ``target``, priced when ``price`` is known."""
+    row, p, d = unit.row, unit.prefill_nodes, unit.decode_nodes
+    units = units_needed(target, row["output_throughput"])
+    gpn = row["gpus_per_node"]
+    nodes = units * (p + d)
+    cost = nodes * gpn * price if price is not None else None
+    return CapacityPlan(
+        hardware=hw, target_output_throughput=target, unit=row, unit_nodes=p + d,
+        prefill_nodes_per_unit=p, decode_nodes_per_unit=d, units=units, nodes=nodes,
+        prefill_nodes=units * p, decode_nodes=units * d, gpus=nodes * gpn,
+        per_node_output_throughput=unit.per_node,
+        served_output_throughput=units * row["output_throughput"],
+        gpu_hour_usd=price, cost_per_hour_usd=cost,
+        usd_per_million_output_tokens=(cost / (target * 3600) * 1e6) if cost is not None
+        else None)
+
+
+def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *,
+                  hardware: Sequence[str], unit_layouts: Sequence[tuple[int, int] | None],
+                  unit_nodes: int = 1, gpu_hour_usd: Mapping[str, float] | None = None,
+                  num_prompts: int | None = None, cache: StepCache | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> list[CapacityPlan]:
+    """One :class:`CapacityPlan` per hardware that can meet the SLO, cheapest (or fewest nodes)
+    first.
+
+    A unit is ``unit_nodes`` co-located nodes (layout ``None``) or a ``(P, D)`` prefill/decode
+    split. Units are independent replicas, so ``units = ceil(target / unit throughput)``.
+    ``gpu_hour_usd``: USD per GPU-hour by hardware name, ``"*"`` for any other.
+    """
+    if not target > 0 or not math.isfinite(target):
+        raise EpsimError(f"target output throughput must be a positive number, got {target}")
+    cache = cache or StepCache()
+    prices = gpu_hour_usd or {}
+    bar = _Progress(len(hardware) * len(unit_layouts) * space.size(), progress)
+    plans: list[CapacityPlan] = []
+    for hw in hardware:
+        unit = _best_unit(base, slo, space, hw, unit_layouts, unit_nodes, num_prompts, cache,
+                          bar)
+        if unit is not None:
+            plans.append(_size(hw, unit, target, prices.get(hw, prices.get("*"))))
+    plans.sort(key=lambda c: (c.cost_per_hour_usd if c.cost_per_hour_usd is not None else 0.0,
+                              c.nodes))
+    return plans

@@ -1,0 +1,254 @@
+"""One deployment under one benchmark, simulated: what ``predict`` and ``sweep`` run.
+
+    Scenario       one deployment + one benchmark (model, hardware, plan options, workload)
+    side           co-located serving has one side (every node prefills and decodes);
+                   disaggregated serving (``disagg=(P, D)``) has a prefill side of P nodes that
+                   ships each prompt's KV cache over the NIC to a decode side of D nodes
+    run_scenario   simulate it -> vLLM-style metrics (``sim.metrics``) plus the deployment echoed
+    StepCache      step-time models shared between runs, keyed by everything a step depends on,
+                   so a sweep over concurrencies simulates each (batch, context) grid point once
+
+A :class:`StepCache` has an owner, never a module: whoever creates it (one ``sweep``, ``tune`` or
+``plan`` call, or ``run_scenario`` itself when given none) keeps it, and it is freed with them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from epsim.model import accounting
+from epsim.model.config import ModelConfig, load_model
+from epsim.model.errors import EpsimError
+from epsim.model.plan import ParallelPlan, make_plan
+
+from .hardware import HardwareProfile, load_profile
+from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
+from .serving import (
+    ServingConfig,
+    ServingRun,
+    SimulatedStepTime,
+    StepTimeModel,
+    simulate_serving,
+)
+from .workload import WorkloadSpec, sample_requests
+
+#: builds the step-time model of one side of a deployment (tests pass analytic ones)
+StepModelFactory = Callable[[ModelConfig, ParallelPlan, HardwareProfile, "Scenario"], StepTimeModel]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One deployment under one benchmark.
+
+    model / hardware: shipped names or paths. Example: ``"deepseek-r1"`` / ``"mi300x"``.
+    nodes / gpus_per_node / dp / tp / ep: the plan (``make_plan`` fills what is ``None``); with
+        ``disagg`` they describe the decode side.
+    dbo / eplb / graph / kv_dtype: execution options (DBO = two microbatches).
+    loads: a load-statistics file for the step simulator's routing (``None``: synthetic).
+    disagg: ``(prefill_nodes, decode_nodes)`` or ``None`` (prefill co-located).
+    chunked_prefill_size / dp_balance / mem_fraction: scheduling and memory options.
+    workload: the benchmark (``WorkloadSpec``).
+    percentiles / percentile_metrics: what ``compute_metrics`` reports.
+    step_mode: the step simulator's mode.
+    """
+
+    model: str
+    hardware: str
+    workload: WorkloadSpec
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+    ep: int | None = None
+    dbo: bool = True
+    eplb: bool = True
+    graph: bool = True
+    kv_dtype: str = "fp8"
+    loads: str | None = None
+    disagg: tuple[int, int] | None = None
+    chunked_prefill_size: int = 8192
+    dp_balance: str = "round_robin"
+    mem_fraction: float = 0.9
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
+    step_mode: str = "fast"
+
+    def with_(self, **changes: Any) -> Scenario:
+        return replace(self, **changes)
+
+
+def parse_disagg(text: str) -> tuple[int, int]:
+    """``"1:2"`` -> ``(1, 2)``: prefill nodes, decode nodes (each at least 1)."""
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text or "")
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise EpsimError(f"--disagg must be P:D with positive node counts (e.g. 1:1), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+# --------------------------------------------------------------------------------------------
+# The sides' plans
+# --------------------------------------------------------------------------------------------
+
+
+def _plan_options(sc: Scenario) -> dict[str, Any]:
+    """What both sides' plans take from the scenario's execution options."""
+    return dict(microbatches=2 if sc.dbo else 1, kv_dtype=sc.kv_dtype, graph_mode=sc.graph,
+                mem_fraction=sc.mem_fraction)
+
+
+def _decode_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int) -> ParallelPlan:
+    """The decode (or co-located) side: the scenario's own dp/tp/ep."""
+    return make_plan(model, nodes=nodes, gpus_per_node=gpn, dp=sc.dp, tp=sc.tp, ep=sc.ep,
+                     **_plan_options(sc))
+
+
+def _prefill_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int) -> ParallelPlan:
+    """The prefill side keeps the decode side's tp and EP/TP-MoE choice over its own GPUs."""
+    tp = sc.tp or 1
+    world = nodes * gpn
+    if world % tp:
+        raise EpsimError(f"tp {tp} does not divide the prefill side's {world} GPUs")
+    ep = world if (sc.ep is None and world // tp > 1) or (sc.ep or 0) > 1 else 1
+    return make_plan(model, nodes=nodes, gpus_per_node=gpn, tp=tp, ep=ep, **_plan_options(sc))
+
+
+def _node_split(sc: Scenario) -> tuple[int, int]:
+    """(prefill nodes, decode nodes); co-located serving has no prefill side (0)."""
+    if not sc.disagg:
+        return 0, sc.nodes or 1
+    p_nodes, d_nodes = sc.disagg
+    if sc.nodes is not None and sc.nodes != p_nodes + d_nodes:
+        raise EpsimError(f"--disagg {p_nodes}:{d_nodes} needs {p_nodes + d_nodes} nodes but "
+                         f"--nodes is {sc.nodes}")
+    return p_nodes, d_nodes
+
+
+# --------------------------------------------------------------------------------------------
+# The step-time cache
+# --------------------------------------------------------------------------------------------
+
+
+def simulated_step_model(model: ModelConfig, plan: ParallelPlan, profile: HardwareProfile,
+                         sc: Scenario) -> StepTimeModel:
+    """The default factory: the step simulator behind the (batch, context) memo."""
+    loads = None
+    if sc.loads:
+        from epsim.model.loads import read_loads
+        loads = read_loads(sc.loads)
+    return SimulatedStepTime(model, plan, profile, loads=loads, eplb=sc.eplb, mode=sc.step_mode,
+                             seed=sc.workload.seed)
+
+
+@dataclass
+class StepCache:
+    """Step-time models shared between runs, keyed by what a step depends on.
+
+    Unbounded on purpose: one entry per distinct plan a search visits (a few dozen at most), each
+    worth many step simulations; its owner (see the module docstring) decides its lifetime.
+    """
+
+    factory: StepModelFactory = simulated_step_model
+    models: dict[tuple[Any, ...], StepTimeModel] = field(default_factory=dict)
+
+    def get(self, model: ModelConfig, plan: ParallelPlan, profile: HardwareProfile,
+            sc: Scenario) -> StepTimeModel:
+        key = (model.name, plan, profile.name, sc.eplb, sc.loads, sc.step_mode, sc.workload.seed)
+        if key not in self.models:
+            self.models[key] = self.factory(model, plan, profile, sc)
+        return self.models[key]
+
+
+def _calls(models: Iterable[StepTimeModel]) -> int:
+    """Exact step evaluations so far (each model once, even when both sides share it)."""
+    return sum(int(getattr(m, "calls", 0)) for m in {id(m): m for m in models}.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Running a scenario
+# --------------------------------------------------------------------------------------------
+
+
+def _with_prefill_side(config: ServingConfig, model: ModelConfig, profile: HardwareProfile,
+                       sc: Scenario, nodes: tuple[int, int], gpn: int, cache: StepCache
+                       ) -> tuple[ServingConfig, StepTimeModel, dict[str, Any]]:
+    """Disaggregated serving: the decode side's ``config`` with the prefill side added, the
+    prefill side's step model, and the keys that echo it in the result."""
+    p_nodes, d_nodes = nodes
+    pplan = _prefill_plan(model, sc, p_nodes, gpn)
+    pbudget = accounting.memory_budget(model, pplan, profile.hbm_bytes)
+    prefill_model = cache.get(model, pplan, profile, sc)
+    per_token = accounting.kv_bytes_per_token(model, sc.kv_dtype, pplan.tp)
+    config = replace(config, prefill_dp=pplan.dp,
+                     prefill_kv_capacity_tokens=pbudget.kv_capacity_tokens,
+                     kv_transfer_s_per_token=per_token / profile.nic_bandwidth_per_gpu)
+    isl = sc.workload.isl
+    echo = {"prefill_nodes": p_nodes, "decode_nodes": d_nodes, "prefill_dp": pplan.dp,
+            "kv_transfer_ms_per_request": per_token / profile.nic_bandwidth_per_gpu
+            * float(isl or 0) * 1e3 if isl else None}
+    return config, prefill_model, echo
+
+
+def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
+                     plan: ParallelPlan, nodes: tuple[int, int], gpn: int) -> dict[str, Any]:
+    """The deployment as the result reports it (before the disaggregation keys)."""
+    total = sum(nodes)
+    return {"model": model.name, "hardware": profile.name,
+            "nodes": total, "gpus_per_node": gpn, "gpus": total * gpn,
+            "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
+            "dbo": sc.dbo, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
+            "disagg": f"{nodes[0]}:{nodes[1]}" if sc.disagg else None}
+
+
+def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int) -> dict[str, Any]:
+    """The benchmark as the result reports it."""
+    w = sc.workload
+    return {"dataset": w.dataset, "isl": w.isl, "osl": w.osl,
+            "max_concurrency": w.max_concurrency,
+            "request_rate": "inf" if math.isinf(w.request_rate) else w.request_rate,
+            "seed": w.seed, "chunked_prefill_size": sc.chunked_prefill_size,
+            "kv_capacity_tokens_per_rank": kv_capacity_tokens}
+
+
+def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
+                 run_out: list[ServingRun] | None = None) -> dict[str, Any]:
+    """Simulate one deployment under one benchmark -> metrics plus the deployment echoed.
+
+    Steps: load the model and profile; build the decode (and prefill) plans; size the KV cache
+    per rank from the memory accounting; sample the requests; run the serving loop; compute the
+    metrics; record the simulation's own wall time as ``sim_wall_s``. ``run_out`` (a list)
+    receives the :class:`ServingRun` itself (its steps and requests, for the serving trace).
+    """
+    t0 = time.perf_counter()
+    cache = cache or StepCache()
+    model = load_model(sc.model)
+    profile = load_profile(sc.hardware)
+    gpn = sc.gpus_per_node or profile.gpus_per_node
+    nodes = _node_split(sc)
+    plan = _decode_plan(model, sc, nodes[1], gpn)
+    budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
+    step_models = [cache.get(model, plan, profile, sc)]
+    config = ServingConfig(dp=plan.dp, kv_capacity_tokens=budget.kv_capacity_tokens,
+                           chunked_prefill_size=sc.chunked_prefill_size,
+                           dp_balance=sc.dp_balance)
+    disagg_echo: dict[str, Any] = {}
+    if sc.disagg:
+        config, prefill_model, disagg_echo = _with_prefill_side(config, model, profile, sc,
+                                                                nodes, gpn, cache)
+        step_models.append(prefill_model)
+    calls_before = _calls(step_models)
+    requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
+    run = simulate_serving(requests, config, *step_models,
+                           max_concurrency=sc.workload.max_concurrency)
+    if run_out is not None:
+        run_out.append(run)
+    metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics)
+    metrics["step_sim_calls"] = _calls(step_models) - calls_before
+    out = {**_deployment_echo(sc, model, profile, plan, nodes, gpn), **disagg_echo,
+           **_benchmark_echo(sc, budget.kv_capacity_tokens), **metrics}
+    out["sim_wall_s"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,48 @@
+"""The argument groups predict, sweep, tune and plan share (``epsim.common``): what their
+defaults build is the library's own default scenario and search space."""
+
+import math
+
+from epsim.cli import build_parser
+from epsim.common import scenario_from_args, search_base_from_args, search_space_from_args
+from epsim.sim.scenario import Scenario
+from epsim.sim.tune import SearchSpace
+from epsim.sim.workload import WorkloadSpec
+
+R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
+
+
+def test_predict_defaults_are_the_default_scenario():
+    args = build_parser().parse_args(["predict", *R1, "--isl", "2000", "--osl", "100",
+                                      "--concurrency", "64"])
+    assert scenario_from_args(args) == Scenario(
+        model="deepseek-r1", hardware="mi300x",
+        workload=WorkloadSpec(num_prompts=64, isl=2000, osl=100, max_concurrency=64))
+
+
+def test_sweep_lists_stay_strings_until_split():
+    args = build_parser().parse_args(["sweep", *R1, "--isl", "100,200", "--osl", "10",
+                                      "--kv-dtype", "fp8,bf16"])
+    assert (args.isl, args.kv_dtype, args.request_rate) == ("100,200", "fp8,bf16", "inf")
+    sc = scenario_from_args(args, isl=100, osl=10, kv_dtype="bf16", request_rate=math.inf)
+    assert (sc.workload.isl, sc.kv_dtype, sc.workload.num_prompts) == (100, "bf16", 1000)
+
+
+def test_tune_defaults_are_the_documented_search_space():
+    args = build_parser().parse_args(["tune", *R1, "--isl", "2000", "--osl", "100",
+                                      "--slo", "median_itl_ms<=100"])
+    assert search_space_from_args(args) == SearchSpace(
+        concurrency=(256, 512, 1024, 2048, 3072, 4096), dbo=(True, False), graph=(True,),
+        splits=(None,), kv_dtype=("fp8",))
+    base = search_base_from_args(args, "h200")
+    assert (base.hardware, base.workload.isl, base.workload.osl) == ("h200", 2000, 100)
+    assert math.isinf(base.workload.request_rate)
+
+
+def test_tune_splits_and_switches_parse():
+    args = build_parser().parse_args(["tune", *R1, "--isl", "100", "--osl", "10", "--slo",
+                                      "median_itl_ms<=100", "--splits", "8x1,dp4xtp2,1/8",
+                                      "--graph", "on,off", "--no-dbo", "--concurrency", "8,16"])
+    space = search_space_from_args(args)
+    assert space.splits == ((8, 1), (4, 2), (1, 8))
+    assert (space.dbo, space.graph, space.concurrency) == ((False,), (True, False), (8, 16))
