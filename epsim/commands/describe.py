@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from epsim.model import accounting, load_model, make_plan
+from epsim.model.plan import KV_DTYPES
 from epsim.sim.hardware import load_profile
 
 from ..common import (
@@ -27,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_plan_args(p)
     p.add_argument("--hardware", metavar="H", help="hardware profile name or path (e.g. mi300x)")
-    p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0],
                    help="KV-cache dtype for the capacity figure (default fp8)")
     p.add_argument("--mem-fraction", type=float, default=0.9,
                    help="share of HBM for weights + activations + KV cache (default 0.9)")
@@ -59,10 +60,10 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
         "weight_dtype": model.weight_dtype,
         "expert_weight_dtype": model.expert_weight_dtype,
         "kv_bytes_per_token": {
-            dt: accounting.kv_bytes_per_token(model, dt) for dt in ("fp8", "bf16")
+            dt: accounting.kv_bytes_per_token(model, dt) for dt in KV_DTYPES
         },
         "kv_window_bytes_per_sequence": {
-            dt: accounting.kv_window_bytes_per_sequence(model, dt) for dt in ("fp8", "bf16")
+            dt: accounting.kv_window_bytes_per_sequence(model, dt) for dt in KV_DTYPES
         },
     }
     wants_plan = any(getattr(args, k) is not None for k in ("dp", "tp", "ep")) or args.hardware
@@ -95,7 +96,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
             "kv_capacity_tokens_by_dtype": {
                 dt: accounting.memory_budget(model, plan.with_(kv_dtype=dt),
                                              profile.hbm_bytes).kv_capacity_tokens
-                for dt in ("fp8", "bf16")
+                for dt in KV_DTYPES
             },
         })
     out["per_rank"] = per_rank
