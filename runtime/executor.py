@@ -112,6 +112,15 @@ class LatentCache:
         self.pe[layer].view(bits)[seqs, positions] = qp.view(bits)
         self.pe_scale[layer][seqs, positions] = sp
 
+    def widened(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer's entries as stored, widened to fp32 on the CPU: ``c [layers, seqs,
+        capacity, r]`` and ``pe [layers, seqs, capacity, p]`` (what ``--check`` compares)."""
+        c = [kernels.dequantize_rows(q, s, torch.float32) for q, s in zip(self.c, self.c_scale,
+                                                                           strict=True)]
+        pe = [kernels.dequantize_rows(q, s, torch.float32) for q, s in zip(self.pe, self.pe_scale,
+                                                                            strict=True)]
+        return torch.stack(c).cpu(), torch.stack(pe).cpu()
+
     def read(self, layer: int, seqs: slice, upto: int,
              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``[t, upto, r]`` and ``[t, upto, p]`` widened to ``dtype``."""

@@ -6,6 +6,14 @@ routed experts as a per-token loop over all logical experts (no placement, no di
 only the weights, the initial tokens/cache (``runtime.weights``), RMSNorm/RoPE/SiLU primitives and
 the KV storage rounding, so a match checks the runtime's absorption, routing, placement remap,
 dispatch/combine and fused-MoE backends.
+
+The KV cache is where the two may legitimately part: storing a latent rounds it to the cache's
+dtype, and where a value sits at a rounding midpoint (within the last bits in which the runtime's
+fp32 sums and the reference's differ) the two round it to neighbouring values, a whole FP8 step
+(up to 1/8 of the value) apart, which the next decode step reads. So ``--check`` also takes every
+rank's stored cache: the reference checks each stored entry against its own value
+(:func:`rounding_error`: its own rounding, or the other neighbour of a value at their midpoint) and
+then decodes from the entries the runtime stored, so each step is compared from the same cache.
 """
 
 from __future__ import annotations
@@ -29,6 +37,48 @@ class ReferenceStep:
     logits: torch.Tensor
     next_tokens: torch.Tensor
     hidden: torch.Tensor
+
+
+@dataclass
+class ReferenceRun:
+    """The reference's steps and its check of the runtime's KV cache.
+
+    prefill: the prefill step, or None (the cache held drawn entries).
+    decode: the decode steps.
+    kv_cache_err: the largest :func:`rounding_error` of a stored cache entry (0.0 when no stored
+        cache was given).
+    """
+
+    prefill: ReferenceStep | None
+    decode: list[ReferenceStep]
+    kv_cache_err: float = 0.0
+
+
+@dataclass
+class StoredCache:
+    """What the ranks' caches held after the run, widened to fp32, every rank's sequences in
+    rank order: ``c [layers, seqs, capacity, r]`` and ``pe [layers, seqs, capacity, p]``."""
+
+    c: torch.Tensor
+    pe: torch.Tensor
+
+
+def rounding_error(exact: torch.Tensor, stored: torch.Tensor, storage: torch.dtype) -> float:
+    """How far ``stored`` (a cache entry as stored and widened) is from being ``exact`` rounded
+    to ``storage``, as a share of each row's largest magnitude (the scale a row is stored with).
+
+    Per element the error is the smaller of ``|stored - own|`` (``own``: the reference's own
+    rounding of ``exact``) and ``|exact - (stored + own) / 2|``: the second is small only when
+    ``stored`` is the other neighbour of a value that sits at the midpoint of the two, where fp32
+    sums that differ in their last bits may round either way. A wrong entry is far from both.
+    """
+    qe, se = kernels.quantize_rows(exact, storage)
+    own = kernels.dequantize_rows(qe, se, torch.float64)
+    exact, stored = exact.double(), stored.double()
+    scale = exact.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    same = (stored - own).abs()
+    flipped = (exact - (stored + own) / 2).abs()
+    return (torch.minimum(same, flipped) / scale).max().item() if exact.numel() else 0.0
 
 
 def route_reference(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int,
@@ -58,15 +108,17 @@ def route_reference(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_grou
 
 
 def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, context: int,
-                     steps: int, kv_dtype: str, prefill: bool = False
-                     ) -> tuple[ReferenceStep | None, list[ReferenceStep]]:
+                     steps: int, kv_dtype: str, prefill: bool = False,
+                     stored: StoredCache | None = None) -> ReferenceRun:
     """Decode ``steps`` steps of ``world * batch`` sequences in fp32, one process, no sharding.
 
     With ``prefill`` the cache is filled by running each sequence's prompt (``context - 1``
     tokens) first, whose step is returned too; otherwise it holds the drawn initial entries.
+    With ``stored`` (the runtime's cache after the run) every entry the reference stores is
+    checked against the runtime's (:func:`rounding_error`) and the runtime's is kept.
 
     Returns:
-        (the prefill step or None, the decode steps).
+        A :class:`ReferenceRun`.
     """
     a, moe = model.attention, model.moe
     H, n, p, r, v = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
@@ -81,7 +133,17 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
     c_cache = torch.zeros(model.num_layers, seqs, cap, r)
     pe_cache = torch.zeros(model.num_layers, seqs, cap, p)
 
+    kv_err = 0.0
+
     def store(layer: int, pos: slice, c: torch.Tensor, pe: torch.Tensor) -> None:
+        nonlocal kv_err
+        if stored is not None:
+            # the runtime's entries, once checked to be a rounding of the reference's values
+            got_c, got_pe = stored.c[layer, :, pos], stored.pe[layer, :, pos]
+            kv_err = max(kv_err, rounding_error(c, got_c, storage),
+                         rounding_error(pe, got_pe, storage))
+            c_cache[layer, :, pos], pe_cache[layer, :, pos] = got_c, got_pe
+            return
         qc, sc = kernels.quantize_rows(c, storage)
         qp, sp = kernels.quantize_rows(pe, storage)
         c_cache[layer, :, pos] = kernels.dequantize_rows(qc, sc, torch.float32)
@@ -168,7 +230,7 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
         result = forward(tokens[:, None], context - 1 + step, causal_prompt=False)
         tokens = result.next_tokens
         out.append(result)
-    return first, out
+    return ReferenceRun(first, out, kv_err)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

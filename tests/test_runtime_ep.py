@@ -68,6 +68,8 @@ def test_every_configuration_matches_the_dense_reference(fixture, request):
     _, results = request.getfixturevalue(fixture)
     for name, res in results.items():
         assert res["max_rel_err"] < TOL, (name, res["max_rel_err_by_output"])
+        # the stored KV cache is checked too (a rounding of the reference's own entries)
+        assert set(res["max_rel_err_by_output"]) == {"logits", "hidden", "kv_cache"}
         assert res["token_mismatches"] == 0, name
         assert set(res["step_ms"]) == {"mean", "median", "p10", "p90"}
         assert res["tokens_per_s"] > 0
