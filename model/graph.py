@@ -3,14 +3,16 @@
 Glossary:
     op id      ``L{layer}.{name}.mb{microbatch}`` for ops inside decoder layers
                (``L12.moe.dispatch.mb1``), ``{name}.mb{microbatch}`` outside them
-               (``embed.mb0``, ``lm_head.mb0``). Stable: the same model, plan and batch give the
-               same ids, and the runtime's trace uses them too.
+               (``embed.mb0``, ``lm_head.mb0``), built by :func:`model.ids.op_id`. Stable: the
+               same model, plan and batch give the same ids, and the runtime's trace uses them too.
     name       the op's role inside its layer (``attn.q_a``, ``moe.experts``); with the layer it
-               names the weights an op uses.
+               names the weights an op uses (:func:`model.ids.weight_key`).
     kind       what sort of kernel it is (``OP_KINDS``); cost models and runtime implementations are
                registered per kind.
-    category   where its time is reported: attention, moe_experts, dispatch, combine, dense,
-               tp_comm, other.
+    category   where its time is reported (``OP_CATEGORIES``): attention, moe_experts, dense,
+               other, dispatch, combine, tp_comm.
+    routed     the op's cost depends on the step's expert routing (the routed experts, EP dispatch
+               and combine): the simulator replaces its nominal figures with sampled routing.
     dims       the kind-specific sizes a cost model or an implementation needs (``KIND_DIMS``).
     tokens     rows of the activations an op works on; decode: one per sequence.
     pairs      (token, expert) pairs a rank's routed experts process.
@@ -33,6 +35,7 @@ import networkx as nx
 from .config import ModelConfig
 from .dtypes import COMPUTE_DTYPE, bytes_per_element
 from .errors import EpsimError
+from .ids import NO_LAYER, op_id
 from .plan import ParallelPlan
 from .schedule import Schedule, build_schedule
 
@@ -42,6 +45,10 @@ OP_KINDS: tuple[str, ...] = (
     "sample",
 )
 COLLECTIVE_KINDS = frozenset({"dispatch", "combine", "all_reduce", "all_gather"})
+#: where an op's time is reported (the simulator's breakdown adds its own ``launch``)
+OP_CATEGORIES: tuple[str, ...] = (
+    "attention", "moe_experts", "dense", "other", "dispatch", "combine", "tp_comm",
+)
 
 #: the dims each kind carries (every op of the kind has at least these keys)
 KIND_DIMS: dict[str, tuple[str, ...]] = {
@@ -118,9 +125,9 @@ class Op:
     id: stable id, e.g. ``"L12.moe.dispatch.mb1"``.
     kind: one of ``OP_KINDS``.
     name: role inside the layer, e.g. ``"moe.dispatch"``.
-    layer: decoder layer, -1 outside the layers.
+    layer: decoder layer, ``NO_LAYER`` (-1) outside the layers.
     microbatch: 0, or 1 under DBO.
-    category: breakdown bucket (attention, moe_experts, dispatch, combine, dense, tp_comm, other).
+    category: breakdown bucket, one of ``OP_CATEGORIES``.
     dims: kind-specific sizes, see ``KIND_DIMS``. Example for a gemm: ``{"batch": 1, "m": 512,
         "n": 1536, "k": 7168}``.
     dtype: compute dtype (``"fp8"`` for DeepSeek's FP8 GEMMs, else ``"bf16"``).
@@ -128,6 +135,8 @@ class Op:
     bytes_read / bytes_written: HBM traffic in bytes.
     weight_bytes: the weight part of ``bytes_read``.
     peer_bytes: collectives only: bytes sent to each group member, index = rank in the group.
+    routed: its cost follows the step's expert routing (routed experts, dispatch, combine); the
+        figures above assume uniform routing.
     """
 
     id: str
@@ -143,6 +152,7 @@ class Op:
     bytes_written: float
     weight_bytes: float = 0.0
     peer_bytes: tuple[float, ...] | None = None
+    routed: bool = False
 
     @property
     def is_collective(self) -> bool:
@@ -249,18 +259,18 @@ class _Emitter:
 
     def emit(self, layer: int, name: str, kind: str, category: str, *,
              deps: Iterable[str | None] | None = None, **fields: Any) -> str:
-        prefix = f"L{layer}." if layer >= 0 else ""
-        op_id = f"{prefix}{name}.mb{self.microbatch}"
-        op = Op(id=op_id, kind=kind, name=name, layer=layer, microbatch=self.microbatch,
+        ident = op_id(layer, name, self.microbatch)
+        op = Op(id=ident, kind=kind, name=name, layer=layer, microbatch=self.microbatch,
                 category=category, **fields)
         missing = [k for k in KIND_DIMS[kind] if k not in op.dims]
-        assert not missing, f"{op_id}: dims lack {missing}"
+        assert not missing, f"{ident}: dims lack {missing}"
+        assert category in OP_CATEGORIES, f"{ident}: unknown category {category!r}"
         self.ops.append(op)
         chosen = [self.last] if deps is None else list(deps)
-        self.deps[op_id] = [d for d in chosen if d is not None]
-        self.blocks[-1][1].append(op_id)
-        self.last = op_id
-        return op_id
+        self.deps[ident] = [d for d in chosen if d is not None]
+        self.blocks[-1][1].append(ident)
+        self.last = ident
+        return ident
 
 
 class _StepBuilder:
@@ -312,7 +322,7 @@ class _StepBuilder:
 
     def elementwise(self, layer: int, name: str, category: str, width_in: int, width_out: int,
                     flops_per_out: float, deps: Iterable[str | None] | None = None,
-                    tokens: float | None = None) -> str:
+                    tokens: float | None = None, routed: bool = False) -> str:
         t = self.tokens if tokens is None else tokens
         return self.e.emit(
             layer, name, "elementwise", category, deps=deps,
@@ -321,6 +331,7 @@ class _StepBuilder:
             flops=flops_per_out * t * width_out,
             bytes_read=t * width_in * self.act,
             bytes_written=t * width_out * self.act,
+            routed=routed,
         )
 
     def collective(self, layer: int, name: str, kind: str, category: str, tokens: float,
@@ -349,16 +360,16 @@ class _StepBuilder:
     # -- blocks ---------------------------------------------------------------------------
 
     def embedding(self) -> str:
-        self.e.begin_block(-1)
+        self.e.begin_block(NO_LAYER)
         h, t = self.m.hidden_size, self.tokens
         out = self.e.emit(
-            -1, "embed", "embedding", "other", deps=[],
+            NO_LAYER, "embed", "embedding", "other", deps=[],
             dims={"tokens": t, "hidden": h, "vocab": self.m.vocab_size // self.p.tp},
             dtype=ACT, flops=0.0,
             bytes_read=t * h * self.act + t * 8, bytes_written=t * h * self.act,
         )
         if self.p.tp > 1:  # vocab-parallel table: each rank fills its rows, then sum
-            out = self.collective(-1, "embed.all_reduce", "all_reduce", "tp_comm", t, h,
+            out = self.collective(NO_LAYER, "embed.all_reduce", "all_reduce", "tp_comm", t, h,
                                   self.p.tp, "tp")
         return out
 
@@ -548,7 +559,7 @@ class _StepBuilder:
                       "expected_tokens_per_peer": per_peer_tokens},
                 dtype=p.dispatch_dtype, flops=0.0,
                 bytes_read=tokens * h * self.act, bytes_written=received * disp_row,
-                peer_bytes=tuple(per_peer_tokens * disp_row for _ in range(p.ep)),
+                peer_bytes=tuple(per_peer_tokens * disp_row for _ in range(p.ep)), routed=True,
             )
             pairs = tokens * moe.top_k  # this rank receives, on average, what it sends
             global_tokens = tokens * p.ep
@@ -572,7 +583,7 @@ class _StepBuilder:
                 flops=6.0 * pairs * h * inter + 4.0 * pairs * inter,
                 bytes_read=weights + pairs * h * self.act,
                 bytes_written=pairs * h * self.act,
-                weight_bytes=weights,
+                weight_bytes=weights, routed=True,
             )
         else:
             w_up = active * (2 * h * inter * self.edt + bias * self.act)
@@ -582,9 +593,10 @@ class _StepBuilder:
                       "n": 2 * inter, "k": h, "gemms": 1, "fused": 0},
                 dtype=ex_dt, flops=4.0 * pairs * h * inter,
                 bytes_read=w_up + pairs * h * self.act, bytes_written=pairs * 2 * inter * self.act,
-                weight_bytes=w_up,
+                weight_bytes=w_up, routed=True,
             )
-            self.elementwise(layer, "moe.experts.act", cat, 2 * inter, inter, 4.0, tokens=pairs)
+            self.elementwise(layer, "moe.experts.act", cat, 2 * inter, inter, 4.0, tokens=pairs,
+                             routed=True)
             w_down = active * h * inter * self.edt
             experts = self.e.emit(
                 layer, "moe.experts.down", "grouped_gemm", cat,
@@ -592,7 +604,7 @@ class _StepBuilder:
                       "n": h, "k": inter, "gemms": 1, "fused": 0},
                 dtype=ex_dt, flops=2.0 * pairs * h * inter,
                 bytes_read=w_down + pairs * inter * self.act, bytes_written=pairs * h * self.act,
-                weight_bytes=w_down,
+                weight_bytes=w_down, routed=True,
             )
         if p.expert_parallel:
             combine = self.e.emit(
@@ -602,7 +614,7 @@ class _StepBuilder:
                       "expected_tokens_per_peer": per_peer_tokens},
                 dtype=ACT, flops=float(pairs * h),
                 bytes_read=pairs * h * self.act, bytes_written=tokens * h * self.act,
-                peer_bytes=tuple(per_peer_tokens * comb_row for _ in range(p.ep)),
+                peer_bytes=tuple(per_peer_tokens * comb_row for _ in range(p.ep)), routed=True,
             )
             outputs = [combine]
         else:
@@ -619,24 +631,24 @@ class _StepBuilder:
         return outputs
 
     def head(self, layer_outputs: Sequence[str]) -> str:
-        self.e.begin_block(-1)
+        self.e.begin_block(NO_LAYER)
         h, v, tp = self.m.hidden_size, self.m.vocab_size, self.p.tp
         # prefill only needs the logits of each sequence's last token
         rows = self.tokens if self.b.phase == "decode" else self.seqs
-        self.norm(-1, "final_norm", "other", h, residual=True, deps=layer_outputs)
+        self.norm(NO_LAYER, "final_norm", "other", h, residual=True, deps=layer_outputs)
         weights = h * (v // tp) * self.act
         out = self.e.emit(
-            -1, "lm_head", "lm_head", "other",
+            NO_LAYER, "lm_head", "lm_head", "other",
             dims={"tokens": rows, "hidden": h, "vocab": v // tp},
             dtype=ACT, flops=2.0 * rows * h * (v // tp),
             bytes_read=weights + rows * h * self.act, bytes_written=rows * (v // tp) * 4,
             weight_bytes=weights,
         )
         if tp > 1:
-            out = self.collective(-1, "lm_head.all_gather", "all_gather", "tp_comm", rows, v // tp,
+            out = self.collective(NO_LAYER, "lm_head.all_gather", "all_gather", "tp_comm", rows, v // tp,
                                   tp, "tp")
         return self.e.emit(
-            -1, "sample", "sample", "other", deps=[out],
+            NO_LAYER, "sample", "sample", "other", deps=[out],
             dims={"tokens": rows, "vocab": v}, dtype="fp32", flops=float(rows * v),
             bytes_read=rows * v * 4, bytes_written=rows * 8,
         )
@@ -671,9 +683,9 @@ def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> Op
         for op in emitter.ops:
             ops[op.id] = op
             graph.add_node(op.id)
-        for op_id, deps in emitter.deps.items():
+        for ident, deps in emitter.deps.items():
             for dep in deps:
-                graph.add_edge(dep, op_id)
+                graph.add_edge(dep, ident)
     schedule = build_schedule(
         [e.blocks for e in emitters], lambda op_id: ops[op_id].is_collective
     )

@@ -3,7 +3,7 @@
 ``RankRuntime.step()`` builds ``build_step_graph(model, plan, Batch.decode(batch, context))`` for
 the step, walks ``graph.schedule.slots`` in order and calls ``OP_IMPLS[op.kind]`` for each op id.
 An implementation reads and writes its microbatch's named values (``"h"``, ``"q"``, ...) and the
-weights named by the op (``L{layer}.{name}``). Collectives (dispatch, combine) return a
+weights named by the op (``model.ids.weight_key``). Collectives (dispatch, combine) return a
 :class:`runtime.comm.Pending`; the executor waits on it only when an op whose graph predecessor
 it is comes up, so under DBO one microbatch's exchange is in flight while the other computes.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ import torch
 from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
 from epsim.model.graph import Batch, Op, OpGraph, build_step_graph
+from epsim.model.ids import weight_key
 from epsim.model.placement import Placement, remap
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
@@ -210,15 +212,16 @@ class RankRuntime:
     def _load_weights(self) -> dict[str, torch.Tensor]:
         w = W.dense_weights(self.model, self.opts.seed)
         for layer in range(self.model.num_layers):
-            p = f"L{layer}."
-            kv_b = w[p + "attn.kv_b"]  # [H, nope + v, r]
-            w[p + "attn.q_absorb"] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
-            w[p + "attn.v_absorb"] = kv_b[:, self.nope:, :].transpose(1, 2).contiguous()
+            key = partial(weight_key, layer)
+            kv_b = w[key("attn.kv_b")]  # [H, nope + v, r]
+            w[key("attn.q_absorb")] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
+            w[key("attn.v_absorb")] = kv_b[:, self.nope:, :].transpose(1, 2).contiguous()
             # prefill's up-projection as a plain GEMM: [r, H * (nope + v)]
-            w[p + "attn.kv_b"] = kv_b.permute(2, 0, 1).reshape(self.latent, -1).contiguous()
-            if p + "moe.shared.gate_up" in w:
-                gate, up = w[p + "moe.shared.gate_up"].chunk(2, dim=1)
-                w[p + "moe.shared.gate"], w[p + "moe.shared.up"] = gate.contiguous(), up.contiguous()
+            w[key("attn.kv_b")] = kv_b.permute(2, 0, 1).reshape(self.latent, -1).contiguous()
+            if key("moe.shared.gate_up") in w:
+                gate, up = w[key("moe.shared.gate_up")].chunk(2, dim=1)
+                w[key("moe.shared.gate")], w[key("moe.shared.up")] = (gate.contiguous(),
+                                                                      up.contiguous())
         return {k: v.to(self.device, self.dtype) for k, v in w.items()}
 
     def _load_experts(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -259,8 +262,7 @@ class RankRuntime:
                     raise AssertionError(f"{op.id}: weight {got} but the graph says {want}")
 
     def weight(self, op: Op, suffix: str = "") -> torch.Tensor:
-        key = (f"L{op.layer}." if op.layer >= 0 else "") + op.name + suffix
-        return self.w[key]
+        return self.w[weight_key(op.layer, op.name + suffix)]
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -373,7 +375,7 @@ Impl = Callable[[RankRuntime, Op, MicrobatchState], Any]
 
 
 def _embedding(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["embed_out"] = rt.w["embed"][st.tokens]
+    st.values["embed_out"] = rt.weight(op)[st.tokens]
     st.values["layer_out"] = ["embed_out"]
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from epsim.model.config import ModelConfig
+from epsim.model.ids import NO_LAYER, weight_key
 
 from . import kernels
 from . import weights as W
@@ -128,6 +129,10 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
                for layer in model.moe_layers}
     seqs = world * batch
     storage = KV_STORAGE[kv_dtype]
+
+    def weight(layer: int, name: str) -> torch.Tensor:
+        return w[weight_key(layer, name)]
+
     cap = context - 1 + steps
     # the cache as stored (rounded to the storage dtype), kept widened to fp32
     c_cache = torch.zeros(model.num_layers, seqs, cap, r)
@@ -156,22 +161,22 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
         rows = seqs * T
         positions = torch.arange(start, start + T).repeat(seqs)
         cos, sin = kernels.rope_cos_sin(positions, p, model.rope_theta, torch.float32)
-        x = w["embed"][tokens.reshape(-1)]
+        x = weight(NO_LAYER, "embed")[tokens.reshape(-1)]
         residual = None
         for layer in range(model.num_layers):
-            pre = f"L{layer}."
             residual = x if residual is None else residual + x
-            h = kernels.rms_norm(residual, w[pre + "attn_norm"], eps)
+            h = kernels.rms_norm(residual, weight(layer, "attn_norm"), eps)
             # -- MLA, plain form: per-head K and V expanded from the latent ----------------
             if a.q_lora_rank:
-                q = kernels.rms_norm(h @ w[pre + "attn.q_a"], w[pre + "attn.q_a_norm"], eps)
-                q = q @ w[pre + "attn.q_b"]
+                q_a = kernels.rms_norm(h @ weight(layer, "attn.q_a"),
+                                       weight(layer, "attn.q_a_norm"), eps)
+                q = q_a @ weight(layer, "attn.q_b")
             else:
-                q = h @ w[pre + "attn.q_proj"]
+                q = h @ weight(layer, "attn.q_proj")
             q = q.view(rows, H, n + p)
             q_nope, q_pe = q[..., :n], kernels.apply_rope(q[..., n:], cos, sin)
-            kv = h @ w[pre + "attn.kv_a"]
-            c_new = kernels.rms_norm(kv[:, :r], w[pre + "attn.kv_a_norm"], eps)
+            kv = h @ weight(layer, "attn.kv_a")
+            c_new = kernels.rms_norm(kv[:, :r], weight(layer, "attn.kv_a_norm"), eps)
             pe_new = kernels.apply_rope(kv[:, r:], cos, sin)
             store(layer, slice(start, start + T), c_new.view(seqs, T, r), pe_new.view(seqs, T, p))
             if causal_prompt:
@@ -179,7 +184,7 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
             else:
                 c_all = c_cache[layer, :, :start + T]
                 pe_all = pe_cache[layer, :, :start + T]
-            kv_b = w[pre + "attn.kv_b"]  # [H, n + v, r]
+            kv_b = weight(layer, "attn.kv_b")  # [H, n + v, r]
             k_nope = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, :n])
             values = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, n:])
             qn, qp = q_nope.view(seqs, T, H, n), q_pe.view(seqs, T, H, p)
@@ -189,27 +194,28 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
                 mask = torch.ones(T, T, dtype=torch.bool).tril()
                 scores = scores.masked_fill(~mask, float("-inf"))
             attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
-            attn_out = attn.reshape(rows, H * v) @ w[pre + "attn.o_proj"]
+            attn_out = attn.reshape(rows, H * v) @ weight(layer, "attn.o_proj")
             residual = residual + attn_out
-            h = kernels.rms_norm(residual, w[pre + "ffn_norm"], eps)
+            h = kernels.rms_norm(residual, weight(layer, "ffn_norm"), eps)
             # -- FFN ---------------------------------------------------------------------
             if model.is_moe_layer(layer):
                 ids, weights = route_reference(
-                    h @ w[pre + "moe.router"], w[pre + "moe.router.bias"], moe.top_k,
+                    h @ weight(layer, "moe.router"), weight(layer, "moe.router.bias"), moe.top_k,
                     moe.n_group, moe.topk_group, moe.routed_scaling_factor, moe.norm_topk_prob)
                 gate_up, down = experts[layer]
                 routed = kernels.moe_per_token(h, torch.tensor(ids), torch.tensor(weights),
                                                gate_up, down)
                 x = routed
                 if moe.num_shared_experts:
-                    shared = kernels.silu_and_mul(h @ w[pre + "moe.shared.gate_up"])
-                    x = routed + shared @ w[pre + "moe.shared.down"]
+                    shared = kernels.silu_and_mul(h @ weight(layer, "moe.shared.gate_up"))
+                    x = routed + shared @ weight(layer, "moe.shared.down")
             else:
-                x = kernels.silu_and_mul(h @ w[pre + "mlp.gate_up"]) @ w[pre + "mlp.down"]
+                act = kernels.silu_and_mul(h @ weight(layer, "mlp.gate_up"))
+                x = act @ weight(layer, "mlp.down")
         # each sequence's last token feeds the LM head
         last = (residual + x).view(seqs, T, -1)[:, -1]
-        hidden = kernels.rms_norm(last, w["final_norm"], eps)
-        logits = hidden @ w["lm_head"]
+        hidden = kernels.rms_norm(last, weight(NO_LAYER, "final_norm"), eps)
+        logits = hidden @ weight(NO_LAYER, "lm_head")
         return ReferenceStep(logits, logits.argmax(-1), hidden)
 
     first: ReferenceStep | None = None

@@ -47,9 +47,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-CATEGORIES: tuple[str, ...] = (
-    "attention", "moe_experts", "dense", "other", "dispatch", "combine", "tp_comm", "launch",
-)
+from epsim.model.graph import OP_CATEGORIES
+
+#: breakdown buckets: the graph's op categories, and the host/launch time only the engine knows
+CATEGORIES: tuple[str, ...] = (*OP_CATEGORIES, "launch")
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
 _LAUNCH = _CAT["launch"]
 
