@@ -251,11 +251,11 @@ class _Emitter:
         self.microbatch = microbatch
         self.ops: list[Op] = []
         self.deps: dict[str, list[str]] = {}
-        self.blocks: list[tuple[int, list[str]]] = []
+        self.blocks: list[list[str]] = []  # the embedding, each decoder layer, the head
         self.last: str | None = None
 
-    def begin_block(self, layer: int) -> None:
-        self.blocks.append((layer, []))
+    def begin_block(self) -> None:
+        self.blocks.append([])
 
     def emit(self, layer: int, name: str, kind: str, category: str, *,
              deps: Iterable[str | None] | None = None, **fields: Any) -> str:
@@ -268,7 +268,7 @@ class _Emitter:
         self.ops.append(op)
         chosen = [self.last] if deps is None else list(deps)
         self.deps[ident] = [d for d in chosen if d is not None]
-        self.blocks[-1][1].append(ident)
+        self.blocks[-1].append(ident)
         self.last = ident
         return ident
 
@@ -360,7 +360,7 @@ class _StepBuilder:
     # -- blocks ---------------------------------------------------------------------------
 
     def embedding(self) -> str:
-        self.e.begin_block(NO_LAYER)
+        self.e.begin_block()
         h, t = self.m.hidden_size, self.tokens
         out = self.e.emit(
             NO_LAYER, "embed", "embedding", "other", deps=[],
@@ -631,7 +631,7 @@ class _StepBuilder:
         return outputs
 
     def head(self, layer_outputs: Sequence[str]) -> str:
-        self.e.begin_block(NO_LAYER)
+        self.e.begin_block()
         h, v, tp = self.m.hidden_size, self.m.vocab_size, self.p.tp
         # prefill only needs the logits of each sequence's last token
         rows = self.tokens if self.b.phase == "decode" else self.seqs
@@ -702,7 +702,7 @@ def _build_microbatch(model: ModelConfig, plan: ParallelPlan, batch: Batch, seqs
     b = _StepBuilder(model, plan, batch, seqs, emitter)
     layer_outputs = [b.embedding()]
     for layer in range(model.num_layers):
-        emitter.begin_block(layer)
+        emitter.begin_block()
         # the fused add+norm at the top of a layer reads every output of the previous one
         attn = b.attention(layer, layer_outputs)
         if model.is_moe_layer(layer):

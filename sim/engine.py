@@ -42,7 +42,8 @@ dispatch the host was itself waiting for (eager)), so the parts sum to the step 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import simpy
@@ -75,7 +76,7 @@ class Program:
     group_size: ``[n]`` ranks per collective group (consecutive ranks form a group); 0 for compute.
     slowdown: compute speed lost while a collective is in flight.
     comm_slots: collectives one rank can have in flight at once (1 on GPUs).
-    steps: the fast executor's precomputed steps (``plan_steps``), empty to compute them per run.
+    steps: the fast executor's precomputed steps (``plan_steps``), None to compute them per run.
     """
 
     op_ids: tuple[str, ...]
@@ -93,7 +94,7 @@ class Program:
     host_release_s: np.ndarray
     group_size: np.ndarray
     slowdown: float
-    steps: tuple = field(default=())
+    steps: StepPlan | None = None
     comm_slots: int = 1
 
     @property
@@ -195,7 +196,30 @@ class _Step:
     nodes: float  # runs: graph-node time inside the run
 
 
-def plan_steps(prog: Program, fold: bool) -> tuple[_Step, ...]:
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """A program's executor steps, with what the accounting after a walk needs of them (worked
+    out on first use and kept here: a compiled program runs once per simulated step)."""
+
+    steps: tuple[_Step, ...]
+
+    @cached_property
+    def compute_steps(self) -> tuple[_Step, ...]:
+        return tuple(st for st in self.steps if not st.coll)
+
+    @cached_property
+    def node_shares(self) -> tuple[np.ndarray, np.ndarray]:
+        """``[compute steps]`` graph-node time and ``[compute steps, categories]`` share of each
+        category in each compute step's own time."""
+        compute = self.compute_steps
+        nodes = np.array([st.nodes for st in compute])
+        share = np.zeros((len(compute), len(CATEGORIES)))
+        for j, st in enumerate(compute):
+            share[j, st.cats] = st.shares
+        return nodes, share
+
+
+def plan_steps(prog: Program, fold: bool) -> StepPlan:
     """The executor steps of ``prog``. Runs of several ops are folded only when their ops take the
     same time on every rank (true of every op but the fused MoE, which waits on its dispatch)."""
     chains = build_chains(prog.is_coll, prog.deps, fold)
@@ -224,7 +248,7 @@ def plan_steps(prog: Program, fold: bool) -> tuple[_Step, ...]:
         waits = tuple(d for d in prog.deps[first] if prog.is_coll[d])
         steps.append(_Step(False, first, chain[-1], chain, waits, 0, cats_all[first], ucats,
                            shares, prog.node_s * len(chain)))
-    return tuple(steps)
+    return StepPlan(tuple(steps))
 
 
 def plan_steps_single(prog: Program, i: int) -> list[_Step]:
@@ -233,32 +257,13 @@ def plan_steps_single(prog: Program, i: int) -> list[_Step]:
     return [_Step(False, i, i, (i,), waits, 0, cat, np.array([cat]), np.ones(1), prog.node_s)]
 
 
-_shares: dict[int, tuple[tuple, np.ndarray, np.ndarray]] = {}
-
-
-def _step_shares(steps: tuple, compute_steps: list[_Step]) -> tuple[np.ndarray, np.ndarray]:
-    """``[steps]`` graph-node time and ``[steps, categories]`` shares of each compute step
-    (memoised per steps tuple: the compiled programs reuse theirs)."""
-    hit = _shares.get(id(steps))
-    if hit is not None and hit[0] is steps:
-        return hit[1], hit[2]
-    nodes = np.array([st.nodes for st in compute_steps])
-    share = np.zeros((len(compute_steps), len(CATEGORIES)))
-    for j, st in enumerate(compute_steps):
-        share[j, st.cats] = st.shares
-    if isinstance(steps, tuple):
-        if len(_shares) > 64:
-            _shares.clear()
-        _shares[id(steps)] = (steps, nodes, share)
-    return nodes, share
-
-
 def run_fast(prog: Program, fold: bool = True) -> Timeline:
     """The engine's semantics computed in issue order, vectorised over ranks (module docstring)."""
     n, ranks = prog.work.shape
     eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
     fold = fold and not eager  # the host may hold any eager kernel: no runs
-    steps = prog.steps if (fold and prog.steps) else plan_steps(prog, fold)
+    plan = prog.steps if (fold and prog.steps is not None) else plan_steps(prog, fold)
+    steps = plan.steps
     start = np.full((n, ranks), np.nan)
     end = np.full((n, ranks), np.nan)
     stream = np.zeros(ranks)
@@ -275,7 +280,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     sync_end = np.zeros(ranks)  # eager: when the host last resumed after a sync, and on what
     sync_cat = _LAUNCH
     # per compute step, for the accounting after the walk
-    compute_steps = [st for st in steps if not st.coll]
+    compute_steps = plan.compute_steps
     held = np.zeros((len(compute_steps), ranks))
     held_cat = np.full(len(compute_steps), _LAUNCH)
     gaps = np.zeros((len(compute_steps), ranks))
@@ -362,7 +367,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     np.add.at(breakdown, (rows, gap_cat), gaps)
     if eager:
         np.add.at(breakdown.T, held_cat, held)
-    nodes, share = _step_shares(steps, compute_steps)
+    nodes, share = plan.node_shares
     breakdown[:, _LAUNCH] += nodes.sum()
     breakdown += (busy_all - nodes[:, None]).T @ share
     coll = np.flatnonzero(prog.is_coll)

@@ -130,7 +130,7 @@ class _Compiled:
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
 _placements: OrderedDict[tuple, Placement] = OrderedDict()
 _frequencies: OrderedDict[tuple, tuple[Placement, np.ndarray]] = OrderedDict()
-_synthetic: dict[tuple, np.ndarray] = {}
+_synthetic: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
 
 def _profile_key(profile: HardwareProfile) -> str:
@@ -260,11 +260,14 @@ def _slot_frequencies(loads_key: tuple, loads: np.ndarray, placement: Placement,
 
 def _synthetic_loads(model: ModelConfig, kind: str) -> np.ndarray:
     key = (model, kind)
-    if key not in _synthetic:
-        loads = synthetic_loads(model, kind)
-        loads.setflags(write=False)
-        _synthetic[key] = loads
-    return _synthetic[key]
+    hit = _synthetic.get(key)
+    if hit is None:
+        hit = synthetic_loads(model, kind)
+        hit.setflags(write=False)  # shared by every caller
+        _remember(_synthetic, key, hit)
+    else:
+        _synthetic.move_to_end(key)
+    return hit
 
 
 # --------------------------------------------------------------------------------------------
