@@ -15,8 +15,8 @@ issue to the end of the wait that needed them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -26,57 +26,29 @@ from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
 from epsim.model.graph import Batch, Op, OpGraph, build_step_graph
 from epsim.model.ids import weight_key
-from epsim.model.placement import Placement, remap
+from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 
 from . import comm, kernels
 from . import weights as W
 from .backends import select_moe_backend, select_mori
+from .kv_cache import KV_STORAGE, LatentCache
+from .ops import OP_IMPLS, MicrobatchState, last_token_rows
 from .options import RunOptions
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-KV_STORAGE = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
-_BITS = {1: torch.uint8, 2: torch.int16}
+#: step graphs a rank keeps built (the captured step's, the current one's, a caller's look-back)
+GRAPHS_KEPT = 4
 
 
 @dataclass
-class MicrobatchState:
-    """One microbatch's inputs and the values its ops produce.
+class RankStepOutput:
+    """What one step (decode, or the prefill) of one rank produced, and how long it took.
 
-    microbatch: 0 or 1. seqs: the rank's sequences it holds (a slice of the batch).
-    tokens: ``[t]`` input token ids (decode: one per sequence; prefill: each sequence's prompt,
-        one after another). positions: ``[t]`` position of each token in its sequence.
-    seq_ids: ``[t]`` the sequence (row of the rank's cache) of each token.
-    token_index: ``[t, 1]`` a rank-global token index (replica round-robin in remap).
-    cos / sin: ``[t, rope]`` rotary tables.
-    last_rows: prefill only: ``[seqs]`` row of each sequence's last token (the LM head's input).
-    values: name -> tensor (or list of names for ``"layer_out"``: the outputs the next fused
-        add+norm sums).
-    """
-
-    microbatch: int
-    seqs: slice
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    seq_ids: torch.Tensor
-    token_index: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    last_rows: torch.Tensor | None = None
-    values: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.tokens.shape[0]
-
-
-@dataclass
-class StepResult:
-    """One decode step of one rank.
-
-    logits: ``[B, vocab]`` fp32. next_tokens: ``[B]``. hidden: ``[B, h]`` final-norm output.
-    step_us: wall time of the step. events: per-op trace events (times from the step start).
+    logits: ``[B, vocab]`` fp32 of each sequence's last token. next_tokens: ``[B]``.
+    hidden: ``[B, h]`` final-norm output. step_us: wall time of the step.
+    events: per-op trace events (times from the step start).
     """
 
     logits: torch.Tensor
@@ -84,53 +56,6 @@ class StepResult:
     hidden: torch.Tensor
     step_us: float
     events: list[TraceEvent]
-
-
-class LatentCache:
-    """MLA's KV cache: per layer a latent ``[B, capacity, r]`` and a RoPE key ``[B, capacity, p]``,
-    stored in bf16 or float8_e4m3fn (fp8: one fp32 scale per token row), widened on read."""
-
-    def __init__(self, layers: int, seqs: int, capacity: int, latent: int, rope: int,
-                 storage: torch.dtype, device: torch.device) -> None:
-        self.storage = storage
-        self.capacity = capacity
-        self.c = [torch.zeros(seqs, capacity, latent, dtype=storage, device=device)
-                  for _ in range(layers)]
-        self.c_scale = [torch.ones(seqs, capacity, device=device) for _ in range(layers)]
-        self.pe = [torch.zeros(seqs, capacity, rope, dtype=storage, device=device)
-                   for _ in range(layers)]
-        self.pe_scale = [torch.ones(seqs, capacity, device=device) for _ in range(layers)]
-
-    def write(self, layer: int, seqs: torch.Tensor, positions: torch.Tensor, c: torch.Tensor,
-              pe: torch.Tensor) -> None:
-        """Store ``c [t, r]`` and ``pe [t, p]`` of sequences ``seqs [t]`` at ``positions [t]``."""
-        qc, sc = kernels.quantize_rows(c, self.storage)
-        qp, sp = kernels.quantize_rows(pe, self.storage)
-        # write through an integer view of the same bits: index_put is not implemented for
-        # float8 on every device
-        bits = _BITS[self.c[layer].element_size()]
-        self.c[layer].view(bits)[seqs, positions] = qc.view(bits)
-        self.c_scale[layer][seqs, positions] = sc
-        self.pe[layer].view(bits)[seqs, positions] = qp.view(bits)
-        self.pe_scale[layer][seqs, positions] = sp
-
-    def widened(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every layer's entries as stored, widened to fp32 on the CPU: ``c [layers, seqs,
-        capacity, r]`` and ``pe [layers, seqs, capacity, p]`` (what ``--check`` compares)."""
-        c = [kernels.dequantize_rows(q, s, torch.float32) for q, s in zip(self.c, self.c_scale,
-                                                                           strict=True)]
-        pe = [kernels.dequantize_rows(q, s, torch.float32) for q, s in zip(self.pe, self.pe_scale,
-                                                                            strict=True)]
-        return torch.stack(c).cpu(), torch.stack(pe).cpu()
-
-    def read(self, layer: int, seqs: slice, upto: int,
-             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[t, upto, r]`` and ``[t, upto, p]`` widened to ``dtype``."""
-        c = kernels.dequantize_rows(self.c[layer][seqs, :upto], self.c_scale[layer][seqs, :upto],
-                                    dtype)
-        pe = kernels.dequantize_rows(self.pe[layer][seqs, :upto],
-                                     self.pe_scale[layer][seqs, :upto], dtype)
-        return c, pe
 
 
 class Clock:
@@ -204,7 +129,8 @@ class RankRuntime:
             self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
             self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
         self.steps_done = 0
-        self._graphs: dict[int, OpGraph] = {}
+        # each step's graph differs (the context grows): keep only the last few
+        self._graphs: OrderedDict[int, OpGraph] = OrderedDict()
         self.batch_index = rank * b  # first rank-global sequence index
 
     # -- set-up -----------------------------------------------------------------------------
@@ -249,6 +175,9 @@ class RankRuntime:
                                  f"{', '.join(missing)} for this plan")
             self._check_weights(graph)
             self._graphs[step] = graph
+            while len(self._graphs) > GRAPHS_KEPT:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(step)
         return self._graphs[step]
 
     def _check_weights(self, graph: OpGraph) -> None:
@@ -266,7 +195,7 @@ class RankRuntime:
 
     # -- the step ---------------------------------------------------------------------------
 
-    def step(self, capturing: bool = False) -> StepResult:
+    def step(self, capturing: bool = False) -> RankStepOutput:
         """Run one decode step of every sequence of this rank; advance the state in place.
 
         ``capturing``: the step is being recorded into a CUDA graph: no timing events, no
@@ -291,7 +220,7 @@ class RankRuntime:
         self.steps_done += 1
         return result
 
-    def prefill(self) -> StepResult:
+    def prefill(self) -> RankStepOutput:
         """Run the prompts (``context - 1`` random tokens per sequence) through the prefill graph,
         filling the KV cache; the last tokens' logits give the first decode inputs."""
         graph = self.graph(-1)
@@ -321,7 +250,7 @@ class RankRuntime:
         return MicrobatchState(mb, seqs, tokens, positions, seq_ids, token_index, cos, sin,
                                last_rows)
 
-    def _run(self, graph: OpGraph, states: list[MicrobatchState], capturing: bool) -> StepResult:
+    def _run(self, graph: OpGraph, states: list[MicrobatchState], capturing: bool) -> RankStepOutput:
         """Walk the schedule: issue every op, wait on collectives where the graph says."""
         clock = Clock(self.device)
         marks: list[tuple[Op, str, Any, Any]] = []
@@ -358,292 +287,5 @@ class RankRuntime:
             for op, stream, t0, t1 in marks]
         logits = torch.cat([s.values["logits"] for s in states])
         next_tokens = torch.cat([s.values["next_tokens"] for s in states])
-        hidden = torch.cat([_last(s, s.values["final_hidden"]) for s in states])
-        return StepResult(logits, next_tokens, hidden, step_us, events)
-
-
-def _last(st: MicrobatchState, x: torch.Tensor) -> torch.Tensor:
-    """Prefill: each sequence's last row; decode: every row."""
-    return x if st.last_rows is None else x.index_select(0, st.last_rows)
-
-
-# --------------------------------------------------------------------------------------------
-# Op implementations, one per kind; within a kind, tables keyed by the op's name
-# --------------------------------------------------------------------------------------------
-
-Impl = Callable[[RankRuntime, Op, MicrobatchState], Any]
-
-
-def _embedding(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["embed_out"] = rt.weight(op)[st.tokens]
-    st.values["layer_out"] = ["embed_out"]
-
-
-def _sum_outputs(st: MicrobatchState) -> torch.Tensor:
-    outs = [st.values[k] for k in st.values["layer_out"]]
-    total = outs[0]
-    for extra in outs[1:]:
-        total = total + extra
-    return total
-
-
-def _add_norm(rt: RankRuntime, op: Op, st: MicrobatchState, new: torch.Tensor,
-              out_key: str) -> None:
-    # fused add + RMSNorm: the residual stream absorbs the block output, then normalise
-    residual = st.values["residual"] + new if op.dims.get("residual") else new
-    st.values["residual"] = residual
-    st.values[out_key] = kernels.rms_norm(residual, rt.weight(op), rt.model.rms_norm_eps)
-
-
-def _ffn_norm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    _add_norm(rt, op, st, st.values["attn_out"], "h")
-    st.values["layer_out"] = []  # the FFN block's outputs are collected from here on
-
-
-def _norm_kv_a(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    kv = st.values["kv_a"]
-    st.values["c_kv"] = kernels.rms_norm(kv[:, :rt.latent], rt.weight(op), rt.model.rms_norm_eps)
-    st.values["k_pe"] = kv[:, rt.latent:]
-
-
-NORMS: dict[str, Impl] = {
-    "attn_norm": lambda rt, op, st: _add_norm(rt, op, st, _sum_outputs(st), "h"),
-    "ffn_norm": lambda rt, op, st: _ffn_norm(rt, op, st),
-    "final_norm": lambda rt, op, st: _add_norm(rt, op, st, _sum_outputs(st), "final_hidden"),
-    "attn.q_a_norm": lambda rt, op, st: st.values.__setitem__(
-        "q_a", kernels.rms_norm(st.values["q_a"], rt.weight(op), rt.model.rms_norm_eps)),
-    "attn.kv_a_norm": _norm_kv_a,
-}
-
-
-def _norm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    NORMS[op.name](rt, op, st)
-
-
-def _q_nope(rt: RankRuntime, st: MicrobatchState) -> torch.Tensor:
-    return st.values["q"].view(st.num_tokens, rt.heads, rt.nope + rt.rope)[..., :rt.nope]
-
-
-#: gemm name -> (input of the microbatch, output name)
-GEMMS: dict[str, tuple[Callable[[RankRuntime, MicrobatchState], torch.Tensor], str]] = {
-    "attn.q_a": (lambda rt, st: st.values["h"], "q_a"),
-    "attn.q_b": (lambda rt, st: st.values["q_a"], "q"),
-    "attn.q_proj": (lambda rt, st: st.values["h"], "q"),
-    "attn.kv_a": (lambda rt, st: st.values["h"], "kv_a"),
-    "attn.kv_b": (lambda rt, st: st.values["c_kv"], "kv_up"),
-    "attn.q_absorb": (_q_nope, "q_lat"),
-    "attn.v_absorb": (lambda rt, st: st.values["o_lat"], "attn_v"),
-    "attn.o_proj": (lambda rt, st: st.values["attn_v"].reshape(st.num_tokens, -1), "attn_out"),
-    "mlp.gate_up": (lambda rt, st: st.values["h"], "mlp_gu"),
-    "mlp.down": (lambda rt, st: st.values["mlp_act"], "mlp_out"),
-    "moe.shared.gate_up": (lambda rt, st: st.values["h"], "shared_gu"),
-    "moe.shared.gate": (lambda rt, st: st.values["h"], "shared_gate"),
-    "moe.shared.up": (lambda rt, st: st.values["h"], "shared_up"),
-    "moe.shared.down": (lambda rt, st: st.values["shared_act"], "shared_out"),
-}
-#: gemm outputs that are a block's output (summed by the next fused add+norm)
-BLOCK_OUTPUTS = {"mlp_out", "shared_out"}
-
-
-def _gemm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    source, out = GEMMS[op.name]
-    x, w = source(rt, st), rt.weight(op)
-    # batch > 1: MLA's per-head absorption, a batched GEMM over heads
-    st.values[out] = torch.einsum("tbk,bkn->tbn", x, w) if op.dims["batch"] > 1 else x @ w
-    if out in BLOCK_OUTPUTS:
-        st.values["layer_out"].append(out)
-
-
-def _shared_act(st: MicrobatchState) -> torch.Tensor:
-    if "shared_gu" in st.values:
-        return kernels.silu_and_mul(st.values["shared_gu"])
-    return torch.nn.functional.silu(st.values["shared_gate"]) * st.values["shared_up"]
-
-
-ELEMENTWISE: dict[str, tuple[Callable[[MicrobatchState], torch.Tensor], str]] = {
-    "mlp.act": (lambda st: kernels.silu_and_mul(st.values["mlp_gu"]), "mlp_act"),
-    "moe.shared.act": (_shared_act, "shared_act"),
-    "moe.experts.act": (lambda st: kernels.silu_and_mul(st.values["ex_gu"]), "ex_act"),
-}
-
-
-def _elementwise(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    fn, out = ELEMENTWISE[op.name]
-    st.values[out] = fn(st)
-
-
-def _rope(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    t = st.num_tokens
-    q = st.values["q"].view(t, rt.heads, rt.nope + rt.rope)
-    q_pe = kernels.apply_rope(q[..., rt.nope:], st.cos, st.sin)
-    st.values["q"] = torch.cat([q[..., :rt.nope], q_pe], dim=-1).reshape(t, -1)
-    st.values["k_pe"] = kernels.apply_rope(st.values["k_pe"], st.cos, st.sin)
-    st.values["roped"] = True
-
-
-def _attention_decode(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    t = st.num_tokens
-    q_pe = st.values["q"].view(t, rt.heads, rt.nope + rt.rope)[..., rt.nope:]
-    k_pe = st.values["k_pe"]
-    if not st.values.get("roped"):  # fused RoPE: rotate inside the attention kernel
-        q_pe = kernels.apply_rope(q_pe, st.cos, st.sin)
-        k_pe = kernels.apply_rope(k_pe, st.cos, st.sin)
-    rt.cache.write(op.layer, st.seq_ids, st.positions, st.values["c_kv"], k_pe)
-    # eager reads only the filled part; static shapes read the whole buffer, masked
-    upto = rt.cache.capacity if rt.static else int(st.positions.max()) + 1
-    c, pe = rt.cache.read(op.layer, st.seqs, upto, rt.dtype)
-    st.values["o_lat"] = kernels.mla_decode_absorbed(
-        st.values["q_lat"], q_pe.contiguous(), c, pe, st.positions + 1, rt.softmax_scale)
-    st.values.pop("roped", None)
-
-
-def _attention_prefill(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    """Causal MLA over each sequence's prompt with per-head K and V from ``attn.kv_b``; the
-    latents and RoPE keys go into the cache for the decode steps (no cached prefix here)."""
-    if op.dims["new_tokens"] != op.dims["context"]:
-        raise EpsimError("prefill with a cached prefix (chunked prefill) is not implemented")
-    t, H, n, p = st.num_tokens, rt.heads, rt.nope, rt.rope
-    q = st.values["q"].view(t, H, n + p)
-    q_pe, k_pe = q[..., n:], st.values["k_pe"]
-    if not st.values.get("roped"):  # fused RoPE
-        q_pe = kernels.apply_rope(q_pe, st.cos, st.sin)
-        k_pe = kernels.apply_rope(k_pe, st.cos, st.sin)
-    rt.cache.write(op.layer, st.seq_ids, st.positions, st.values["c_kv"], k_pe)
-    kv = st.values["kv_up"].view(t, H, n + rt.v_dim)
-    seqs, length = st.seqs.stop - st.seqs.start, op.dims["new_tokens"]
-    q_full = torch.cat([q[..., :n], q_pe], dim=-1).view(seqs, length, H, n + p)
-    k_full = torch.cat([kv[..., :n], k_pe[:, None, :].expand(t, H, p)], dim=-1)
-    k_full = k_full.view(seqs, length, H, n + p)
-    v = kv[..., n:].reshape(seqs, length, H, rt.v_dim)
-    scores = torch.einsum("sqhd,skhd->shqk", q_full, k_full) * rt.softmax_scale
-    causal = torch.ones(length, length, dtype=torch.bool, device=rt.device).tril()
-    scores = scores.masked_fill(~causal, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    st.values["attn_v"] = torch.einsum("shqk,skhd->sqhd", probs, v).reshape(t, H, rt.v_dim)
-    st.values.pop("roped", None)
-
-
-def _router(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    moe = rt.model.moe
-    h = st.values["h"]
-    logits = h.float() @ rt.weight(op).float()
-    ids, weights = kernels.route_grouped_sigmoid(
-        logits, rt.weight(op, ".bias"), moe.top_k, moe.n_group, moe.topk_group,
-        moe.routed_scaling_factor, moe.norm_topk_prob)
-    slots = remap(ids, rt.l2p[op.layer], rt.replicas[op.layer], st.token_index)
-    st.values["topk_ids"], st.values["topk_slots"], st.values["topk_w"] = ids, slots, weights
-    if not rt.plan.expert_parallel:  # every slot is local: no exchange
-        st.values["recv"] = comm.DispatchResult(h, slots, weights, None)
-
-
-def _dispatch(rt: RankRuntime, op: Op, st: MicrobatchState) -> comm.Pending:
-    if rt.mori is not None:  # MORI-EP: its own kernels, finished when they return
-        x, slots, weights = rt.mori.dispatch(st.values["h"], st.values["topk_slots"],
-                                             st.values["topk_w"])
-        st.values["recv"] = comm.DispatchResult(x, slots, weights, None)
-        return comm.Pending([], lambda: None)
-    args = (st.values["h"], st.values["topk_slots"], st.values["topk_w"], rt.slots_per_rank)
-    if rt.static:
-        handle = comm.dispatch_static(*args, capacity=st.num_tokens, group=rt.group)
-    else:
-        handle = comm.dispatch_dynamic(*args, group=rt.group)
-    return _then(handle, lambda result: st.values.__setitem__("recv", result))
-
-
-def _combine(rt: RankRuntime, op: Op, st: MicrobatchState) -> comm.Pending:
-    y, layout = st.values["expert_out"], st.values["recv"].layout
-    st.values["layer_out"].append("routed_out")  # arrives when waited on
-    if rt.mori is not None:
-        recv = st.values["recv"]
-        st.values["routed_out"] = rt.mori.combine(y, recv.weights, recv.slots)
-        return comm.Pending([], lambda: None)
-    if rt.static:
-        handle = comm.combine_static(y, layout, group=rt.group)
-    else:
-        handle = comm.combine_dynamic(y, layout, group=rt.group)
-    return _then(handle, lambda out: st.values.__setitem__("routed_out", out))
-
-
-def _then(handle: comm.Pending, store: Callable[[Any], None]) -> comm.Pending:
-    finish = handle.finish
-    return comm.Pending(handle.works, lambda: store(finish()))
-
-
-def _local_slots(rt: RankRuntime, st: MicrobatchState) -> torch.Tensor:
-    slots = st.values["recv"].slots
-    local = slots - rt.slot_base
-    mine = (local >= 0) & (local < rt.slots_per_rank)
-    return torch.where(mine, local, torch.full_like(local, -1))
-
-
-def _experts_output(rt: RankRuntime, st: MicrobatchState, y: torch.Tensor) -> None:
-    if rt.plan.expert_parallel:
-        st.values["expert_out"] = y  # combine sends it back
-    else:
-        st.values["routed_out"] = y
-        st.values["layer_out"].append("routed_out")
-
-
-def _experts_fused(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    recv = st.values["recv"]
-    gate_up, down = rt.experts[op.layer]
-    y = rt.moe_backend(recv.x, _local_slots(rt, st), recv.weights, gate_up, down)
-    _experts_output(rt, st, y)
-
-
-def _experts_gate_up(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    recv, (gate_up, _) = st.values["recv"], rt.experts[op.layer]
-    local = _local_slots(rt, st)
-    st.values["ex_local"] = local
-    if rt.static:
-        st.values["ex_gu"] = kernels.masked_gate_up(recv.x, gate_up)
-    else:
-        pairs = kernels.sort_pairs(local, recv.weights, gate_up.shape[0])
-        st.values["ex_pairs"] = pairs
-        st.values["ex_gu"] = kernels.sorted_gate_up(recv.x, pairs, gate_up)
-
-
-def _experts_down(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    recv, (_, down) = st.values["recv"], rt.experts[op.layer]
-    if rt.static:
-        y = kernels.masked_down(st.values["ex_act"], st.values["ex_local"], recv.weights, down)
-    else:
-        y = kernels.sorted_down(st.values["ex_act"], st.values["ex_pairs"], down)
-    _experts_output(rt, st, y)
-
-
-GROUPED_GEMMS: dict[str, Impl] = {
-    "moe.experts": _experts_fused,
-    "moe.experts.gate_up": _experts_gate_up,
-    "moe.experts.down": _experts_down,
-}
-
-
-def _grouped_gemm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    GROUPED_GEMMS[op.name](rt, op, st)
-
-
-def _lm_head(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["logits"] = _last(st, st.values["final_hidden"]).float() @ rt.weight(op).float()
-
-
-def _sample(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["next_tokens"] = st.values["logits"].argmax(-1)  # greedy
-
-
-#: op kind -> implementation (the runtime's half of the op-graph contract)
-OP_IMPLS: dict[str, Impl] = {
-    "embedding": _embedding,
-    "norm": _norm,
-    "gemm": _gemm,
-    "elementwise": _elementwise,
-    "rope": _rope,
-    "attention_decode": _attention_decode,
-    "attention_prefill": _attention_prefill,
-    "router": _router,
-    "dispatch": _dispatch,
-    "grouped_gemm": _grouped_gemm,
-    "combine": _combine,
-    "lm_head": _lm_head,
-    "sample": _sample,
-}
+        hidden = torch.cat([last_token_rows(s, s.values["final_hidden"]) for s in states])
+        return RankStepOutput(logits, next_tokens, hidden, step_us, events)

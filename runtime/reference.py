@@ -27,7 +27,7 @@ from epsim.model.ids import NO_LAYER, weight_key
 
 from . import kernels
 from . import weights as W
-from .executor import KV_STORAGE
+from .kv_cache import KV_STORAGE
 
 
 @dataclass
