@@ -26,8 +26,9 @@ Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` 
 ``run_exact`` simulates that with simpy (one compute process and one comm process per rank, a
 barrier per collective and group, rate changes as events). ``run_fast`` computes the same times
 directly in issue order, vectorised over ranks with numpy, and folds runs of compute ops that wait
-on nothing but the previous op into one step (their fluid progress composes exactly). The fold is
-exact when every collective depends on the op issued just before it, which is how
+on nothing but the previous op into one step (their fluid progress composes exactly). A collective
+waits for its dependencies except those another of them reads (``collective_waits``); the fold is
+exact when those are issued just before the collective, which is how
 ``model.graph.build_step_graph`` builds them.
 
 The fast executor's folded runs know only the run's total time, so when comm interference
@@ -124,6 +125,15 @@ class Timeline:
     comm_busy: np.ndarray
 
 
+def collective_waits(i: int, is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...]
+                     ) -> tuple[int, ...]:
+    """The dependencies collective ``i`` waits for: all but the compute ones that another of its
+    dependencies reads itself (those end before that one starts, so they never bind). Example:
+    an EP dispatch reads the norm's rows and the router's choice; the router reads the norm."""
+    implied = {d for other in deps[i] for d in deps[other]}
+    return tuple(d for d in deps[i] if is_coll[d] or d not in implied)
+
+
 def build_chains(is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...], fold: bool
                  ) -> tuple[tuple[int, ...], ...]:
     """Cut the issue order into executor steps: a collective alone, or a run of compute ops of
@@ -131,8 +141,9 @@ def build_chains(is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...], fold: b
     order. ``fold=False``: every op alone."""
     chains: list[tuple[int, ...]] = []
     current: list[int] = []
-    # a collective reads the end time of each of its dependencies: they must end a run
-    ends_run = {d for i in range(len(is_coll)) if is_coll[i] for d in deps[i]}
+    # a collective reads the end time of each compute op it waits for: they must end a run
+    ends_run = {d for i in range(len(is_coll)) if is_coll[i]
+                for d in collective_waits(i, is_coll, deps) if not is_coll[d]}
     for i in range(len(is_coll)):
         if is_coll[i]:
             if current:
@@ -230,7 +241,8 @@ def plan_steps(prog: Program, fold: bool) -> StepPlan:
     for chain in chains:
         first = chain[0]
         if prog.is_coll[first]:
-            steps.append(_Step(True, first, first, chain, tuple(prog.deps[first]),
+            steps.append(_Step(True, first, first, chain,
+                               collective_waits(first, prog.is_coll, prog.deps),
                                int(prog.group_size[first]), cats_all[first],
                                np.zeros(0, dtype=np.int64), np.zeros(0), 0.0))
             continue
