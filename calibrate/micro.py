@@ -210,13 +210,13 @@ def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 
         op = gemm_op(m, n, k)
         rt = types.SimpleNamespace(weight=lambda op, suffix="", w=w: w)
         st = MicrobatchState(0, slice(0, m), torch.zeros(m), torch.zeros(m), torch.zeros(m),
-                             torch.zeros(m, 1), torch.zeros(1), torch.zeros(1), values={"h": x})
+                             torch.zeros(m, 1), torch.zeros(1), torch.zeros(1))
         impl = OP_IMPLS["gemm"]
         times = []
         for i in range(repeats + 2):
             _sync(device)
             t0 = time.perf_counter()
-            impl(rt, op, st)
+            impl(rt, op, {"h": x}, st)
             _sync(device)
             if i >= 2:
                 times.append(time.perf_counter() - t0)

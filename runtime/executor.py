@@ -1,15 +1,16 @@
 """The executor: runs one rank's op graph in the order of the shared schedule, timing every op.
 
 ``RankRuntime.step()`` builds ``build_step_graph(model, plan, Batch.decode(batch, context))`` for
-the step, walks ``graph.schedule.slots`` in order and calls ``OP_IMPLS[op.kind]`` for each op id.
-An implementation reads and writes its microbatch's named values (``"h"``, ``"q"``, ...) and the
-weights named by the op (``model.ids.weight_key``). Collectives (dispatch, combine) return a
-:class:`runtime.comm.Pending`; the executor waits on it only when an op whose graph predecessor
-it is comes up, so under DBO one microbatch's exchange is in flight while the other computes.
+the step, walks ``graph.schedule.slots`` in order and calls ``OP_IMPLS[op.kind]`` (``runtime.ops``)
+for each op id with the values the op reads, as the graph's edges say (``OpGraph.inputs``), and
+keeps what it writes under ``(op id, value name)`` until the last op that reads it has run
+(:class:`ValueFlow`). Collectives (dispatch, combine) return a :class:`runtime.comm.Pending`; the
+executor waits on it only when an op that reads its result comes up, so under DBO one
+microbatch's exchange is in flight while the other computes.
 
-Every op becomes a :class:`model.trace.TraceEvent` with the graph's op id: compute ops on the
-``compute`` stream (wall clock on the CPU, CUDA events on a GPU), collectives on ``comm`` from
-issue to the end of the wait that needed them.
+Every op becomes a :class:`model.trace.TraceEvent` with the graph's op id, in issue order: compute
+ops on the ``compute`` stream (wall clock on the CPU, CUDA events on a GPU), collectives on
+``comm`` from issue to the end of the wait that needed them.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ class RankRuntime:
             self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
         self.steps_done = 0
         # each step's graph differs (the context grows): keep only the last few
-        self._graphs: OrderedDict[int, OpGraph] = OrderedDict()
+        self._graphs: OrderedDict[int, tuple[OpGraph, ValueFlow]] = OrderedDict()
         self.batch_index = rank * b  # first rank-global sequence index
 
     # -- set-up -----------------------------------------------------------------------------
@@ -163,6 +164,9 @@ class RankRuntime:
     def graph(self, step: int) -> OpGraph:
         """The op graph of decode step ``step`` (context grows by one per step); step -1 is the
         prefill of ``context - 1`` prompt tokens per sequence."""
+        return self._step_graph(step)[0]
+
+    def _step_graph(self, step: int) -> tuple[OpGraph, ValueFlow]:
         if step not in self._graphs:
             if step < 0:
                 batch = Batch.prefill(self.opts.batch, self.opts.context - 1)
@@ -174,7 +178,7 @@ class RankRuntime:
                 raise EpsimError(f"the runtime has no implementation of op kind(s) "
                                  f"{', '.join(missing)} for this plan")
             self._check_weights(graph)
-            self._graphs[step] = graph
+            self._graphs[step] = (graph, value_flow(graph))
             while len(self._graphs) > GRAPHS_KEPT:
                 self._graphs.popitem(last=False)
         self._graphs.move_to_end(step)
@@ -204,7 +208,7 @@ class RankRuntime:
         """
         if capturing and not self.static:
             raise AssertionError("graph capture needs the static-shape step")
-        graph = self.graph(0 if capturing else self.steps_done)
+        graph, flow = self._step_graph(0 if capturing else self.steps_done)
         positions = self.lengths.clone()
         states, start = [], 0
         for mb, n in enumerate(graph.microbatch_seqs):
@@ -213,7 +217,7 @@ class RankRuntime:
             seq_ids = torch.arange(seqs.start, seqs.stop, device=self.device)
             states.append(self._state(mb, seqs, self.tokens[seqs], positions[seqs], seq_ids,
                                       (self.batch_index + seq_ids)[:, None]))
-        result = self._run(graph, states, capturing)
+        result = self._run(graph, flow, states, capturing)
         # in place, so a captured graph's replay advances the same buffers
         self.lengths += 1
         self.tokens.copy_(result.next_tokens)
@@ -223,7 +227,7 @@ class RankRuntime:
     def prefill(self) -> RankStepOutput:
         """Run the prompts (``context - 1`` random tokens per sequence) through the prefill graph,
         filling the KV cache; the last tokens' logits give the first decode inputs."""
-        graph = self.graph(-1)
+        graph, flow = self._step_graph(-1)
         prompt_len = self.opts.context - 1
         prompts = W.initial_prompt(self.model, self.opts.seed, self.rank, self.opts.batch,
                                    prompt_len).to(self.device)
@@ -238,7 +242,7 @@ class RankRuntime:
             last = torch.arange(n, device=self.device) * prompt_len + prompt_len - 1
             states.append(self._state(mb, seqs, prompts[seqs].reshape(-1), positions, per_token,
                                       index, last))
-        result = self._run(graph, states, False)
+        result = self._run(graph, flow, states, False)
         self.lengths += prompt_len
         self.tokens.copy_(result.next_tokens)
         return result
@@ -250,11 +254,14 @@ class RankRuntime:
         return MicrobatchState(mb, seqs, tokens, positions, seq_ids, token_index, cos, sin,
                                last_rows)
 
-    def _run(self, graph: OpGraph, states: list[MicrobatchState], capturing: bool) -> RankStepOutput:
-        """Walk the schedule: issue every op, wait on collectives where the graph says."""
+    def _run(self, graph: OpGraph, flow: ValueFlow, states: list[MicrobatchState],
+             capturing: bool) -> RankStepOutput:
+        """Walk the schedule: issue every op with the values its graph edges bring, wait on a
+        collective where the first op that reads its result comes up."""
         clock = Clock(self.device)
-        marks: list[tuple[Op, str, Any, Any]] = []
-        pending: dict[str, tuple[comm.Pending, Any, Op]] = {}
+        marks: list[list[Any]] = []  # [op, stream, start, end] in issue order
+        pending: dict[str, tuple[comm.Pending, list[Any]]] = {}
+        values: dict[tuple[str, str], Any] = {}  # (producer op id, value name) -> value
         now = (lambda: None) if capturing else clock.now
         wall0 = time.perf_counter()
         if not capturing:
@@ -263,18 +270,24 @@ class RankRuntime:
             state = states[slot.microbatch]
             for op_id in slot.op_ids:
                 op = graph.ops[op_id]
-                # wait exactly where the graph says this op reads a collective's result
-                for pred in graph.graph.predecessors(op_id):
-                    if pred in pending:
-                        handle, t0, pop = pending.pop(pred)
-                        handle.wait()
-                        marks.append((pop, "comm", t0, now()))
-                t0 = now()
-                result = OP_IMPLS[op.kind](self, op, state)
+                reads = flow.reads[op_id]
+                for producer, _ in reads:
+                    if producer in pending:
+                        handle, mark = pending.pop(producer)
+                        _store(values, mark[0], handle.wait())
+                        mark[3] = now()
+                mark = [op, "compute", now(), None]
+                marks.append(mark)
+                result = OP_IMPLS[op.kind](self, op, {v: values[(p, v)] for p, v in reads}, state)
                 if isinstance(result, comm.Pending):
-                    pending[op_id] = (result, t0, op)
+                    mark[1] = "comm"
+                    pending[op_id] = (result, mark)
                 else:
-                    marks.append((op, "compute", t0, now()))
+                    mark[3] = now()
+                    _store(values, op, result)
+                for producer in flow.release.get(op_id, ()):
+                    for name in graph.ops[producer].outputs:
+                        values.pop((producer, name), None)
         if pending:  # the graph ends in sample, which depends on everything: a bug if not
             raise AssertionError(f"collectives never waited on: {sorted(pending)}")
         if self.device.type == "cuda" and not capturing:
@@ -285,7 +298,52 @@ class RankRuntime:
                        max(0.0, clock.us(t1) - clock.us(t0)), op.layer, op.microbatch,
                        {"tokens": states[op.microbatch].num_tokens})
             for op, stream, t0, t1 in marks]
-        logits = torch.cat([s.values["logits"] for s in states])
-        next_tokens = torch.cat([s.values["next_tokens"] for s in states])
-        hidden = torch.cat([last_token_rows(s, s.values["final_hidden"]) for s in states])
-        return RankStepOutput(logits, next_tokens, hidden, step_us, events)
+        outputs = [{name: values[where] for name, where in graph.results[s.microbatch].items()}
+                   for s in states]
+        return RankStepOutput(
+            logits=torch.cat([o["logits"] for o in outputs]),
+            next_tokens=torch.cat([o["next_tokens"] for o in outputs]),
+            hidden=torch.cat([last_token_rows(s, o["hidden"])
+                              for s, o in zip(states, outputs, strict=True)]),
+            step_us=step_us, events=events)
+
+
+def _store(values: dict[tuple[str, str], Any], op: Op, written: dict[str, Any]) -> None:
+    """Keep what ``op`` wrote, once it is exactly what the graph says it writes."""
+    if set(written) != set(op.outputs):
+        raise AssertionError(f"{op.id} wrote {sorted(written)}, the graph says {op.outputs}")
+    for name, value in written.items():
+        values[(op.id, name)] = value
+
+
+@dataclass(frozen=True)
+class ValueFlow:
+    """How values move through one step graph, worked out once per graph.
+
+    reads: op id -> ``(producer op id, value name)`` of each value it reads (``OpGraph.inputs``).
+    release: op id -> the producers whose values no op issued after it reads: they are dropped
+        once it ran, so a step holds only the live activations, not every layer's.
+    """
+
+    reads: dict[str, tuple[tuple[str, str], ...]]
+    release: dict[str, tuple[str, ...]]
+
+
+def value_flow(graph: OpGraph) -> ValueFlow:
+    """The :class:`ValueFlow` of ``graph`` in its schedule's issue order; the step's results
+    (``OpGraph.results``) are never released."""
+    reads: dict[str, tuple[tuple[str, str], ...]] = {}
+    last_reader: dict[str, str] = {}
+    for op_id in graph.schedule.order():
+        reads[op_id] = tuple(graph.inputs(op_id))
+        names = [name for _, name in reads[op_id]]
+        if len(set(names)) != len(names):
+            raise AssertionError(f"{op_id} reads two values of one name: {reads[op_id]}")
+        for producer, _ in reads[op_id]:
+            last_reader[producer] = op_id
+    kept = {producer for results in graph.results for producer, _ in results.values()}
+    release: dict[str, list[str]] = {}
+    for producer, reader in last_reader.items():
+        if producer not in kept:
+            release.setdefault(reader, []).append(producer)
+    return ValueFlow(reads, {op_id: tuple(p) for op_id, p in release.items()})
