@@ -625,53 +625,14 @@ class _StepBuilder:
             )
             pairs = tokens * moe.top_k  # this rank receives, on average, what it sends
             global_tokens = tokens * p.ep
-            received: list[Read] = [dispatch]
+            expert_inputs: list[Read] = [dispatch]
         else:  # every expert is local: the experts read the routing and the norm's rows
-            received = [router, (norm, "h")]
+            expert_inputs = [router, (norm, "h")]
             pairs = tokens * moe.top_k
             global_tokens = tokens
         untouched = (1.0 - moe.top_k / moe.num_experts) ** global_tokens
         active = experts_local * (1.0 - untouched)
-        bias = (2 * inter + h) if moe.expert_bias else 0
-        cat = "moe_experts"
-        ex_dt = self.expert_compute_dtype
-        if p.fusion.fused_moe:
-            weights = active * (3 * h * inter * self.edt + bias * self.act)
-            experts = self.e.emit(
-                layer, "moe.experts", "grouped_gemm", cat, deps=received, outputs=("expert_out",),
-                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
-                      "n": 2 * inter, "k": h, "inter": inter, "hidden": h, "gemms": 2,
-                      "fused": 1},
-                dtype=ex_dt,
-                flops=6.0 * pairs * h * inter + 4.0 * pairs * inter,
-                bytes_read=weights + pairs * h * self.act,
-                bytes_written=pairs * h * self.act,
-                weight_bytes=weights, routed=True,
-            )
-        else:
-            w_up = active * (2 * h * inter * self.edt + bias * self.act)
-            # writes the pair layout too (which rows go through which local expert), for down
-            gate_up = self.e.emit(
-                layer, "moe.experts.gate_up", "grouped_gemm", cat, deps=received,
-                outputs=("gate_up", "pairs"),
-                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
-                      "n": 2 * inter, "k": h, "gemms": 1, "fused": 0},
-                dtype=ex_dt, flops=4.0 * pairs * h * inter,
-                bytes_read=w_up + pairs * h * self.act, bytes_written=pairs * 2 * inter * self.act,
-                weight_bytes=w_up, routed=True,
-            )
-            act = self.elementwise(layer, "moe.experts.act", cat, 2 * inter, inter, 4.0,
-                                   tokens=pairs, routed=True)
-            w_down = active * h * inter * self.edt
-            experts = self.e.emit(
-                layer, "moe.experts.down", "grouped_gemm", cat, deps=[act, (gate_up, "pairs")],
-                outputs=("expert_out",),
-                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
-                      "n": h, "k": inter, "gemms": 1, "fused": 0},
-                dtype=ex_dt, flops=2.0 * pairs * h * inter,
-                bytes_read=w_down + pairs * inter * self.act, bytes_written=pairs * h * self.act,
-                weight_bytes=w_down, routed=True,
-            )
+        experts = self._routed_experts(layer, expert_inputs, pairs, experts_local, active, inter)
         if p.expert_parallel:
             # the results go back where the dispatch's layout says they came from
             combine = self.e.emit(
@@ -697,6 +658,53 @@ class _StepBuilder:
             outputs = [self.collective(layer, name, kind, "tp_comm", width_tokens, h, p.tp, "tp",
                                        out="moe_out", deps=outputs)]
         return outputs
+
+    def _routed_experts(self, layer: int, inputs: Sequence[Read], pairs: float,
+                        experts_local: int, active: float, inter: int) -> str:
+        """This rank's routed experts over ``pairs`` (token, expert) pairs: one fused op, or
+        gate/up, the activation and down; returns the op that writes ``expert_out``."""
+        h, p = self.m.hidden_size, self.p
+        bias = (2 * inter + h) if self.m.moe.expert_bias else 0
+        cat = "moe_experts"
+        ex_dt = self.expert_compute_dtype
+        if p.fusion.fused_moe:
+            weights = active * (3 * h * inter * self.edt + bias * self.act)
+            experts = self.e.emit(
+                layer, "moe.experts", "grouped_gemm", cat, deps=inputs, outputs=("expert_out",),
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": 2 * inter, "k": h, "inter": inter, "hidden": h, "gemms": 2,
+                      "fused": 1},
+                dtype=ex_dt,
+                flops=6.0 * pairs * h * inter + 4.0 * pairs * inter,
+                bytes_read=weights + pairs * h * self.act,
+                bytes_written=pairs * h * self.act,
+                weight_bytes=weights, routed=True,
+            )
+        else:
+            w_up = active * (2 * h * inter * self.edt + bias * self.act)
+            # writes the pair layout too (which rows go through which local expert), for down
+            gate_up = self.e.emit(
+                layer, "moe.experts.gate_up", "grouped_gemm", cat, deps=inputs,
+                outputs=("gate_up", "pairs"),
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": 2 * inter, "k": h, "gemms": 1, "fused": 0},
+                dtype=ex_dt, flops=4.0 * pairs * h * inter,
+                bytes_read=w_up + pairs * h * self.act, bytes_written=pairs * 2 * inter * self.act,
+                weight_bytes=w_up, routed=True,
+            )
+            act = self.elementwise(layer, "moe.experts.act", cat, 2 * inter, inter, 4.0,
+                                   tokens=pairs, routed=True)
+            w_down = active * h * inter * self.edt
+            experts = self.e.emit(
+                layer, "moe.experts.down", "grouped_gemm", cat, deps=[act, (gate_up, "pairs")],
+                outputs=("expert_out",),
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": h, "k": inter, "gemms": 1, "fused": 0},
+                dtype=ex_dt, flops=2.0 * pairs * h * inter,
+                bytes_read=w_down + pairs * inter * self.act, bytes_written=pairs * h * self.act,
+                weight_bytes=w_down, routed=True,
+            )
+        return experts
 
     def head(self, layer_outputs: Sequence[str]) -> str:
         self.e.begin_block()

@@ -5,6 +5,7 @@ import pytest
 pytest.importorskip("torch")
 
 from epsim.model import Batch, build_step_graph, load_model, make_plan  # noqa: E402
+from epsim.model.ids import NO_LAYER, op_id  # noqa: E402
 from epsim.runtime.executor import _store, value_flow  # noqa: E402
 
 TINY = load_model("tiny-deepseek")
@@ -24,7 +25,7 @@ def test_every_value_is_dropped_once_after_its_last_reader(graph):
     assert sum(len(p) for p in flow.release.values()) == len(released_at)
     # the step's results (final hidden state, logits, next tokens) stay; everything else goes
     kept = {producer for results in graph.results for producer, _ in results.values()}
-    assert kept == {f"{name}.mb{mb}" for name in ("final_norm", "lm_head", "sample")
+    assert kept == {op_id(NO_LAYER, name, mb) for name in ("final_norm", "lm_head", "sample")
                     for mb in (0, 1)}
     assert set(released_at) == set(graph.ops) - kept
     for producer, reader in graph.graph.edges:
