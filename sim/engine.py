@@ -209,8 +209,9 @@ class _Step:
 
 @dataclass(frozen=True, eq=False)
 class StepPlan:
-    """A program's executor steps, with what the accounting after a walk needs of them (worked
-    out on first use and kept here: a compiled program runs once per simulated step)."""
+    """A program's executor steps, with what the accounting after a walk needs of them: worked
+    out on first use and kept with the steps, since a compiled program is run for every step the
+    serving simulator times."""
 
     steps: tuple[_Step, ...]
 
