@@ -9,7 +9,7 @@ Two sweeps, each returning a pandas DataFrame with one row per measured op shape
                torch-sorted MoE backend over tokens per expert, norms, elementwise, router,
                embedding, LM head and sampling. The executor's own time between ops (the step's
                wall time minus its ops) is kept per step as ``gap_s``.
-``gemm_sweep`` the runtime's GEMM implementation (``OP_IMPLS["gemm"]``) over an (M, N, K) grid
+``gemm_sweep`` the runtime's GEMM implementation (``epsim.runtime.ops.OP_IMPLS["gemm"]``) over an (M, N, K) grid
                larger than the models', which pins the achievable FLOP/s.
 
 Every row carries the op's graph features (``flops``, ``bytes``, dims) exactly as
@@ -186,7 +186,7 @@ def op_sweep(folder: Path, shapes: Sequence[Shape] = CALIBRATION_SHAPES,
 
 def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 15,
                device: str = "cpu") -> pd.DataFrame:
-    """Time the runtime's GEMM implementation (``epsim.runtime.executor.OP_IMPLS["gemm"]``) over an
+    """Time the runtime's GEMM implementation (``epsim.runtime.ops.OP_IMPLS["gemm"]``) over an
     (M, N, K) grid, fp32, one thread on the CPU.
 
     Returns:
@@ -198,7 +198,7 @@ def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 
 
     import torch
 
-    from epsim.runtime.executor import OP_IMPLS, MicrobatchState
+    from epsim.runtime.ops import OP_IMPLS, MicrobatchState
 
     torch.set_num_threads(1)
     dev = torch.device(device)
@@ -210,13 +210,13 @@ def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 
         op = gemm_op(m, n, k)
         rt = types.SimpleNamespace(weight=lambda op, suffix="", w=w: w)
         st = MicrobatchState(0, slice(0, m), torch.zeros(m), torch.zeros(m), torch.zeros(m),
-                             torch.zeros(m, 1), torch.zeros(1), torch.zeros(1), values={"h": x})
+                             torch.zeros(m, 1), torch.zeros(1), torch.zeros(1))
         impl = OP_IMPLS["gemm"]
         times = []
         for i in range(repeats + 2):
             _sync(device)
             t0 = time.perf_counter()
-            impl(rt, op, st)
+            impl(rt, op, {"h": x}, st)
             _sync(device)
             if i >= 2:
                 times.append(time.perf_counter() - t0)

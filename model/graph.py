@@ -3,15 +3,21 @@
 Glossary:
     op id      ``L{layer}.{name}.mb{microbatch}`` for ops inside decoder layers
                (``L12.moe.dispatch.mb1``), ``{name}.mb{microbatch}`` outside them
-               (``embed.mb0``, ``lm_head.mb0``). Stable: the same model, plan and batch give the
-               same ids, and the runtime's trace uses them too.
+               (``embed.mb0``, ``lm_head.mb0``), built by :func:`model.ids.op_id`. Stable: the
+               same model, plan and batch give the same ids, and the runtime's trace uses them too.
     name       the op's role inside its layer (``attn.q_a``, ``moe.experts``); with the layer it
-               names the weights an op uses.
+               names the weights an op uses (:func:`model.ids.weight_key`).
     kind       what sort of kernel it is (``OP_KINDS``); cost models and runtime implementations are
                registered per kind.
-    category   where its time is reported: attention, moe_experts, dispatch, combine, dense,
-               tp_comm, other.
+    category   where its time is reported (``OP_CATEGORIES``): attention, moe_experts, dense,
+               other, dispatch, combine, tp_comm.
+    routed     the op's cost depends on the step's expert routing (the routed experts, EP dispatch
+               and combine): the simulator replaces its nominal figures with sampled routing.
     dims       the kind-specific sizes a cost model or an implementation needs (``KIND_DIMS``).
+    value      a tensor an op writes, named per op (``Op.outputs``: ``"h"`` and ``"residual"`` for
+               a fused add+norm, ``"q"`` for ``attn.q_b``); an edge u -> v carries the names of
+               u's values v reads (``values``), so ``OpGraph.inputs`` says what every op consumes
+               and from whom. The runtime passes values along exactly these edges.
     tokens     rows of the activations an op works on; decode: one per sequence.
     pairs      (token, expert) pairs a rank's routed experts process.
 
@@ -33,6 +39,7 @@ import networkx as nx
 from .config import ModelConfig
 from .dtypes import COMPUTE_DTYPE, bytes_per_element
 from .errors import EpsimError
+from .ids import NO_LAYER, op_id
 from .plan import ParallelPlan
 from .schedule import Schedule, build_schedule
 
@@ -42,6 +49,10 @@ OP_KINDS: tuple[str, ...] = (
     "sample",
 )
 COLLECTIVE_KINDS = frozenset({"dispatch", "combine", "all_reduce", "all_gather"})
+#: where an op's time is reported (the simulator's breakdown adds its own ``launch``)
+OP_CATEGORIES: tuple[str, ...] = (
+    "attention", "moe_experts", "dense", "other", "dispatch", "combine", "tp_comm",
+)
 
 #: the dims each kind carries (every op of the kind has at least these keys)
 KIND_DIMS: dict[str, tuple[str, ...]] = {
@@ -118,9 +129,9 @@ class Op:
     id: stable id, e.g. ``"L12.moe.dispatch.mb1"``.
     kind: one of ``OP_KINDS``.
     name: role inside the layer, e.g. ``"moe.dispatch"``.
-    layer: decoder layer, -1 outside the layers.
+    layer: decoder layer, ``NO_LAYER`` (-1) outside the layers.
     microbatch: 0, or 1 under DBO.
-    category: breakdown bucket (attention, moe_experts, dispatch, combine, dense, tp_comm, other).
+    category: breakdown bucket, one of ``OP_CATEGORIES``.
     dims: kind-specific sizes, see ``KIND_DIMS``. Example for a gemm: ``{"batch": 1, "m": 512,
         "n": 1536, "k": 7168}``.
     dtype: compute dtype (``"fp8"`` for DeepSeek's FP8 GEMMs, else ``"bf16"``).
@@ -128,6 +139,10 @@ class Op:
     bytes_read / bytes_written: HBM traffic in bytes.
     weight_bytes: the weight part of ``bytes_read``.
     peer_bytes: collectives only: bytes sent to each group member, index = rank in the group.
+    routed: its cost follows the step's expert routing (routed experts, dispatch, combine); the
+        figures above assume uniform routing.
+    outputs: names of the values it writes, the first its main one. Example: ``("c_kv",
+        "k_pe")`` for ``attn.kv_a_norm`` (the normalised latent, the RoPE key passed through).
     """
 
     id: str
@@ -143,6 +158,8 @@ class Op:
     bytes_written: float
     weight_bytes: float = 0.0
     peer_bytes: tuple[float, ...] | None = None
+    routed: bool = False
+    outputs: tuple[str, ...] = ("out",)
 
     @property
     def is_collective(self) -> bool:
@@ -159,10 +176,15 @@ class OpGraph:
 
     model / plan / batch: what was built.
     ops: op id -> :class:`Op`, in issue order of microbatch 0 then 1.
-    graph: networkx DiGraph over op ids; an edge u -> v means v reads what u wrote.
+    graph: networkx DiGraph over op ids; an edge u -> v means v reads what u wrote: its
+        ``values`` attribute names which of u's outputs. Example: ``L3.attn.kv_a_norm.mb0 ->
+        L3.attn.core.mb0`` carries ``("k_pe", "c_kv")`` (decode, fused RoPE).
     schedule: the issue order (:mod:`model.schedule`).
     captured: the step is one captured graph launch (decode under graph mode).
     microbatch_tokens: tokens of each microbatch. Example: ``(256, 256)``.
+    microbatch_seqs: sequences of each microbatch. Example: ``(256, 256)``.
+    results: per microbatch, where the step's outputs are: ``{"hidden": (final_norm id, "h"),
+        "logits": (op id, "logits"), "next_tokens": (sample id, "next_tokens")}``.
     """
 
     model: ModelConfig
@@ -174,6 +196,7 @@ class OpGraph:
     captured: bool
     microbatch_tokens: tuple[int, ...]
     microbatch_seqs: tuple[int, ...] = field(default=())
+    results: tuple[Mapping[str, tuple[str, str]], ...] = field(default=())
 
     def __iter__(self):
         return iter(self.ops.values())
@@ -189,6 +212,14 @@ class OpGraph:
 
     def predecessors(self, op_id: str) -> list[str]:
         return list(self.graph.predecessors(op_id))
+
+    def inputs(self, op_id: str) -> list[tuple[str, str]]:
+        """``(producer op id, value name)`` of every value ``op_id`` reads: producers in the order
+        the builder first listed them, each one's values in its edge's order (a fused add+norm
+        sums its block inputs in this order)."""
+        edges = self.graph.pred[op_id]
+        return [(producer, value) for producer, data in edges.items()
+                for value in data["values"]]
 
     def totals_by_kind(self) -> dict[str, dict[str, float]]:
         """``{kind: {"count", "flops", "bytes_read", "bytes_written", "weight_bytes"}}``."""
@@ -234,33 +265,49 @@ def prob_rank_hit(num_experts: int, experts_per_rank: int, top_k: int) -> float:
     return 1.0 - miss
 
 
+#: a value an op reads: a producer's op id (its main value) or ``(op id, value name)``
+Read = str | tuple[str, str]
+
+
 class _Emitter:
-    """Collects one microbatch's ops in order; ``emit`` defaults the dependency to the last op."""
+    """Collects one microbatch's ops in order; ``emit`` defaults what an op reads to the last
+    op's main value."""
 
     def __init__(self, microbatch: int) -> None:
         self.microbatch = microbatch
         self.ops: list[Op] = []
-        self.deps: dict[str, list[str]] = {}
-        self.blocks: list[tuple[int, list[str]]] = []
+        self.outputs: dict[str, tuple[str, ...]] = {}
+        self.reads: dict[str, list[tuple[str, str]]] = {}
+        self.blocks: list[list[str]] = []  # the embedding, each decoder layer, the head
         self.last: str | None = None
+        self.results: dict[str, tuple[str, str]] = {}
 
-    def begin_block(self, layer: int) -> None:
-        self.blocks.append((layer, []))
+    def begin_block(self) -> None:
+        self.blocks.append([])
 
     def emit(self, layer: int, name: str, kind: str, category: str, *,
-             deps: Iterable[str | None] | None = None, **fields: Any) -> str:
-        prefix = f"L{layer}." if layer >= 0 else ""
-        op_id = f"{prefix}{name}.mb{self.microbatch}"
-        op = Op(id=op_id, kind=kind, name=name, layer=layer, microbatch=self.microbatch,
-                category=category, **fields)
+             deps: Iterable[Read | None] | None = None, outputs: Sequence[str] = ("out",),
+             **fields: Any) -> str:
+        ident = op_id(layer, name, self.microbatch)
+        op = Op(id=ident, kind=kind, name=name, layer=layer, microbatch=self.microbatch,
+                category=category, outputs=tuple(outputs), **fields)
         missing = [k for k in KIND_DIMS[kind] if k not in op.dims]
-        assert not missing, f"{op_id}: dims lack {missing}"
+        assert not missing, f"{ident}: dims lack {missing}"
+        assert category in OP_CATEGORIES, f"{ident}: unknown category {category!r}"
         self.ops.append(op)
         chosen = [self.last] if deps is None else list(deps)
-        self.deps[op_id] = [d for d in chosen if d is not None]
-        self.blocks[-1][1].append(op_id)
-        self.last = op_id
-        return op_id
+        self.reads[ident] = [self._value(d) for d in chosen if d is not None]
+        self.outputs[ident] = op.outputs
+        self.blocks[-1].append(ident)
+        self.last = ident
+        return ident
+
+    def _value(self, read: Read) -> tuple[str, str]:
+        producer, value = (read, None) if isinstance(read, str) else read
+        names = self.outputs[producer]
+        value = names[0] if value is None else value
+        assert value in names, f"{producer} writes {names}, not {value!r}"
+        return producer, value
 
 
 class _StepBuilder:
@@ -277,16 +324,17 @@ class _StepBuilder:
         self.edt = bytes_per_element(model.expert_weight_dtype)
         self.compute_dtype = COMPUTE_DTYPE[model.weight_dtype]
         self.expert_compute_dtype = COMPUTE_DTYPE[model.expert_weight_dtype]
+        self.residual: str | None = None  # the last fused add+norm: it wrote the residual stream
 
     # -- generic op shapes ------------------------------------------------------------------
 
-    def gemm(self, layer: int, name: str, category: str, m: int, n: int, k: int, *,
+    def gemm(self, layer: int, name: str, category: str, m: int, n: int, k: int, *, out: str,
              batch: int = 1, wdt: float | None = None, dtype: str | None = None,
-             deps: Iterable[str | None] | None = None) -> str:
+             deps: Iterable[Read | None] | None = None) -> str:
         wdt = self.wdt if wdt is None else wdt
         weights = batch * k * n * wdt
         return self.e.emit(
-            layer, name, "gemm", category, deps=deps,
+            layer, name, "gemm", category, deps=deps, outputs=(out,),
             dims={"batch": batch, "m": m, "n": n, "k": k},
             dtype=dtype or self.compute_dtype,
             flops=2.0 * batch * m * n * k,
@@ -295,13 +343,13 @@ class _StepBuilder:
             weight_bytes=weights,
         )
 
-    def norm(self, layer: int, name: str, category: str, width: int, *, residual: bool = False,
-             deps: Iterable[str | None] | None = None) -> str:
+    def norm(self, layer: int, name: str, category: str, width: int, *, outputs: Sequence[str],
+             residual: bool = False, deps: Iterable[Read | None] | None = None) -> str:
         # a fused add+RMSNorm reads x and the residual and writes both back
         streams = 2 if residual else 1
         t = self.tokens
         return self.e.emit(
-            layer, name, "norm", category, deps=deps,
+            layer, name, "norm", category, deps=deps, outputs=outputs,
             dims={"tokens": t, "width": width, "residual": int(residual)},
             dtype=ACT,
             flops=(4.0 + streams) * t * width,
@@ -310,22 +358,35 @@ class _StepBuilder:
             weight_bytes=width * self.act,
         )
 
+    def add_norm(self, layer: int, name: str, category: str,
+                 block_outputs: Sequence[Read]) -> str:
+        """A fused add+RMSNorm: the residual stream (written by the previous one; the first starts
+        it) absorbs the block outputs, then is normalised. Writes ``h`` and ``residual``."""
+        previous = self.residual
+        deps = [*block_outputs, *([(previous, "residual")] if previous else [])]
+        self.residual = self.norm(layer, name, category, self.m.hidden_size,
+                                  outputs=("h", "residual"), residual=previous is not None,
+                                  deps=deps)
+        return self.residual
+
     def elementwise(self, layer: int, name: str, category: str, width_in: int, width_out: int,
-                    flops_per_out: float, deps: Iterable[str | None] | None = None,
-                    tokens: float | None = None) -> str:
+                    flops_per_out: float, deps: Iterable[Read | None] | None = None,
+                    tokens: float | None = None, routed: bool = False) -> str:
+        """A SwiGLU activation: silu(gate) * up over ``width_out`` features (``act``)."""
         t = self.tokens if tokens is None else tokens
         return self.e.emit(
-            layer, name, "elementwise", category, deps=deps,
+            layer, name, "elementwise", category, deps=deps, outputs=("act",),
             dims={"tokens": t, "width": width_out, "width_in": width_in},
             dtype=ACT,
             flops=flops_per_out * t * width_out,
             bytes_read=t * width_in * self.act,
             bytes_written=t * width_out * self.act,
+            routed=routed,
         )
 
     def collective(self, layer: int, name: str, kind: str, category: str, tokens: float,
-                   width: int, group_size: int, group: str,
-                   deps: Iterable[str | None] | None = None) -> str:
+                   width: int, group_size: int, group: str, *, out: str,
+                   deps: Iterable[Read | None] | None = None) -> str:
         """An all-reduce or all-gather over a full mesh of ``group_size`` GPUs (one-shot)."""
         size = tokens * width * self.act
         if kind == "all_reduce":
@@ -337,7 +398,7 @@ class _StepBuilder:
             written = size * group_size
         peers = tuple(per_peer for _ in range(group_size))
         return self.e.emit(
-            layer, name, kind, category, deps=deps,
+            layer, name, kind, category, deps=deps, outputs=(out,),
             dims={"tokens": tokens, "width": width, "group": group, "group_size": group_size},
             dtype=ACT,
             flops=float(tokens * width * (group_size - 1)) if kind == "all_reduce" else 0.0,
@@ -349,30 +410,30 @@ class _StepBuilder:
     # -- blocks ---------------------------------------------------------------------------
 
     def embedding(self) -> str:
-        self.e.begin_block(-1)
+        self.e.begin_block()
         h, t = self.m.hidden_size, self.tokens
         out = self.e.emit(
-            -1, "embed", "embedding", "other", deps=[],
+            NO_LAYER, "embed", "embedding", "other", deps=[], outputs=("hidden",),
             dims={"tokens": t, "hidden": h, "vocab": self.m.vocab_size // self.p.tp},
             dtype=ACT, flops=0.0,
             bytes_read=t * h * self.act + t * 8, bytes_written=t * h * self.act,
         )
         if self.p.tp > 1:  # vocab-parallel table: each rank fills its rows, then sum
-            out = self.collective(-1, "embed.all_reduce", "all_reduce", "tp_comm", t, h,
-                                  self.p.tp, "tp")
+            out = self.collective(NO_LAYER, "embed.all_reduce", "all_reduce", "tp_comm", t, h,
+                                  self.p.tp, "tp", out="hidden")
         return out
 
     def attention(self, layer: int, layer_inputs: Sequence[str]) -> str:
         a = self.m.attention
-        norm = self.norm(layer, "attn_norm", "attention", self.m.hidden_size,
-                         residual=layer > 0, deps=layer_inputs)
+        norm = self.add_norm(layer, "attn_norm", "attention", layer_inputs)
         if a.kind == "mla":
             out = self._mla(layer, norm)
         else:
             out = self._gqa(layer, norm)
         if self.p.tp > 1:
             out = self.collective(layer, "attn.all_reduce", "all_reduce", "tp_comm", self.tokens,
-                                  self.m.hidden_size, self.p.tp, "tp", deps=[out])
+                                  self.m.hidden_size, self.p.tp, "tp", out="attn_out",
+                                  deps=[out])
         return out
 
     def _mla(self, layer: int, norm: str) -> str:
@@ -382,31 +443,36 @@ class _StepBuilder:
         latent = a.kv_lora_rank + a.qk_rope_head_dim
         cat = "attention"
         if a.q_lora_rank:
-            self.gemm(layer, "attn.q_a", cat, t, a.q_lora_rank, h, deps=[norm])
-            self.norm(layer, "attn.q_a_norm", cat, a.q_lora_rank)
-            q = self.gemm(layer, "attn.q_b", cat, t, heads * qk, a.q_lora_rank)
+            self.gemm(layer, "attn.q_a", cat, t, a.q_lora_rank, h, out="q_a", deps=[norm])
+            self.norm(layer, "attn.q_a_norm", cat, a.q_lora_rank, outputs=("q_a",))
+            q = self.gemm(layer, "attn.q_b", cat, t, heads * qk, a.q_lora_rank, out="q")
         else:
-            q = self.gemm(layer, "attn.q_proj", cat, t, heads * qk, h, deps=[norm])
-        self.gemm(layer, "attn.kv_a", cat, t, latent, h, deps=[norm])
-        kv = self.norm(layer, "attn.kv_a_norm", cat, a.kv_lora_rank)
+            q = self.gemm(layer, "attn.q_proj", cat, t, heads * qk, h, out="q", deps=[norm])
+        self.gemm(layer, "attn.kv_a", cat, t, latent, h, out="kv_a", deps=[norm])
+        # normalises the latent (the first kv_lora_rank features); the RoPE key passes through
+        latent_norm = kv = self.norm(layer, "attn.kv_a_norm", cat, a.kv_lora_rank,
+                                     outputs=("c_kv", "k_pe"))
         rope_width = heads * a.qk_rope_head_dim + a.qk_rope_head_dim
         rope_flops = 6.0 * t * rope_width  # rotate pairs: 4 mul + 2 add per pair of values
-        if not self.p.fusion.fused_rope:
+        if not self.p.fusion.fused_rope:  # else the attention kernel rotates q and k_pe
             q = kv = self.e.emit(
-                layer, "attn.rope", "rope", cat, deps=[q, kv],
+                layer, "attn.rope", "rope", cat, deps=[q, (kv, "k_pe")], outputs=("q", "k_pe"),
                 dims={"tokens": t, "width": rope_width}, dtype=ACT, flops=rope_flops,
                 bytes_read=t * rope_width * self.act, bytes_written=t * rope_width * self.act,
             )
             rope_flops = 0.0
+        # attention caches the latent and the (rotated) RoPE key of the new tokens
+        cached = [(kv, "k_pe"), (latent_norm, "c_kv")]
         kv_cache_dt = bytes_per_element(self.p.kv_dtype)
         if self.b.phase == "decode":
             # absorbed MLA: queries move into the latent space, attention runs over the latent
             q_lat = self.gemm(layer, "attn.q_absorb", cat, t, a.kv_lora_rank, a.qk_nope_head_dim,
-                              batch=heads, deps=[q])
+                              batch=heads, out="q_lat", deps=[q])
             ctx = self.b.context
             seqs = self.seqs
             core = self.e.emit(
-                layer, "attn.core", "attention_decode", cat, deps=[q_lat, kv],
+                layer, "attn.core", "attention_decode", cat, deps=[q_lat, *cached, q],
+                outputs=("o_lat",),
                 dims={"seqs": seqs, "heads": heads, "context": ctx, "qk_dim": latent,
                       "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.p.kv_dtype},
                 dtype=ACT,
@@ -415,17 +481,19 @@ class _StepBuilder:
                 bytes_written=t * heads * a.kv_lora_rank * self.act + t * latent * kv_cache_dt,
             )
             attn = self.gemm(layer, "attn.v_absorb", cat, t, a.v_head_dim, a.kv_lora_rank,
-                             batch=heads, deps=[core])
+                             batch=heads, out="attn_v", deps=[core])
         else:
             # prefill: expand the latent into per-head K and V, then causal attention
             new = self.b.new_tokens_per_seq
             ctx = self.b.context
-            kv_up = self.gemm(layer, "attn.kv_b", cat, t, heads * (a.qk_nope_head_dim + a.v_head_dim),
-                              a.kv_lora_rank, deps=[kv])
+            kv_up = self.gemm(layer, "attn.kv_b", cat, t,
+                              heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank,
+                              out="kv_up", deps=[(latent_norm, "c_kv")])
             attended = self.seqs * (new * self.b.prefix + new * (new + 1) / 2)
             prefix_read = self.seqs * self.b.prefix * latent * kv_cache_dt
             attn = self.e.emit(
-                layer, "attn.core", "attention_prefill", cat, deps=[q, kv_up],
+                layer, "attn.core", "attention_prefill", cat, deps=[q, kv_up, *cached],
+                outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "new_tokens": new, "context": ctx,
                       "qk_dim": qk, "v_dim": a.v_head_dim, "kv_heads": heads,
                       "kv_dtype": self.p.kv_dtype},
@@ -434,7 +502,8 @@ class _StepBuilder:
                 bytes_read=t * heads * (2 * qk + a.v_head_dim) * self.act + prefix_read,
                 bytes_written=t * heads * a.v_head_dim * self.act + t * latent * kv_cache_dt,
             )
-        return self.gemm(layer, "attn.o_proj", cat, t, h, heads * a.v_head_dim, deps=[attn])
+        return self.gemm(layer, "attn.o_proj", cat, t, h, heads * a.v_head_dim, out="attn_out",
+                         deps=[attn])
 
     def _gqa(self, layer: int, norm: str) -> str:
         a, h, t = self.m.attention, self.m.hidden_size, self.tokens
@@ -442,12 +511,13 @@ class _StepBuilder:
         kv_heads = max(1, a.num_kv_heads // self.p.tp)
         d = a.head_dim
         cat = "attention"
-        qkv = self.gemm(layer, "attn.qkv_proj", cat, t, (heads + 2 * kv_heads) * d, h, deps=[norm])
+        qkv = self.gemm(layer, "attn.qkv_proj", cat, t, (heads + 2 * kv_heads) * d, h,
+                        out="qkv", deps=[norm])
         rope_width = (heads + kv_heads) * d
         rope_flops = 3.0 * t * rope_width
         if not self.p.fusion.fused_rope:
             qkv = self.e.emit(
-                layer, "attn.rope", "rope", cat,
+                layer, "attn.rope", "rope", cat, outputs=("qkv",),
                 dims={"tokens": t, "width": rope_width}, dtype=ACT, flops=rope_flops,
                 bytes_read=t * rope_width * self.act, bytes_written=t * rope_width * self.act,
             )
@@ -458,7 +528,7 @@ class _StepBuilder:
         if self.b.phase == "decode":
             ctx = min(self.b.context, window) if window else self.b.context
             core = self.e.emit(
-                layer, "attn.core", "attention_decode", cat, deps=[qkv],
+                layer, "attn.core", "attention_decode", cat, deps=[qkv], outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "context": ctx, "qk_dim": d, "v_dim": d,
                       "kv_heads": kv_heads, "kv_dtype": self.p.kv_dtype, "window": window or 0},
                 dtype=ACT,
@@ -473,7 +543,7 @@ class _StepBuilder:
             else:
                 attended = self.seqs * (new * pre + new * (new + 1) / 2)
             core = self.e.emit(
-                layer, "attn.core", "attention_prefill", cat, deps=[qkv],
+                layer, "attn.core", "attention_prefill", cat, deps=[qkv], outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "new_tokens": new,
                       "context": self.b.context, "qk_dim": d, "v_dim": d, "kv_heads": kv_heads,
                       "kv_dtype": self.p.kv_dtype, "window": window or 0},
@@ -483,17 +553,18 @@ class _StepBuilder:
                 + self.seqs * min(pre, window or pre) * kv_row * kv_dt,
                 bytes_written=t * heads * d * self.act + t * kv_row * kv_dt,
             )
-        return self.gemm(layer, "attn.o_proj", cat, t, h, heads * d, deps=[core])
+        return self.gemm(layer, "attn.o_proj", cat, t, h, heads * d, out="attn_out", deps=[core])
 
     def dense_mlp(self, layer: int, attn_out: str) -> str:
         h, t, tp = self.m.hidden_size, self.tokens, self.p.tp
         inter = self.m.dense_intermediate_size // tp
-        self.norm(layer, "ffn_norm", "dense", h, residual=True, deps=[attn_out])
-        self.gemm(layer, "mlp.gate_up", "dense", t, 2 * inter, h)
+        self.add_norm(layer, "ffn_norm", "dense", [attn_out])
+        self.gemm(layer, "mlp.gate_up", "dense", t, 2 * inter, h, out="gate_up")
         self.elementwise(layer, "mlp.act", "dense", 2 * inter, inter, 4.0)
-        out = self.gemm(layer, "mlp.down", "dense", t, h, inter)
+        out = self.gemm(layer, "mlp.down", "dense", t, h, inter, out="mlp_out")
         if tp > 1:
-            out = self.collective(layer, "mlp.all_reduce", "all_reduce", "tp_comm", t, h, tp, "tp")
+            out = self.collective(layer, "mlp.all_reduce", "all_reduce", "tp_comm", t, h, tp, "tp",
+                                  out="mlp_out")
         return out
 
     def _shared_expert(self, layer: int, norm: str, tokens: int, shards: int) -> str:
@@ -502,28 +573,28 @@ class _StepBuilder:
         cat = "moe_experts"
         if self.p.fusion.merged_shared_expert:
             up = self.gemm(layer, "moe.shared.gate_up", cat, tokens, 2 * inter, h, wdt=self.edt,
-                           dtype=self.expert_compute_dtype, deps=[norm])
+                           dtype=self.expert_compute_dtype, out="gate_up", deps=[norm])
             act = self.elementwise(layer, "moe.shared.act", cat, 2 * inter, inter, 4.0, deps=[up],
                                    tokens=tokens)
         else:
             gate = self.gemm(layer, "moe.shared.gate", cat, tokens, inter, h, wdt=self.edt,
-                             dtype=self.expert_compute_dtype, deps=[norm])
+                             dtype=self.expert_compute_dtype, out="gate", deps=[norm])
             up = self.gemm(layer, "moe.shared.up", cat, tokens, inter, h, wdt=self.edt,
-                           dtype=self.expert_compute_dtype, deps=[norm])
+                           dtype=self.expert_compute_dtype, out="up", deps=[norm])
             act = self.elementwise(layer, "moe.shared.act", cat, 2 * inter, inter, 4.0,
                                    deps=[gate, up], tokens=tokens)
         return self.gemm(layer, "moe.shared.down", cat, tokens, h, inter, wdt=self.edt,
-                         dtype=self.expert_compute_dtype, deps=[act])
+                         dtype=self.expert_compute_dtype, out="shared_out", deps=[act])
 
     def moe(self, layer: int, attn_out: str) -> list[str]:
         """The MoE block; returns the op ids the next layer's input depends on."""
         m, p = self.m, self.p
         h, moe = m.hidden_size, m.moe
-        norm = self.norm(layer, "ffn_norm", "moe_experts", h, residual=True, deps=[attn_out])
+        norm = self.add_norm(layer, "ffn_norm", "moe_experts", [attn_out])
         # under EP with tp > 1, the tp ranks of a dp group split its tokens before dispatch
         tokens = math.ceil(self.tokens / p.tp) if p.expert_parallel else self.tokens
         router = self.e.emit(
-            layer, "moe.router", "router", "moe_experts", deps=[norm],
+            layer, "moe.router", "router", "moe_experts", deps=[norm], outputs=("topk",),
             dims={"tokens": tokens, "hidden": h, "experts": moe.num_experts, "top_k": moe.top_k,
                   "n_group": moe.n_group, "topk_group": moe.topk_group},
             dtype=ACT,
@@ -541,68 +612,38 @@ class _StepBuilder:
             disp_row = h * bytes_per_element(p.dispatch_dtype) + meta
             comb_row = h * self.act
             received = per_peer_tokens * p.ep  # token copies arriving from all ranks
+            # the token rows of the norm go to the ranks the router chose
             dispatch = self.e.emit(
-                layer, "moe.dispatch", "dispatch", "dispatch", deps=[router],
+                layer, "moe.dispatch", "dispatch", "dispatch", deps=[router, (norm, "h")],
+                outputs=("recv",),
                 dims={"tokens": tokens, "group": "ep", "group_size": p.ep, "hidden": h,
                       "top_k": moe.top_k, "bytes_per_token": disp_row,
                       "expected_tokens_per_peer": per_peer_tokens},
                 dtype=p.dispatch_dtype, flops=0.0,
                 bytes_read=tokens * h * self.act, bytes_written=received * disp_row,
-                peer_bytes=tuple(per_peer_tokens * disp_row for _ in range(p.ep)),
+                peer_bytes=tuple(per_peer_tokens * disp_row for _ in range(p.ep)), routed=True,
             )
             pairs = tokens * moe.top_k  # this rank receives, on average, what it sends
             global_tokens = tokens * p.ep
-        else:
-            dispatch = router
+            expert_inputs: list[Read] = [dispatch]
+        else:  # every expert is local: the experts read the routing and the norm's rows
+            expert_inputs = [router, (norm, "h")]
             pairs = tokens * moe.top_k
             global_tokens = tokens
         untouched = (1.0 - moe.top_k / moe.num_experts) ** global_tokens
         active = experts_local * (1.0 - untouched)
-        bias = (2 * inter + h) if moe.expert_bias else 0
-        cat = "moe_experts"
-        ex_dt = self.expert_compute_dtype
-        if p.fusion.fused_moe:
-            weights = active * (3 * h * inter * self.edt + bias * self.act)
-            experts = self.e.emit(
-                layer, "moe.experts", "grouped_gemm", cat, deps=[dispatch],
-                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
-                      "n": 2 * inter, "k": h, "inter": inter, "hidden": h, "gemms": 2,
-                      "fused": 1},
-                dtype=ex_dt,
-                flops=6.0 * pairs * h * inter + 4.0 * pairs * inter,
-                bytes_read=weights + pairs * h * self.act,
-                bytes_written=pairs * h * self.act,
-                weight_bytes=weights,
-            )
-        else:
-            w_up = active * (2 * h * inter * self.edt + bias * self.act)
-            self.e.emit(
-                layer, "moe.experts.gate_up", "grouped_gemm", cat, deps=[dispatch],
-                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
-                      "n": 2 * inter, "k": h, "gemms": 1, "fused": 0},
-                dtype=ex_dt, flops=4.0 * pairs * h * inter,
-                bytes_read=w_up + pairs * h * self.act, bytes_written=pairs * 2 * inter * self.act,
-                weight_bytes=w_up,
-            )
-            self.elementwise(layer, "moe.experts.act", cat, 2 * inter, inter, 4.0, tokens=pairs)
-            w_down = active * h * inter * self.edt
-            experts = self.e.emit(
-                layer, "moe.experts.down", "grouped_gemm", cat,
-                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
-                      "n": h, "k": inter, "gemms": 1, "fused": 0},
-                dtype=ex_dt, flops=2.0 * pairs * h * inter,
-                bytes_read=w_down + pairs * inter * self.act, bytes_written=pairs * h * self.act,
-                weight_bytes=w_down,
-            )
+        experts = self._routed_experts(layer, expert_inputs, pairs, experts_local, active, inter)
         if p.expert_parallel:
+            # the results go back where the dispatch's layout says they came from
             combine = self.e.emit(
-                layer, "moe.combine", "combine", "combine", deps=[experts],
+                layer, "moe.combine", "combine", "combine", deps=[experts, (dispatch, "recv")],
+                outputs=("routed_out",),
                 dims={"tokens": tokens, "group": "ep", "group_size": p.ep, "hidden": h,
                       "top_k": moe.top_k, "bytes_per_token": comb_row,
                       "expected_tokens_per_peer": per_peer_tokens},
                 dtype=ACT, flops=float(pairs * h),
                 bytes_read=pairs * h * self.act, bytes_written=tokens * h * self.act,
-                peer_bytes=tuple(per_peer_tokens * comb_row for _ in range(p.ep)),
+                peer_bytes=tuple(per_peer_tokens * comb_row for _ in range(p.ep)), routed=True,
             )
             outputs = [combine]
         else:
@@ -615,31 +656,81 @@ class _StepBuilder:
                 "all_reduce", "moe.all_reduce")
             width_tokens = tokens if p.expert_parallel else self.tokens
             outputs = [self.collective(layer, name, kind, "tp_comm", width_tokens, h, p.tp, "tp",
-                                       deps=outputs)]
+                                       out="moe_out", deps=outputs)]
         return outputs
 
+    def _routed_experts(self, layer: int, inputs: Sequence[Read], pairs: float,
+                        experts_local: int, active: float, inter: int) -> str:
+        """This rank's routed experts over ``pairs`` (token, expert) pairs: one fused op, or
+        gate/up, the activation and down; returns the op that writes ``expert_out``."""
+        h, p = self.m.hidden_size, self.p
+        bias = (2 * inter + h) if self.m.moe.expert_bias else 0
+        cat = "moe_experts"
+        ex_dt = self.expert_compute_dtype
+        if p.fusion.fused_moe:
+            weights = active * (3 * h * inter * self.edt + bias * self.act)
+            experts = self.e.emit(
+                layer, "moe.experts", "grouped_gemm", cat, deps=inputs, outputs=("expert_out",),
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": 2 * inter, "k": h, "inter": inter, "hidden": h, "gemms": 2,
+                      "fused": 1},
+                dtype=ex_dt,
+                flops=6.0 * pairs * h * inter + 4.0 * pairs * inter,
+                bytes_read=weights + pairs * h * self.act,
+                bytes_written=pairs * h * self.act,
+                weight_bytes=weights, routed=True,
+            )
+        else:
+            w_up = active * (2 * h * inter * self.edt + bias * self.act)
+            # writes the pair layout too (which rows go through which local expert), for down
+            gate_up = self.e.emit(
+                layer, "moe.experts.gate_up", "grouped_gemm", cat, deps=inputs,
+                outputs=("gate_up", "pairs"),
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": 2 * inter, "k": h, "gemms": 1, "fused": 0},
+                dtype=ex_dt, flops=4.0 * pairs * h * inter,
+                bytes_read=w_up + pairs * h * self.act, bytes_written=pairs * 2 * inter * self.act,
+                weight_bytes=w_up, routed=True,
+            )
+            act = self.elementwise(layer, "moe.experts.act", cat, 2 * inter, inter, 4.0,
+                                   tokens=pairs, routed=True)
+            w_down = active * h * inter * self.edt
+            experts = self.e.emit(
+                layer, "moe.experts.down", "grouped_gemm", cat, deps=[act, (gate_up, "pairs")],
+                outputs=("expert_out",),
+                dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
+                      "n": h, "k": inter, "gemms": 1, "fused": 0},
+                dtype=ex_dt, flops=2.0 * pairs * h * inter,
+                bytes_read=w_down + pairs * inter * self.act, bytes_written=pairs * h * self.act,
+                weight_bytes=w_down, routed=True,
+            )
+        return experts
+
     def head(self, layer_outputs: Sequence[str]) -> str:
-        self.e.begin_block(-1)
+        self.e.begin_block()
         h, v, tp = self.m.hidden_size, self.m.vocab_size, self.p.tp
         # prefill only needs the logits of each sequence's last token
         rows = self.tokens if self.b.phase == "decode" else self.seqs
-        self.norm(-1, "final_norm", "other", h, residual=True, deps=layer_outputs)
+        final = self.add_norm(NO_LAYER, "final_norm", "other", layer_outputs)
         weights = h * (v // tp) * self.act
         out = self.e.emit(
-            -1, "lm_head", "lm_head", "other",
+            NO_LAYER, "lm_head", "lm_head", "other", outputs=("logits",),
             dims={"tokens": rows, "hidden": h, "vocab": v // tp},
             dtype=ACT, flops=2.0 * rows * h * (v // tp),
             bytes_read=weights + rows * h * self.act, bytes_written=rows * (v // tp) * 4,
             weight_bytes=weights,
         )
         if tp > 1:
-            out = self.collective(-1, "lm_head.all_gather", "all_gather", "tp_comm", rows, v // tp,
-                                  tp, "tp")
-        return self.e.emit(
-            -1, "sample", "sample", "other", deps=[out],
+            out = self.collective(NO_LAYER, "lm_head.all_gather", "all_gather", "tp_comm", rows,
+                                  v // tp, tp, "tp", out="logits")
+        sample = self.e.emit(
+            NO_LAYER, "sample", "sample", "other", deps=[out], outputs=("next_tokens",),
             dims={"tokens": rows, "vocab": v}, dtype="fp32", flops=float(rows * v),
             bytes_read=rows * v * 4, bytes_written=rows * 8,
         )
+        self.e.results = {"hidden": (final, "h"), "logits": (out, "logits"),
+                          "next_tokens": (sample, "next_tokens")}
+        return sample
 
 
 def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> OpGraph:
@@ -671,9 +762,14 @@ def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> Op
         for op in emitter.ops:
             ops[op.id] = op
             graph.add_node(op.id)
-        for op_id, deps in emitter.deps.items():
-            for dep in deps:
-                graph.add_edge(dep, op_id)
+        for ident, reads in emitter.reads.items():
+            for producer, value in reads:
+                if graph.has_edge(producer, ident):  # another value of the same producer
+                    edge = graph.edges[producer, ident]
+                    assert value not in edge["values"], f"{ident} reads {producer}:{value} twice"
+                    edge["values"] += (value,)
+                else:
+                    graph.add_edge(producer, ident, values=(value,))
     schedule = build_schedule(
         [e.blocks for e in emitters], lambda op_id: ops[op_id].is_collective
     )
@@ -682,6 +778,7 @@ def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> Op
         captured=plan.graph_mode and batch.phase == "decode",
         microbatch_tokens=tuple(s * batch.new_tokens_per_seq for s in seq_split),
         microbatch_seqs=tuple(seq_split),
+        results=tuple(e.results for e in emitters),
     )
 
 
@@ -690,7 +787,7 @@ def _build_microbatch(model: ModelConfig, plan: ParallelPlan, batch: Batch, seqs
     b = _StepBuilder(model, plan, batch, seqs, emitter)
     layer_outputs = [b.embedding()]
     for layer in range(model.num_layers):
-        emitter.begin_block(layer)
+        emitter.begin_block()
         # the fused add+norm at the top of a layer reads every output of the previous one
         attn = b.attention(layer, layer_outputs)
         if model.is_moe_layer(layer):

@@ -23,12 +23,10 @@ class Slot:
     """One stage of one microbatch: the op ids a rank issues back to back, in order.
 
     microbatch: 0 or 1.
-    layer: the decoder layer of the stage, -1 for the ops before the first / after the last layer.
     op_ids: e.g. ``("L3.attn_norm.mb0", "L3.attn.q_a.mb0", ..., "L3.moe.dispatch.mb0")``.
     """
 
     microbatch: int
-    layer: int
     op_ids: tuple[str, ...]
 
 
@@ -49,28 +47,27 @@ class Schedule:
 
 
 def build_schedule(
-    per_microbatch_layers: Sequence[Sequence[tuple[int, Sequence[str]]]],
+    per_microbatch_blocks: Sequence[Sequence[Sequence[str]]],
     is_yield_point: Callable[[str], bool],
 ) -> Schedule:
     """Interleave microbatches stage by stage.
 
     Args:
-        per_microbatch_layers: ``[microbatch][block] -> (layer, op ids in order)``; every
-            microbatch has the same blocks (the embedding, each decoder layer, the head).
+        per_microbatch_blocks: ``[microbatch][block] -> op ids in order``; every microbatch has
+            the same blocks (the embedding, each decoder layer, the head).
         is_yield_point: whether a microbatch yields right after issuing this op.
 
     Returns:
         A :class:`Schedule` whose slots, per block and stage, go microbatch 0, 1, 0, 1, ...
     """
-    microbatches = len(per_microbatch_layers)
+    microbatches = len(per_microbatch_blocks)
     slots: list[Slot] = []
-    for blocks in zip(*per_microbatch_layers, strict=True):
-        staged = [_cut(op_ids, is_yield_point) for _, op_ids in blocks]
-        layer = blocks[0][0]
+    for blocks in zip(*per_microbatch_blocks, strict=True):
+        staged = [_cut(op_ids, is_yield_point) for op_ids in blocks]
         for stage in range(max(len(s) for s in staged)):
             for mb, stages in enumerate(staged):
                 if stage < len(stages):
-                    slots.append(Slot(microbatch=mb, layer=layer, op_ids=stages[stage]))
+                    slots.append(Slot(microbatch=mb, op_ids=stages[stage]))
     return Schedule(microbatches=microbatches, slots=tuple(slots))
 
 

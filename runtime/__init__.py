@@ -7,9 +7,11 @@ Depends on ``model`` only, never on ``sim``.
     runtime.options    RunOptions and validation (model, plan, placement)
     runtime.weights    random weights with a fixed seed, identical on every rank
     runtime.kernels    the math of each op kind (MLA decode, routing, fused MoE, ...)
+    runtime.kv_cache   MLA's latent KV cache (bf16 or FP8 storage)
+    runtime.ops        OP_IMPLS: the implementation of each op kind (the runtime's contract half)
     runtime.comm       EP dispatch/combine over all_to_all_single (dynamic and static)
     runtime.backends   optional aiter fused_moe and MORI-EP backends
-    runtime.executor   RankRuntime: walks the shared schedule, times every op
+    runtime.executor   RankRuntime: walks the shared schedule, times every op (RankStepOutput)
     runtime.capture    CUDA/HIP graph capture of the static decode step
     runtime.reference  the dense single-process reference for --check
     runtime.launch     local rank spawning, torchrun, fault handling, summaries

@@ -20,7 +20,7 @@ import torch
 
 from epsim.model.trace import TraceEvent
 
-from .executor import RankRuntime, StepResult
+from .executor import RankRuntime, RankStepOutput
 
 
 class CapturedDecode:
@@ -37,9 +37,9 @@ class CapturedDecode:
             raise RuntimeError("graph capture needs the static-shape step (--static)")
         self.rt = rt
         self.graph = torch.cuda.CUDAGraph()
-        self.out: StepResult | None = None
+        self.out: RankStepOutput | None = None
 
-    def first(self) -> StepResult:
+    def first(self) -> RankStepOutput:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -52,7 +52,7 @@ class CapturedDecode:
         self.rt.steps_done = done  # recording executed nothing
         return warm
 
-    def replay(self) -> StepResult:
+    def replay(self) -> RankStepOutput:
         assert self.out is not None, "call first() before replay()"
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -62,5 +62,5 @@ class CapturedDecode:
         self.rt.steps_done += 1
         event = TraceEvent("decode_step.graph", "graph", self.rt.rank, "compute", 0.0, step_us,
                            -1, 0, {"captured": True})
-        return StepResult(self.out.logits.clone(), self.out.next_tokens.clone(),
+        return RankStepOutput(self.out.logits.clone(), self.out.next_tokens.clone(),
                           self.out.hidden.clone(), step_us, [event])

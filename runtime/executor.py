@@ -1,22 +1,24 @@
 """The executor: runs one rank's op graph in the order of the shared schedule, timing every op.
 
 ``RankRuntime.step()`` builds ``build_step_graph(model, plan, Batch.decode(batch, context))`` for
-the step, walks ``graph.schedule.slots`` in order and calls ``OP_IMPLS[op.kind]`` for each op id.
-An implementation reads and writes its microbatch's named values (``"h"``, ``"q"``, ...) and the
-weights named by the op (``L{layer}.{name}``). Collectives (dispatch, combine) return a
-:class:`runtime.comm.Pending`; the executor waits on it only when an op whose graph predecessor
-it is comes up, so under DBO one microbatch's exchange is in flight while the other computes.
+the step, walks ``graph.schedule.slots`` in order and calls ``OP_IMPLS[op.kind]`` (``epsim.runtime.ops``)
+for each op id with the values the op reads, as the graph's edges say (``OpGraph.inputs``), and
+keeps what it writes under ``(op id, value name)`` until the last op that reads it has run
+(:class:`ValueFlow`). Collectives (dispatch, combine) return a :class:`runtime.comm.Pending`; the
+executor waits on it only when an op that reads its result comes up, so under DBO one
+microbatch's exchange is in flight while the other computes.
 
-Every op becomes a :class:`model.trace.TraceEvent` with the graph's op id: compute ops on the
-``compute`` stream (wall clock on the CPU, CUDA events on a GPU), collectives on ``comm`` from
-issue to the end of the wait that needed them.
+Every op becomes a :class:`model.trace.TraceEvent` with the graph's op id, in issue order: compute
+ops on the ``compute`` stream (wall clock on the CPU, CUDA events on a GPU), collectives on
+``comm`` from issue to the end of the wait that needed them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,57 +26,30 @@ import torch
 from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
 from epsim.model.graph import Batch, Op, OpGraph, build_step_graph
-from epsim.model.placement import Placement, remap
+from epsim.model.ids import weight_key
+from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 
 from . import comm, kernels
 from . import weights as W
 from .backends import select_moe_backend, select_mori
+from .kv_cache import KV_STORAGE, LatentCache
+from .ops import OP_IMPLS, MicrobatchState, last_token_rows
 from .options import RunOptions
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-KV_STORAGE = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
-_BITS = {1: torch.uint8, 2: torch.int16}
+#: step graphs a rank keeps built (the captured step's, the current one's, a caller's look-back)
+GRAPHS_KEPT = 4
 
 
 @dataclass
-class MicrobatchState:
-    """One microbatch's inputs and the values its ops produce.
+class RankStepOutput:
+    """What one step (decode, or the prefill) of one rank produced, and how long it took.
 
-    microbatch: 0 or 1. seqs: the rank's sequences it holds (a slice of the batch).
-    tokens: ``[t]`` input token ids (decode: one per sequence; prefill: each sequence's prompt,
-        one after another). positions: ``[t]`` position of each token in its sequence.
-    seq_ids: ``[t]`` the sequence (row of the rank's cache) of each token.
-    token_index: ``[t, 1]`` a rank-global token index (replica round-robin in remap).
-    cos / sin: ``[t, rope]`` rotary tables.
-    last_rows: prefill only: ``[seqs]`` row of each sequence's last token (the LM head's input).
-    values: name -> tensor (or list of names for ``"layer_out"``: the outputs the next fused
-        add+norm sums).
-    """
-
-    microbatch: int
-    seqs: slice
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    seq_ids: torch.Tensor
-    token_index: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    last_rows: torch.Tensor | None = None
-    values: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_tokens(self) -> int:
-        return self.tokens.shape[0]
-
-
-@dataclass
-class StepResult:
-    """One decode step of one rank.
-
-    logits: ``[B, vocab]`` fp32. next_tokens: ``[B]``. hidden: ``[B, h]`` final-norm output.
-    step_us: wall time of the step. events: per-op trace events (times from the step start).
+    logits: ``[B, vocab]`` fp32 of each sequence's last token. next_tokens: ``[B]``.
+    hidden: ``[B, h]`` final-norm output. step_us: wall time of the step.
+    events: per-op trace events (times from the step start).
     """
 
     logits: torch.Tensor
@@ -82,44 +57,6 @@ class StepResult:
     hidden: torch.Tensor
     step_us: float
     events: list[TraceEvent]
-
-
-class LatentCache:
-    """MLA's KV cache: per layer a latent ``[B, capacity, r]`` and a RoPE key ``[B, capacity, p]``,
-    stored in bf16 or float8_e4m3fn (fp8: one fp32 scale per token row), widened on read."""
-
-    def __init__(self, layers: int, seqs: int, capacity: int, latent: int, rope: int,
-                 storage: torch.dtype, device: torch.device) -> None:
-        self.storage = storage
-        self.capacity = capacity
-        self.c = [torch.zeros(seqs, capacity, latent, dtype=storage, device=device)
-                  for _ in range(layers)]
-        self.c_scale = [torch.ones(seqs, capacity, device=device) for _ in range(layers)]
-        self.pe = [torch.zeros(seqs, capacity, rope, dtype=storage, device=device)
-                   for _ in range(layers)]
-        self.pe_scale = [torch.ones(seqs, capacity, device=device) for _ in range(layers)]
-
-    def write(self, layer: int, seqs: torch.Tensor, positions: torch.Tensor, c: torch.Tensor,
-              pe: torch.Tensor) -> None:
-        """Store ``c [t, r]`` and ``pe [t, p]`` of sequences ``seqs [t]`` at ``positions [t]``."""
-        qc, sc = kernels.quantize_rows(c, self.storage)
-        qp, sp = kernels.quantize_rows(pe, self.storage)
-        # write through an integer view of the same bits: index_put is not implemented for
-        # float8 on every device
-        bits = _BITS[self.c[layer].element_size()]
-        self.c[layer].view(bits)[seqs, positions] = qc.view(bits)
-        self.c_scale[layer][seqs, positions] = sc
-        self.pe[layer].view(bits)[seqs, positions] = qp.view(bits)
-        self.pe_scale[layer][seqs, positions] = sp
-
-    def read(self, layer: int, seqs: slice, upto: int,
-             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[t, upto, r]`` and ``[t, upto, p]`` widened to ``dtype``."""
-        c = kernels.dequantize_rows(self.c[layer][seqs, :upto], self.c_scale[layer][seqs, :upto],
-                                    dtype)
-        pe = kernels.dequantize_rows(self.pe[layer][seqs, :upto],
-                                     self.pe_scale[layer][seqs, :upto], dtype)
-        return c, pe
 
 
 class Clock:
@@ -193,7 +130,8 @@ class RankRuntime:
             self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
             self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
         self.steps_done = 0
-        self._graphs: dict[int, OpGraph] = {}
+        # each step's graph differs (the context grows): keep only the last few
+        self._graphs: OrderedDict[int, tuple[OpGraph, ValueFlow]] = OrderedDict()
         self.batch_index = rank * b  # first rank-global sequence index
 
     # -- set-up -----------------------------------------------------------------------------
@@ -201,15 +139,16 @@ class RankRuntime:
     def _load_weights(self) -> dict[str, torch.Tensor]:
         w = W.dense_weights(self.model, self.opts.seed)
         for layer in range(self.model.num_layers):
-            p = f"L{layer}."
-            kv_b = w[p + "attn.kv_b"]  # [H, nope + v, r]
-            w[p + "attn.q_absorb"] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
-            w[p + "attn.v_absorb"] = kv_b[:, self.nope:, :].transpose(1, 2).contiguous()
+            key = partial(weight_key, layer)
+            kv_b = w[key("attn.kv_b")]  # [H, nope + v, r]
+            w[key("attn.q_absorb")] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
+            w[key("attn.v_absorb")] = kv_b[:, self.nope:, :].transpose(1, 2).contiguous()
             # prefill's up-projection as a plain GEMM: [r, H * (nope + v)]
-            w[p + "attn.kv_b"] = kv_b.permute(2, 0, 1).reshape(self.latent, -1).contiguous()
-            if p + "moe.shared.gate_up" in w:
-                gate, up = w[p + "moe.shared.gate_up"].chunk(2, dim=1)
-                w[p + "moe.shared.gate"], w[p + "moe.shared.up"] = gate.contiguous(), up.contiguous()
+            w[key("attn.kv_b")] = kv_b.permute(2, 0, 1).reshape(self.latent, -1).contiguous()
+            if key("moe.shared.gate_up") in w:
+                gate, up = w[key("moe.shared.gate_up")].chunk(2, dim=1)
+                w[key("moe.shared.gate")], w[key("moe.shared.up")] = (gate.contiguous(),
+                                                                      up.contiguous())
         return {k: v.to(self.device, self.dtype) for k, v in w.items()}
 
     def _load_experts(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -225,6 +164,9 @@ class RankRuntime:
     def graph(self, step: int) -> OpGraph:
         """The op graph of decode step ``step`` (context grows by one per step); step -1 is the
         prefill of ``context - 1`` prompt tokens per sequence."""
+        return self._step_graph(step)[0]
+
+    def _step_graph(self, step: int) -> tuple[OpGraph, ValueFlow]:
         if step not in self._graphs:
             if step < 0:
                 batch = Batch.prefill(self.opts.batch, self.opts.context - 1)
@@ -236,7 +178,10 @@ class RankRuntime:
                 raise EpsimError(f"the runtime has no implementation of op kind(s) "
                                  f"{', '.join(missing)} for this plan")
             self._check_weights(graph)
-            self._graphs[step] = graph
+            self._graphs[step] = (graph, value_flow(graph))
+            while len(self._graphs) > GRAPHS_KEPT:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(step)
         return self._graphs[step]
 
     def _check_weights(self, graph: OpGraph) -> None:
@@ -250,12 +195,11 @@ class RankRuntime:
                     raise AssertionError(f"{op.id}: weight {got} but the graph says {want}")
 
     def weight(self, op: Op, suffix: str = "") -> torch.Tensor:
-        key = (f"L{op.layer}." if op.layer >= 0 else "") + op.name + suffix
-        return self.w[key]
+        return self.w[weight_key(op.layer, op.name + suffix)]
 
     # -- the step ---------------------------------------------------------------------------
 
-    def step(self, capturing: bool = False) -> StepResult:
+    def step(self, capturing: bool = False) -> RankStepOutput:
         """Run one decode step of every sequence of this rank; advance the state in place.
 
         ``capturing``: the step is being recorded into a CUDA graph: no timing events, no
@@ -264,7 +208,7 @@ class RankRuntime:
         """
         if capturing and not self.static:
             raise AssertionError("graph capture needs the static-shape step")
-        graph = self.graph(0 if capturing else self.steps_done)
+        graph, flow = self._step_graph(0 if capturing else self.steps_done)
         positions = self.lengths.clone()
         states, start = [], 0
         for mb, n in enumerate(graph.microbatch_seqs):
@@ -273,17 +217,17 @@ class RankRuntime:
             seq_ids = torch.arange(seqs.start, seqs.stop, device=self.device)
             states.append(self._state(mb, seqs, self.tokens[seqs], positions[seqs], seq_ids,
                                       (self.batch_index + seq_ids)[:, None]))
-        result = self._run(graph, states, capturing)
+        result = self._run(graph, flow, states, capturing)
         # in place, so a captured graph's replay advances the same buffers
         self.lengths += 1
         self.tokens.copy_(result.next_tokens)
         self.steps_done += 1
         return result
 
-    def prefill(self) -> StepResult:
+    def prefill(self) -> RankStepOutput:
         """Run the prompts (``context - 1`` random tokens per sequence) through the prefill graph,
         filling the KV cache; the last tokens' logits give the first decode inputs."""
-        graph = self.graph(-1)
+        graph, flow = self._step_graph(-1)
         prompt_len = self.opts.context - 1
         prompts = W.initial_prompt(self.model, self.opts.seed, self.rank, self.opts.batch,
                                    prompt_len).to(self.device)
@@ -298,7 +242,7 @@ class RankRuntime:
             last = torch.arange(n, device=self.device) * prompt_len + prompt_len - 1
             states.append(self._state(mb, seqs, prompts[seqs].reshape(-1), positions, per_token,
                                       index, last))
-        result = self._run(graph, states, False)
+        result = self._run(graph, flow, states, False)
         self.lengths += prompt_len
         self.tokens.copy_(result.next_tokens)
         return result
@@ -310,11 +254,14 @@ class RankRuntime:
         return MicrobatchState(mb, seqs, tokens, positions, seq_ids, token_index, cos, sin,
                                last_rows)
 
-    def _run(self, graph: OpGraph, states: list[MicrobatchState], capturing: bool) -> StepResult:
-        """Walk the schedule: issue every op, wait on collectives where the graph says."""
+    def _run(self, graph: OpGraph, flow: ValueFlow, states: list[MicrobatchState],
+             capturing: bool) -> RankStepOutput:
+        """Walk the schedule: issue every op with the values its graph edges bring, wait on a
+        collective where the first op that reads its result comes up."""
         clock = Clock(self.device)
-        marks: list[tuple[Op, str, Any, Any]] = []
-        pending: dict[str, tuple[comm.Pending, Any, Op]] = {}
+        marks: list[list[Any]] = []  # [op, stream, start, end] in issue order
+        pending: dict[str, tuple[comm.Pending, list[Any]]] = {}
+        values: dict[tuple[str, str], Any] = {}  # (producer op id, value name) -> value
         now = (lambda: None) if capturing else clock.now
         wall0 = time.perf_counter()
         if not capturing:
@@ -323,18 +270,24 @@ class RankRuntime:
             state = states[slot.microbatch]
             for op_id in slot.op_ids:
                 op = graph.ops[op_id]
-                # wait exactly where the graph says this op reads a collective's result
-                for pred in graph.graph.predecessors(op_id):
-                    if pred in pending:
-                        handle, t0, pop = pending.pop(pred)
-                        handle.wait()
-                        marks.append((pop, "comm", t0, now()))
-                t0 = now()
-                result = OP_IMPLS[op.kind](self, op, state)
+                reads = flow.reads[op_id]
+                for producer, _ in reads:
+                    if producer in pending:
+                        handle, mark = pending.pop(producer)
+                        _store(values, mark[0], handle.wait())
+                        mark[3] = now()
+                mark = [op, "compute", now(), None]
+                marks.append(mark)
+                result = OP_IMPLS[op.kind](self, op, {v: values[(p, v)] for p, v in reads}, state)
                 if isinstance(result, comm.Pending):
-                    pending[op_id] = (result, t0, op)
+                    mark[1] = "comm"
+                    pending[op_id] = (result, mark)
                 else:
-                    marks.append((op, "compute", t0, now()))
+                    mark[3] = now()
+                    _store(values, op, result)
+                for producer in flow.release.get(op_id, ()):
+                    for name in graph.ops[producer].outputs:
+                        values.pop((producer, name), None)
         if pending:  # the graph ends in sample, which depends on everything: a bug if not
             raise AssertionError(f"collectives never waited on: {sorted(pending)}")
         if self.device.type == "cuda" and not capturing:
@@ -345,294 +298,52 @@ class RankRuntime:
                        max(0.0, clock.us(t1) - clock.us(t0)), op.layer, op.microbatch,
                        {"tokens": states[op.microbatch].num_tokens})
             for op, stream, t0, t1 in marks]
-        logits = torch.cat([s.values["logits"] for s in states])
-        next_tokens = torch.cat([s.values["next_tokens"] for s in states])
-        hidden = torch.cat([_last(s, s.values["final_hidden"]) for s in states])
-        return StepResult(logits, next_tokens, hidden, step_us, events)
-
-
-def _last(st: MicrobatchState, x: torch.Tensor) -> torch.Tensor:
-    """Prefill: each sequence's last row; decode: every row."""
-    return x if st.last_rows is None else x.index_select(0, st.last_rows)
-
-
-# --------------------------------------------------------------------------------------------
-# Op implementations, one per kind; within a kind, tables keyed by the op's name
-# --------------------------------------------------------------------------------------------
-
-Impl = Callable[[RankRuntime, Op, MicrobatchState], Any]
-
-
-def _embedding(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["embed_out"] = rt.w["embed"][st.tokens]
-    st.values["layer_out"] = ["embed_out"]
-
-
-def _sum_outputs(st: MicrobatchState) -> torch.Tensor:
-    outs = [st.values[k] for k in st.values["layer_out"]]
-    total = outs[0]
-    for extra in outs[1:]:
-        total = total + extra
-    return total
-
-
-def _add_norm(rt: RankRuntime, op: Op, st: MicrobatchState, new: torch.Tensor,
-              out_key: str) -> None:
-    # fused add + RMSNorm: the residual stream absorbs the block output, then normalise
-    residual = st.values["residual"] + new if op.dims.get("residual") else new
-    st.values["residual"] = residual
-    st.values[out_key] = kernels.rms_norm(residual, rt.weight(op), rt.model.rms_norm_eps)
-
-
-def _ffn_norm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    _add_norm(rt, op, st, st.values["attn_out"], "h")
-    st.values["layer_out"] = []  # the FFN block's outputs are collected from here on
-
-
-def _norm_kv_a(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    kv = st.values["kv_a"]
-    st.values["c_kv"] = kernels.rms_norm(kv[:, :rt.latent], rt.weight(op), rt.model.rms_norm_eps)
-    st.values["k_pe"] = kv[:, rt.latent:]
-
-
-NORMS: dict[str, Impl] = {
-    "attn_norm": lambda rt, op, st: _add_norm(rt, op, st, _sum_outputs(st), "h"),
-    "ffn_norm": lambda rt, op, st: _ffn_norm(rt, op, st),
-    "final_norm": lambda rt, op, st: _add_norm(rt, op, st, _sum_outputs(st), "final_hidden"),
-    "attn.q_a_norm": lambda rt, op, st: st.values.__setitem__(
-        "q_a", kernels.rms_norm(st.values["q_a"], rt.weight(op), rt.model.rms_norm_eps)),
-    "attn.kv_a_norm": _norm_kv_a,
-}
-
-
-def _norm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    NORMS[op.name](rt, op, st)
-
-
-def _q_nope(rt: RankRuntime, st: MicrobatchState) -> torch.Tensor:
-    return st.values["q"].view(st.num_tokens, rt.heads, rt.nope + rt.rope)[..., :rt.nope]
-
-
-#: gemm name -> (input of the microbatch, output name)
-GEMMS: dict[str, tuple[Callable[[RankRuntime, MicrobatchState], torch.Tensor], str]] = {
-    "attn.q_a": (lambda rt, st: st.values["h"], "q_a"),
-    "attn.q_b": (lambda rt, st: st.values["q_a"], "q"),
-    "attn.q_proj": (lambda rt, st: st.values["h"], "q"),
-    "attn.kv_a": (lambda rt, st: st.values["h"], "kv_a"),
-    "attn.kv_b": (lambda rt, st: st.values["c_kv"], "kv_up"),
-    "attn.q_absorb": (_q_nope, "q_lat"),
-    "attn.v_absorb": (lambda rt, st: st.values["o_lat"], "attn_v"),
-    "attn.o_proj": (lambda rt, st: st.values["attn_v"].reshape(st.num_tokens, -1), "attn_out"),
-    "mlp.gate_up": (lambda rt, st: st.values["h"], "mlp_gu"),
-    "mlp.down": (lambda rt, st: st.values["mlp_act"], "mlp_out"),
-    "moe.shared.gate_up": (lambda rt, st: st.values["h"], "shared_gu"),
-    "moe.shared.gate": (lambda rt, st: st.values["h"], "shared_gate"),
-    "moe.shared.up": (lambda rt, st: st.values["h"], "shared_up"),
-    "moe.shared.down": (lambda rt, st: st.values["shared_act"], "shared_out"),
-}
-#: gemm outputs that are a block's output (summed by the next fused add+norm)
-BLOCK_OUTPUTS = {"mlp_out", "shared_out"}
-
-
-def _gemm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    source, out = GEMMS[op.name]
-    x, w = source(rt, st), rt.weight(op)
-    # batch > 1: MLA's per-head absorption, a batched GEMM over heads
-    st.values[out] = torch.einsum("tbk,bkn->tbn", x, w) if op.dims["batch"] > 1 else x @ w
-    if out in BLOCK_OUTPUTS:
-        st.values["layer_out"].append(out)
-
-
-def _shared_act(st: MicrobatchState) -> torch.Tensor:
-    if "shared_gu" in st.values:
-        return kernels.silu_and_mul(st.values["shared_gu"])
-    return torch.nn.functional.silu(st.values["shared_gate"]) * st.values["shared_up"]
-
-
-ELEMENTWISE: dict[str, tuple[Callable[[MicrobatchState], torch.Tensor], str]] = {
-    "mlp.act": (lambda st: kernels.silu_and_mul(st.values["mlp_gu"]), "mlp_act"),
-    "moe.shared.act": (_shared_act, "shared_act"),
-    "moe.experts.act": (lambda st: kernels.silu_and_mul(st.values["ex_gu"]), "ex_act"),
-}
-
-
-def _elementwise(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    fn, out = ELEMENTWISE[op.name]
-    st.values[out] = fn(st)
-
-
-def _rope(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    t = st.num_tokens
-    q = st.values["q"].view(t, rt.heads, rt.nope + rt.rope)
-    q_pe = kernels.apply_rope(q[..., rt.nope:], st.cos, st.sin)
-    st.values["q"] = torch.cat([q[..., :rt.nope], q_pe], dim=-1).reshape(t, -1)
-    st.values["k_pe"] = kernels.apply_rope(st.values["k_pe"], st.cos, st.sin)
-    st.values["roped"] = True
-
-
-def _attention_decode(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    t = st.num_tokens
-    q_pe = st.values["q"].view(t, rt.heads, rt.nope + rt.rope)[..., rt.nope:]
-    k_pe = st.values["k_pe"]
-    if not st.values.get("roped"):  # fused RoPE: rotate inside the attention kernel
-        q_pe = kernels.apply_rope(q_pe, st.cos, st.sin)
-        k_pe = kernels.apply_rope(k_pe, st.cos, st.sin)
-    rt.cache.write(op.layer, st.seq_ids, st.positions, st.values["c_kv"], k_pe)
-    # eager reads only the filled part; static shapes read the whole buffer, masked
-    upto = rt.cache.capacity if rt.static else int(st.positions.max()) + 1
-    c, pe = rt.cache.read(op.layer, st.seqs, upto, rt.dtype)
-    st.values["o_lat"] = kernels.mla_decode_absorbed(
-        st.values["q_lat"], q_pe.contiguous(), c, pe, st.positions + 1, rt.softmax_scale)
-    st.values.pop("roped", None)
-
-
-def _attention_prefill(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    """Causal MLA over each sequence's prompt with per-head K and V from ``attn.kv_b``; the
-    latents and RoPE keys go into the cache for the decode steps (no cached prefix here)."""
-    if op.dims["new_tokens"] != op.dims["context"]:
-        raise EpsimError("prefill with a cached prefix (chunked prefill) is not implemented")
-    t, H, n, p = st.num_tokens, rt.heads, rt.nope, rt.rope
-    q = st.values["q"].view(t, H, n + p)
-    q_pe, k_pe = q[..., n:], st.values["k_pe"]
-    if not st.values.get("roped"):  # fused RoPE
-        q_pe = kernels.apply_rope(q_pe, st.cos, st.sin)
-        k_pe = kernels.apply_rope(k_pe, st.cos, st.sin)
-    rt.cache.write(op.layer, st.seq_ids, st.positions, st.values["c_kv"], k_pe)
-    kv = st.values["kv_up"].view(t, H, n + rt.v_dim)
-    seqs, length = st.seqs.stop - st.seqs.start, op.dims["new_tokens"]
-    q_full = torch.cat([q[..., :n], q_pe], dim=-1).view(seqs, length, H, n + p)
-    k_full = torch.cat([kv[..., :n], k_pe[:, None, :].expand(t, H, p)], dim=-1)
-    k_full = k_full.view(seqs, length, H, n + p)
-    v = kv[..., n:].reshape(seqs, length, H, rt.v_dim)
-    scores = torch.einsum("sqhd,skhd->shqk", q_full, k_full) * rt.softmax_scale
-    causal = torch.ones(length, length, dtype=torch.bool, device=rt.device).tril()
-    scores = scores.masked_fill(~causal, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    st.values["attn_v"] = torch.einsum("shqk,skhd->sqhd", probs, v).reshape(t, H, rt.v_dim)
-    st.values.pop("roped", None)
-
-
-def _router(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    moe = rt.model.moe
-    h = st.values["h"]
-    logits = h.float() @ rt.weight(op).float()
-    ids, weights = kernels.route_grouped_sigmoid(
-        logits, rt.weight(op, ".bias"), moe.top_k, moe.n_group, moe.topk_group,
-        moe.routed_scaling_factor, moe.norm_topk_prob)
-    slots = remap(ids, rt.l2p[op.layer], rt.replicas[op.layer], st.token_index)
-    st.values["topk_ids"], st.values["topk_slots"], st.values["topk_w"] = ids, slots, weights
-    if not rt.plan.expert_parallel:  # every slot is local: no exchange
-        st.values["recv"] = comm.DispatchResult(h, slots, weights, None)
-
-
-def _dispatch(rt: RankRuntime, op: Op, st: MicrobatchState) -> comm.Pending:
-    if rt.mori is not None:  # MORI-EP: its own kernels, finished when they return
-        x, slots, weights = rt.mori.dispatch(st.values["h"], st.values["topk_slots"],
-                                             st.values["topk_w"])
-        st.values["recv"] = comm.DispatchResult(x, slots, weights, None)
-        return comm.Pending([], lambda: None)
-    args = (st.values["h"], st.values["topk_slots"], st.values["topk_w"], rt.slots_per_rank)
-    if rt.static:
-        handle = comm.dispatch_static(*args, capacity=st.num_tokens, group=rt.group)
-    else:
-        handle = comm.dispatch_dynamic(*args, group=rt.group)
-    return _then(handle, lambda result: st.values.__setitem__("recv", result))
-
-
-def _combine(rt: RankRuntime, op: Op, st: MicrobatchState) -> comm.Pending:
-    y, layout = st.values["expert_out"], st.values["recv"].layout
-    st.values["layer_out"].append("routed_out")  # arrives when waited on
-    if rt.mori is not None:
-        recv = st.values["recv"]
-        st.values["routed_out"] = rt.mori.combine(y, recv.weights, recv.slots)
-        return comm.Pending([], lambda: None)
-    if rt.static:
-        handle = comm.combine_static(y, layout, group=rt.group)
-    else:
-        handle = comm.combine_dynamic(y, layout, group=rt.group)
-    return _then(handle, lambda out: st.values.__setitem__("routed_out", out))
-
-
-def _then(handle: comm.Pending, store: Callable[[Any], None]) -> comm.Pending:
-    finish = handle.finish
-    return comm.Pending(handle.works, lambda: store(finish()))
-
-
-def _local_slots(rt: RankRuntime, st: MicrobatchState) -> torch.Tensor:
-    slots = st.values["recv"].slots
-    local = slots - rt.slot_base
-    mine = (local >= 0) & (local < rt.slots_per_rank)
-    return torch.where(mine, local, torch.full_like(local, -1))
-
-
-def _experts_output(rt: RankRuntime, st: MicrobatchState, y: torch.Tensor) -> None:
-    if rt.plan.expert_parallel:
-        st.values["expert_out"] = y  # combine sends it back
-    else:
-        st.values["routed_out"] = y
-        st.values["layer_out"].append("routed_out")
-
-
-def _experts_fused(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    recv = st.values["recv"]
-    gate_up, down = rt.experts[op.layer]
-    y = rt.moe_backend(recv.x, _local_slots(rt, st), recv.weights, gate_up, down)
-    _experts_output(rt, st, y)
-
-
-def _experts_gate_up(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    recv, (gate_up, _) = st.values["recv"], rt.experts[op.layer]
-    local = _local_slots(rt, st)
-    st.values["ex_local"] = local
-    if rt.static:
-        st.values["ex_gu"] = kernels.masked_gate_up(recv.x, gate_up)
-    else:
-        pairs = kernels.sort_pairs(local, recv.weights, gate_up.shape[0])
-        st.values["ex_pairs"] = pairs
-        st.values["ex_gu"] = kernels.sorted_gate_up(recv.x, pairs, gate_up)
-
-
-def _experts_down(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    recv, (_, down) = st.values["recv"], rt.experts[op.layer]
-    if rt.static:
-        y = kernels.masked_down(st.values["ex_act"], st.values["ex_local"], recv.weights, down)
-    else:
-        y = kernels.sorted_down(st.values["ex_act"], st.values["ex_pairs"], down)
-    _experts_output(rt, st, y)
-
-
-GROUPED_GEMMS: dict[str, Impl] = {
-    "moe.experts": _experts_fused,
-    "moe.experts.gate_up": _experts_gate_up,
-    "moe.experts.down": _experts_down,
-}
-
-
-def _grouped_gemm(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    GROUPED_GEMMS[op.name](rt, op, st)
-
-
-def _lm_head(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["logits"] = _last(st, st.values["final_hidden"]).float() @ rt.weight(op).float()
-
-
-def _sample(rt: RankRuntime, op: Op, st: MicrobatchState) -> None:
-    st.values["next_tokens"] = st.values["logits"].argmax(-1)  # greedy
-
-
-#: op kind -> implementation (the runtime's half of the op-graph contract)
-OP_IMPLS: dict[str, Impl] = {
-    "embedding": _embedding,
-    "norm": _norm,
-    "gemm": _gemm,
-    "elementwise": _elementwise,
-    "rope": _rope,
-    "attention_decode": _attention_decode,
-    "attention_prefill": _attention_prefill,
-    "router": _router,
-    "dispatch": _dispatch,
-    "grouped_gemm": _grouped_gemm,
-    "combine": _combine,
-    "lm_head": _lm_head,
-    "sample": _sample,
-}
+        outputs = [{name: values[where] for name, where in graph.results[s.microbatch].items()}
+                   for s in states]
+        return RankStepOutput(
+            logits=torch.cat([o["logits"] for o in outputs]),
+            next_tokens=torch.cat([o["next_tokens"] for o in outputs]),
+            hidden=torch.cat([last_token_rows(s, o["hidden"])
+                              for s, o in zip(states, outputs, strict=True)]),
+            step_us=step_us, events=events)
+
+
+def _store(values: dict[tuple[str, str], Any], op: Op, written: dict[str, Any]) -> None:
+    """Keep what ``op`` wrote, once it is exactly what the graph says it writes."""
+    if set(written) != set(op.outputs):
+        raise AssertionError(f"{op.id} wrote {sorted(written)}, the graph says {op.outputs}")
+    for name, value in written.items():
+        values[(op.id, name)] = value
+
+
+@dataclass(frozen=True)
+class ValueFlow:
+    """How values move through one step graph, worked out once per graph.
+
+    reads: op id -> ``(producer op id, value name)`` of each value it reads (``OpGraph.inputs``).
+    release: op id -> the producers whose values no op issued after it reads: they are dropped
+        once it ran, so a step holds only the live activations, not every layer's.
+    """
+
+    reads: dict[str, tuple[tuple[str, str], ...]]
+    release: dict[str, tuple[str, ...]]
+
+
+def value_flow(graph: OpGraph) -> ValueFlow:
+    """The :class:`ValueFlow` of ``graph`` in its schedule's issue order; the step's results
+    (``OpGraph.results``) are never released."""
+    reads: dict[str, tuple[tuple[str, str], ...]] = {}
+    last_reader: dict[str, str] = {}
+    for op_id in graph.schedule.order():
+        reads[op_id] = tuple(graph.inputs(op_id))
+        names = [name for _, name in reads[op_id]]
+        if len(set(names)) != len(names):
+            raise AssertionError(f"{op_id} reads two values of one name: {reads[op_id]}")
+        for producer, _ in reads[op_id]:
+            last_reader[producer] = op_id
+    kept = {producer for results in graph.results for producer, _ in results.values()}
+    release: dict[str, list[str]] = {}
+    for producer, reader in last_reader.items():
+        if producer not in kept:
+            release.setdefault(reader, []).append(producer)
+    return ValueFlow(reads, {op_id: tuple(p) for op_id, p in release.items()})

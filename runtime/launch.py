@@ -124,12 +124,15 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
         else:
             result = captured.first() if step == 0 else captured.replay()
         steps.append(_record(opts, result))
+    # --check compares the reference with the cache as stored (runtime.reference's docstring)
+    cache = rt.cache.widened() if opts.check else None
     gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(steps, gathered, dst=0)
+    dist.gather_object((steps, cache), gathered, dst=0)
     if rank != 0:
         return None
     assert gathered is not None
-    return summarise(opts, model, gathered)
+    return summarise(opts, model, [s for s, _ in gathered],
+                     [c for _, c in gathered] if opts.check else None)
 
 
 def _record(opts: RunOptions, result: Any, phase: str = "decode") -> dict[str, Any]:
@@ -158,9 +161,10 @@ def _split(records: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[d
     return None, records
 
 
-def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
-              ) -> dict[str, Any]:
-    """The run's figures from every rank's per-step records (rank 0 only)."""
+def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]],
+              caches: list[tuple[Any, Any]] | None = None) -> dict[str, Any]:
+    """The run's figures from every rank's per-step records (rank 0 only); ``caches``: each
+    rank's KV cache after the run (``--check``)."""
     world = len(per_rank)
     split = [_split(records) for records in per_rank]
     prefills = [p for p, _ in split]
@@ -207,7 +211,8 @@ def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
             _shift(e, s, prefill_ms + sum(step_ms[:s]))
             for rank in decode for s, st in enumerate(rank) for e in st["events"]]
     if opts.check:
-        out.update(check_against_reference(opts, model, prefills, decode))
+        assert caches is not None, "--check needs every rank's KV cache"
+        out.update(check_against_reference(opts, model, prefills, decode, caches))
     return out
 
 
@@ -219,14 +224,21 @@ def _shift(event: Any, step: int, offset_ms: float) -> Any:
 
 
 def check_against_reference(opts: RunOptions, model: Any, prefills: list[dict[str, Any] | None],
-                            decode: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    """Compare every rank's logits, final hidden states and tokens with the dense reference."""
-    from .reference import reference_decode, relative_error
+                            decode: list[list[dict[str, Any]]],
+                            caches: list[tuple[Any, Any]]) -> dict[str, Any]:
+    """Compare every rank's logits, final hidden states, tokens and stored KV cache with the
+    dense reference (which decodes from the cache as the ranks stored it)."""
+    import torch
+
+    from .reference import StoredCache, reference_decode, relative_error
 
     world, b = len(decode), opts.batch
-    ref_prefill, ref = reference_decode(model, opts.seed, world, b, opts.context, opts.steps,
-                                        opts.kv_dtype, prefill=opts.prefill)
-    errs = {"logits": 0.0, "hidden": 0.0}
+    stored = StoredCache(torch.cat([c for c, _ in caches], dim=1),
+                         torch.cat([pe for _, pe in caches], dim=1))
+    run = reference_decode(model, opts.seed, world, b, opts.context, opts.steps, opts.kv_dtype,
+                           prefill=opts.prefill, stored=stored)
+    ref_prefill, ref = run.prefill, run.decode
+    errs = {"logits": 0.0, "hidden": 0.0, "kv_cache": run.kv_cache_err}
     mismatches = 0
     for r in range(world):
         rows = slice(r * b, (r + 1) * b)

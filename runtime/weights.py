@@ -2,7 +2,8 @@
 
 Every tensor is drawn from its own generator seeded by ``crc32(f"{seed}/{key}")``, so a rank that
 holds only some experts draws exactly the values the dense reference draws for them, without
-drawing the rest. Keys are the op graph's names: ``"L3.attn.q_a"``, ``"L3.expert7.gate_up"``.
+drawing the rest. Keys are the op graph's weight keys (``epsim.model.ids``): ``"L3.attn.q_a"``,
+``"L3.expert7.gate_up"``.
 
 Layout (``x @ W`` everywhere, i.e. ``[in, out]``):
     embed             [vocab, hidden]
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from epsim.model.config import ModelConfig
+from epsim.model.ids import NO_LAYER, expert_weight_key, weight_key
 
 
 def _generator(seed: int, key: str) -> torch.Generator:
@@ -52,43 +54,45 @@ def dense_weights(model: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     r, v = a.kv_lora_rank, a.v_head_dim
     w: dict[str, torch.Tensor] = {}
 
-    def lin(key: str, fan_in: int, *shape: int) -> None:
+    def lin(layer: int, name: str, fan_in: int, *shape: int) -> None:
+        key = weight_key(layer, name)
         w[key] = randn(seed, key, shape, std=fan_in ** -0.5)
 
-    def norm(key: str, width: int) -> None:
+    def norm(layer: int, name: str, width: int) -> None:
+        key = weight_key(layer, name)
         w[key] = randn(seed, key, (width,), std=0.1, mean=1.0)
 
-    w["embed"] = randn(seed, "embed", (model.vocab_size, h))
+    embed = weight_key(NO_LAYER, "embed")
+    w[embed] = randn(seed, embed, (model.vocab_size, h))
     for layer in range(model.num_layers):
-        p = f"L{layer}."
-        norm(p + "attn_norm", h)
-        norm(p + "ffn_norm", h)
+        norm(layer, "attn_norm", h)
+        norm(layer, "ffn_norm", h)
         if a.q_lora_rank:
-            lin(p + "attn.q_a", h, h, a.q_lora_rank)
-            norm(p + "attn.q_a_norm", a.q_lora_rank)
-            lin(p + "attn.q_b", a.q_lora_rank, a.q_lora_rank, heads * (nope + rope))
+            lin(layer, "attn.q_a", h, h, a.q_lora_rank)
+            norm(layer, "attn.q_a_norm", a.q_lora_rank)
+            lin(layer, "attn.q_b", a.q_lora_rank, a.q_lora_rank, heads * (nope + rope))
         else:
-            lin(p + "attn.q_proj", h, h, heads * (nope + rope))
-        lin(p + "attn.kv_a", h, h, r + rope)
-        norm(p + "attn.kv_a_norm", r)
-        lin(p + "attn.kv_b", r, heads, nope + v, r)
-        lin(p + "attn.o_proj", heads * v, heads * v, h)
+            lin(layer, "attn.q_proj", h, h, heads * (nope + rope))
+        lin(layer, "attn.kv_a", h, h, r + rope)
+        norm(layer, "attn.kv_a_norm", r)
+        lin(layer, "attn.kv_b", r, heads, nope + v, r)
+        lin(layer, "attn.o_proj", heads * v, heads * v, h)
         if model.is_moe_layer(layer):
             moe = model.moe
             # a wider router spread makes the top-k choice far from ties
-            lin(p + "moe.router", h // 16 or 1, h, moe.num_experts)
-            w[p + "moe.router.bias"] = randn(seed, p + "moe.router.bias", (moe.num_experts,),
-                                             std=0.1)
+            lin(layer, "moe.router", h // 16 or 1, h, moe.num_experts)
+            bias = weight_key(layer, "moe.router.bias")
+            w[bias] = randn(seed, bias, (moe.num_experts,), std=0.1)
             if moe.num_shared_experts:
                 si = moe.shared_intermediate_size
-                lin(p + "moe.shared.gate_up", h, h, 2 * si)
-                lin(p + "moe.shared.down", si, si, h)
+                lin(layer, "moe.shared.gate_up", h, h, 2 * si)
+                lin(layer, "moe.shared.down", si, si, h)
         else:
             inter = model.dense_intermediate_size
-            lin(p + "mlp.gate_up", h, h, 2 * inter)
-            lin(p + "mlp.down", inter, inter, h)
-    norm("final_norm", h)
-    lin("lm_head", h, h, model.vocab_size)
+            lin(layer, "mlp.gate_up", h, h, 2 * inter)
+            lin(layer, "mlp.down", inter, inter, h)
+    norm(NO_LAYER, "final_norm", h)
+    lin(NO_LAYER, "lm_head", h, h, model.vocab_size)
     return w
 
 
@@ -100,9 +104,9 @@ def expert_weights(model: ModelConfig, seed: int, layer: int,
         ``gate_up [len(ids), hidden, 2*inter]`` and ``down [len(ids), inter, hidden]``, fp32.
     """
     h, inter = model.hidden_size, model.moe.intermediate_size
-    gate_up = [randn(seed, f"L{layer}.expert{e}.gate_up", (h, 2 * inter), std=h ** -0.5)
+    gate_up = [randn(seed, expert_weight_key(layer, e, "gate_up"), (h, 2 * inter), std=h ** -0.5)
                for e in logical_ids]
-    down = [randn(seed, f"L{layer}.expert{e}.down", (inter, h), std=inter ** -0.5)
+    down = [randn(seed, expert_weight_key(layer, e, "down"), (inter, h), std=inter ** -0.5)
             for e in logical_ids]
     if not gate_up:
         return torch.zeros(0, h, 2 * inter), torch.zeros(0, inter, h)

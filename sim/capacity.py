@@ -1,7 +1,7 @@
 """Capacity planning: how many deployment units serve a target output throughput within an SLO.
 
     unit      the replica a deployment is built of: ``unit_nodes`` co-located nodes, or a
-              ``(P, D)`` prefill:decode split; tuned per hardware for the SLO (``sim.tune``)
+              ``(P, D)`` prefill:decode split; tuned per hardware for the SLO (``epsim.sim.tune``)
     per node  the unit's output tok/s divided by its nodes: how units are compared
     units     independent replicas, so ``ceil(target / unit throughput)`` of them
 """

@@ -26,8 +26,9 @@ Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` 
 ``run_exact`` simulates that with simpy (one compute process and one comm process per rank, a
 barrier per collective and group, rate changes as events). ``run_fast`` computes the same times
 directly in issue order, vectorised over ranks with numpy, and folds runs of compute ops that wait
-on nothing but the previous op into one step (their fluid progress composes exactly). The fold is
-exact when every collective depends on the op issued just before it, which is how
+on nothing but the previous op into one step (their fluid progress composes exactly). A collective
+waits for its dependencies except those another of them reads (``collective_waits``); the fold is
+exact when those are issued just before the collective, which is how
 ``epsim.model.graph.build_step_graph`` builds them.
 
 The fast executor's folded runs know only the run's total time, so when comm interference
@@ -42,14 +43,16 @@ dispatch the host was itself waiting for (eager)), so the parts sum to the step 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import simpy
 
-CATEGORIES: tuple[str, ...] = (
-    "attention", "moe_experts", "dense", "other", "dispatch", "combine", "tp_comm", "launch",
-)
+from epsim.model.graph import OP_CATEGORIES
+
+#: breakdown buckets: the graph's op categories, and the host/launch time only the engine knows
+CATEGORIES: tuple[str, ...] = (*OP_CATEGORIES, "launch")
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
 _LAUNCH = _CAT["launch"]
 
@@ -74,7 +77,7 @@ class Program:
     group_size: ``[n]`` ranks per collective group (consecutive ranks form a group); 0 for compute.
     slowdown: compute speed lost while a collective is in flight.
     comm_slots: collectives one rank can have in flight at once (1 on GPUs).
-    steps: the fast executor's precomputed steps (``plan_steps``), empty to compute them per run.
+    steps: the fast executor's precomputed steps (``plan_steps``), None to compute them per run.
     """
 
     op_ids: tuple[str, ...]
@@ -92,7 +95,7 @@ class Program:
     host_release_s: np.ndarray
     group_size: np.ndarray
     slowdown: float
-    steps: tuple = field(default=())
+    steps: StepPlan | None = None
     comm_slots: int = 1
 
     @property
@@ -122,6 +125,15 @@ class Timeline:
     comm_busy: np.ndarray
 
 
+def collective_waits(i: int, is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...]
+                     ) -> tuple[int, ...]:
+    """The dependencies collective ``i`` waits for: all but the compute ones that another of its
+    dependencies reads itself (those end before that one starts, so they never bind). Example:
+    an EP dispatch reads the norm's rows and the router's choice; the router reads the norm."""
+    implied = {d for other in deps[i] for d in deps[other]}
+    return tuple(d for d in deps[i] if is_coll[d] or d not in implied)
+
+
 def build_chains(is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...], fold: bool
                  ) -> tuple[tuple[int, ...], ...]:
     """Cut the issue order into executor steps: a collective alone, or a run of compute ops of
@@ -129,8 +141,9 @@ def build_chains(is_coll: np.ndarray, deps: tuple[tuple[int, ...], ...], fold: b
     order. ``fold=False``: every op alone."""
     chains: list[tuple[int, ...]] = []
     current: list[int] = []
-    # a collective reads the end time of each of its dependencies: they must end a run
-    ends_run = {d for i in range(len(is_coll)) if is_coll[i] for d in deps[i]}
+    # a collective reads the end time of each compute op it waits for: they must end a run
+    ends_run = {d for i in range(len(is_coll)) if is_coll[i]
+                for d in collective_waits(i, is_coll, deps) if not is_coll[d]}
     for i in range(len(is_coll)):
         if is_coll[i]:
             if current:
@@ -194,7 +207,31 @@ class _Step:
     nodes: float  # runs: graph-node time inside the run
 
 
-def plan_steps(prog: Program, fold: bool) -> tuple[_Step, ...]:
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """A program's executor steps, with what the accounting after a walk needs of them: worked
+    out on first use and kept with the steps, since a compiled program is run for every step the
+    serving simulator times."""
+
+    steps: tuple[_Step, ...]
+
+    @cached_property
+    def compute_steps(self) -> tuple[_Step, ...]:
+        return tuple(st for st in self.steps if not st.coll)
+
+    @cached_property
+    def node_shares(self) -> tuple[np.ndarray, np.ndarray]:
+        """``[compute steps]`` graph-node time and ``[compute steps, categories]`` share of each
+        category in each compute step's own time."""
+        compute = self.compute_steps
+        nodes = np.array([st.nodes for st in compute])
+        share = np.zeros((len(compute), len(CATEGORIES)))
+        for j, st in enumerate(compute):
+            share[j, st.cats] = st.shares
+        return nodes, share
+
+
+def plan_steps(prog: Program, fold: bool) -> StepPlan:
     """The executor steps of ``prog``. Runs of several ops are folded only when their ops take the
     same time on every rank (true of every op but the fused MoE, which waits on its dispatch)."""
     chains = build_chains(prog.is_coll, prog.deps, fold)
@@ -205,7 +242,8 @@ def plan_steps(prog: Program, fold: bool) -> tuple[_Step, ...]:
     for chain in chains:
         first = chain[0]
         if prog.is_coll[first]:
-            steps.append(_Step(True, first, first, chain, tuple(prog.deps[first]),
+            steps.append(_Step(True, first, first, chain,
+                               collective_waits(first, prog.is_coll, prog.deps),
                                int(prog.group_size[first]), cats_all[first],
                                np.zeros(0, dtype=np.int64), np.zeros(0), 0.0))
             continue
@@ -223,7 +261,7 @@ def plan_steps(prog: Program, fold: bool) -> tuple[_Step, ...]:
         waits = tuple(d for d in prog.deps[first] if prog.is_coll[d])
         steps.append(_Step(False, first, chain[-1], chain, waits, 0, cats_all[first], ucats,
                            shares, prog.node_s * len(chain)))
-    return tuple(steps)
+    return StepPlan(tuple(steps))
 
 
 def plan_steps_single(prog: Program, i: int) -> list[_Step]:
@@ -232,32 +270,13 @@ def plan_steps_single(prog: Program, i: int) -> list[_Step]:
     return [_Step(False, i, i, (i,), waits, 0, cat, np.array([cat]), np.ones(1), prog.node_s)]
 
 
-_shares: dict[int, tuple[tuple, np.ndarray, np.ndarray]] = {}
-
-
-def _step_shares(steps: tuple, compute_steps: list[_Step]) -> tuple[np.ndarray, np.ndarray]:
-    """``[steps]`` graph-node time and ``[steps, categories]`` shares of each compute step
-    (memoised per steps tuple: the compiled programs reuse theirs)."""
-    hit = _shares.get(id(steps))
-    if hit is not None and hit[0] is steps:
-        return hit[1], hit[2]
-    nodes = np.array([st.nodes for st in compute_steps])
-    share = np.zeros((len(compute_steps), len(CATEGORIES)))
-    for j, st in enumerate(compute_steps):
-        share[j, st.cats] = st.shares
-    if isinstance(steps, tuple):
-        if len(_shares) > 64:
-            _shares.clear()
-        _shares[id(steps)] = (steps, nodes, share)
-    return nodes, share
-
-
 def run_fast(prog: Program, fold: bool = True) -> Timeline:
     """The engine's semantics computed in issue order, vectorised over ranks (module docstring)."""
     n, ranks = prog.work.shape
     eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
     fold = fold and not eager  # the host may hold any eager kernel: no runs
-    steps = prog.steps if (fold and prog.steps) else plan_steps(prog, fold)
+    plan = prog.steps if (fold and prog.steps is not None) else plan_steps(prog, fold)
+    steps = plan.steps
     start = np.full((n, ranks), np.nan)
     end = np.full((n, ranks), np.nan)
     stream = np.zeros(ranks)
@@ -274,7 +293,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     sync_end = np.zeros(ranks)  # eager: when the host last resumed after a sync, and on what
     sync_cat = _LAUNCH
     # per compute step, for the accounting after the walk
-    compute_steps = [st for st in steps if not st.coll]
+    compute_steps = plan.compute_steps
     held = np.zeros((len(compute_steps), ranks))
     held_cat = np.full(len(compute_steps), _LAUNCH)
     gaps = np.zeros((len(compute_steps), ranks))
@@ -361,7 +380,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     np.add.at(breakdown, (rows, gap_cat), gaps)
     if eager:
         np.add.at(breakdown.T, held_cat, held)
-    nodes, share = _step_shares(steps, compute_steps)
+    nodes, share = plan.node_shares
     breakdown[:, _LAUNCH] += nodes.sum()
     breakdown += (busy_all - nodes[:, None]).T @ share
     coll = np.flatnonzero(prog.is_coll)

@@ -4,7 +4,7 @@
     side           co-located serving has one side (every node prefills and decodes);
                    disaggregated serving (``disagg=(P, D)``) has a prefill side of P nodes that
                    ships each prompt's KV cache over the NIC to a decode side of D nodes
-    run_scenario   simulate it -> vLLM-style metrics (``sim.metrics``) plus the deployment echoed
+    run_scenario   simulate it -> vLLM-style metrics (``epsim.sim.metrics``) plus the deployment echoed
     StepCache      step-time models shared between runs, keyed by everything a step depends on,
                    so a sweep over concurrencies simulates each (batch, context) grid point once
 

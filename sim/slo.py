@@ -1,8 +1,8 @@
 """Service-level objectives: bounds on the metric keys a scenario's run reports.
 
     SLO          ``"median_itl_ms<=100,p90_ttft_ms<=5000"``: a conjunction of bounds on keys of
-                 ``sim.metrics.compute_metrics``
-    latency key  ``<mean|median|std|pNN>_<metric>_ms`` with a metric of ``sim.metrics.METRICS``
+                 ``epsim.sim.metrics.compute_metrics``
+    latency key  ``<mean|median|std|pNN>_<metric>_ms`` with a metric of ``epsim.sim.metrics.METRICS``
                  (a ``pNN`` key must have its percentile computed: ``with_slo_metrics``)
 """
 

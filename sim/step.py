@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy as np
 from epsim.model.config import ModelConfig
 from epsim.model.eplb import balance_placement
 from epsim.model.errors import EpsimError
-from epsim.model.graph import Batch, OpGraph, build_step_graph
+from epsim.model.graph import Batch, Op, OpGraph, build_step_graph
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
@@ -129,7 +130,7 @@ class _Compiled:
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
 _placements: OrderedDict[tuple, Placement] = OrderedDict()
 _frequencies: OrderedDict[tuple, tuple[Placement, np.ndarray]] = OrderedDict()
-_synthetic: dict[tuple, np.ndarray] = {}
+_synthetic: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
 
 def _profile_key(profile: HardwareProfile) -> str:
@@ -201,21 +202,35 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     )
     # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
     program = replace(program, steps=plan_steps(program, fold=captured))
-    # the ops whose cost this step's routing sets
-    moe_layers = list(model.moe_layers)
-    mbs = len(graph.microbatch_tokens)
+    # the ops whose cost this step's routing sets (sampled routing models the fused MoE under EP)
     routed: dict[str, np.ndarray] = {}
     mb_tokens: tuple[int, ...] = ()
-    if plan.expert_parallel and moe_layers and plan.fusion.fused_moe:
-        for name, suffix in (("experts", "moe.experts"), ("dispatch", "moe.dispatch"),
-                             ("combine", "moe.combine")):
-            routed[name] = np.array([[index[f"L{layer}.{suffix}.mb{mb}"] for mb in range(mbs)]
-                                     for layer in moe_layers])
-        mb_tokens = tuple(int(graph.ops[f"L{moe_layers[0]}.moe.dispatch.mb{mb}"].dims["tokens"])
-                          for mb in range(mbs))
+    if plan.expert_parallel and model.moe_layers and plan.fusion.fused_moe:
+        routed = _routed_indices(ops, model.moe_layers, len(graph.microbatch_tokens))
+        mb_tokens = tuple(int(ops[i].dims["tokens"]) for i in routed["dispatch"][0])
     share_experts = eff.core_share(ranks_on_node, "grouped_gemm")
     return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens,
                                                share_experts))
+
+
+#: routed ops (``Op.routed``) by kind: the role their duration plays in ``_apply_routing``
+_ROUTED_ROLES = {"grouped_gemm": "experts", "dispatch": "dispatch", "combine": "combine"}
+
+
+def _routed_indices(ops: list[Op], moe_layers: Sequence[int], microbatches: int
+                    ) -> dict[str, np.ndarray]:
+    """``{role: [moe layer, microbatch] -> issue index}`` of the routed ops of a fused-MoE EP
+    graph (one fused expert op, one dispatch and one combine per MoE layer and microbatch)."""
+    where: dict[str, dict[tuple[int, int], int]] = {role: {} for role in _ROUTED_ROLES.values()}
+    for i, op in enumerate(ops):
+        if op.routed:
+            if op.kind not in _ROUTED_ROLES:
+                raise AssertionError(f"{op.id}: the simulator samples no routing for a routed "
+                                     f"{op.kind} op")
+            where[_ROUTED_ROLES[op.kind]][(op.layer, op.microbatch)] = i
+    return {role: np.array([[found[(layer, mb)] for mb in range(microbatches)]
+                            for layer in moe_layers])
+            for role, found in where.items()}
 
 
 def _loads_key(loads: np.ndarray) -> tuple:
@@ -245,11 +260,14 @@ def _slot_frequencies(loads_key: tuple, loads: np.ndarray, placement: Placement,
 
 def _synthetic_loads(model: ModelConfig, kind: str) -> np.ndarray:
     key = (model, kind)
-    if key not in _synthetic:
-        loads = synthetic_loads(model, kind)
-        loads.setflags(write=False)
-        _synthetic[key] = loads
-    return _synthetic[key]
+    hit = _synthetic.get(key)
+    if hit is None:
+        hit = synthetic_loads(model, kind)
+        hit.setflags(write=False)  # shared by every caller
+        _remember(_synthetic, key, hit)
+    else:
+        _synthetic.move_to_end(key)
+    return hit
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import networkx as nx
 import pytest
 
 from epsim.model import Batch, Fusion, build_step_graph, load_model, make_plan
-from epsim.model.graph import KIND_DIMS, OP_KINDS
+from epsim.model.graph import KIND_DIMS, OP_CATEGORIES, OP_KINDS
+from epsim.model.ids import expert_weight_key, op_id, weight_key
 
 R1 = load_model("deepseek-r1")
 B, T = 512, 2000
@@ -89,6 +90,7 @@ def test_graph_is_a_dag_in_schedule_order(g):
         assert pos[u] < pos[v], (u, v)
     for op in g:
         assert op.kind in OP_KINDS
+        assert op.category in OP_CATEGORIES
         assert set(KIND_DIMS[op.kind]) <= set(op.dims)
 
 
@@ -141,3 +143,72 @@ def test_stable_ids():
     b = build_step_graph(R1, plan, Batch.decode(32, 100))
     assert list(a.ops) == list(b.ops)
     assert a.captured
+
+
+def test_op_ids_and_weight_keys_come_from_model_ids(g):
+    assert op_id(12, "moe.dispatch", 1) == "L12.moe.dispatch.mb1"
+    assert op_id(-1, "lm_head", 0) == "lm_head.mb0"
+    assert weight_key(3, "attn.q_a") == "L3.attn.q_a" and weight_key(-1, "embed") == "embed"
+    assert expert_weight_key(3, 7, "gate_up") == "L3.expert7.gate_up"
+    for ident, op in g.ops.items():
+        assert ident == op.id == op_id(op.layer, op.name, op.microbatch)
+
+
+def test_routed_flag_marks_the_ops_whose_cost_follows_the_routing():
+    dbo = make_plan(R1, dp=8, ep=8, microbatches=2)
+    g2 = build_step_graph(R1, dbo, Batch.decode(64, 1000))
+    routed = {op.id for op in g2 if op.routed}
+    # R1: 3 dense layers, then 58 MoE layers of fused experts, dispatch and combine per microbatch
+    assert len(routed) == 58 * 3 * 2
+    assert {"L3.moe.experts.mb1", "L3.moe.dispatch.mb0", "L60.moe.combine.mb1"} <= routed
+    assert not {"L3.moe.router.mb0", "L3.moe.shared.down.mb0", "L2.mlp.down.mb0"} & routed
+    # unfused: gate/up, the activation over the pairs and down all follow the routing
+    unfused = dbo.with_(microbatches=1, fusion=Fusion(fused_moe=False))
+    names = {op.name for op in build_step_graph(R1, unfused, Batch.decode(64, 1000)) if op.routed}
+    assert names == {"moe.dispatch", "moe.experts.gate_up", "moe.experts.act",
+                     "moe.experts.down", "moe.combine"}
+    # tensor parallel (no EP): the experts still do, and there is no exchange
+    tp = build_step_graph(R1, make_plan(R1, tp=8, microbatches=1), Batch.decode(64, 1000))
+    assert {op.name for op in tp if op.routed} == {"moe.experts"}
+
+
+def test_edges_name_the_values_each_op_reads(g):
+    for u, v, data in g.graph.edges(data=True):
+        assert data["values"] and set(data["values"]) <= set(g.op(u).outputs), (u, v)
+    for op in g:
+        names = [name for _, name in g.inputs(op.id)]
+        assert len(names) == len(set(names)), op.id
+    # MLA decode attention: the absorbed queries, the latent and RoPE key it caches, q's RoPE part
+    assert g.inputs("L5.attn.core.mb0") == [
+        ("L5.attn.q_absorb.mb0", "q_lat"), ("L5.attn.kv_a_norm.mb0", "k_pe"),
+        ("L5.attn.kv_a_norm.mb0", "c_kv"), ("L5.attn.q_b.mb0", "q")]
+    assert g.inputs("L5.moe.dispatch.mb0") == [("L5.moe.router.mb0", "topk"),
+                                                ("L5.ffn_norm.mb0", "h")]
+    assert g.inputs("L5.moe.combine.mb0") == [("L5.moe.experts.mb0", "expert_out"),
+                                               ("L5.moe.dispatch.mb0", "recv")]
+    # the residual stream runs from each fused add+norm to the next
+    assert g.inputs("L0.attn_norm.mb0") == [("embed.mb0", "hidden")]
+    assert g.inputs("L5.ffn_norm.mb0") == [("L5.attn.o_proj.mb0", "attn_out"),
+                                            ("L5.attn_norm.mb0", "residual")]
+    assert g.inputs("L6.attn_norm.mb0") == [
+        ("L5.moe.combine.mb0", "routed_out"), ("L5.moe.shared.down.mb0", "shared_out"),
+        ("L5.ffn_norm.mb0", "residual")]
+    assert g.results == ({"hidden": ("final_norm.mb0", "h"), "logits": ("lm_head.mb0", "logits"),
+                          "next_tokens": ("sample.mb0", "next_tokens")},)
+
+
+def test_unfused_graph_routes_rotated_values_and_the_pair_layout():
+    plan = make_plan(R1, dp=8, ep=8, microbatches=1,
+                     fusion=Fusion(fused_rope=False, merged_shared_expert=False, fused_moe=False))
+    g = build_step_graph(R1, plan, Batch.prefill(2, 64))
+    assert g.inputs("L5.attn.rope.mb0") == [("L5.attn.q_b.mb0", "q"),
+                                             ("L5.attn.kv_a_norm.mb0", "k_pe")]
+    # prefill expands the (unrotated) latent; attention caches the rotated RoPE key
+    assert g.inputs("L5.attn.kv_b.mb0") == [("L5.attn.kv_a_norm.mb0", "c_kv")]
+    assert g.inputs("L5.attn.core.mb0") == [
+        ("L5.attn.rope.mb0", "q"), ("L5.attn.rope.mb0", "k_pe"), ("L5.attn.kv_b.mb0", "kv_up"),
+        ("L5.attn.kv_a_norm.mb0", "c_kv")]
+    assert g.inputs("L5.moe.experts.down.mb0") == [("L5.moe.experts.act.mb0", "act"),
+                                                    ("L5.moe.experts.gate_up.mb0", "pairs")]
+    assert g.inputs("L5.moe.shared.act.mb0") == [("L5.moe.shared.gate.mb0", "gate"),
+                                                  ("L5.moe.shared.up.mb0", "up")]

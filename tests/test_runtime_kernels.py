@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from epsim.runtime import kernels  # noqa: E402
-from epsim.runtime.reference import route_reference  # noqa: E402
+from epsim.runtime.reference import rounding_error, route_reference  # noqa: E402
 
 
 def test_rms_norm_hand_computed():
@@ -42,6 +42,23 @@ def test_fp8_rows_round_trip_within_e4m3_precision():
     # e4m3 keeps 3 mantissa bits: relative rounding error at most 2**-4 of each value
     assert torch.all((back - x).abs() <= x.abs() * 2 ** -4 + scale[:, None] * 2 ** -9)
     assert torch.allclose(back.abs().amax(-1), x.abs().amax(-1), rtol=2 ** -4)
+
+
+def test_kv_check_accepts_either_rounding_only_at_a_midpoint():
+    fp8 = torch.float8_e4m3fn
+    # amax 448 makes the row's scale 1: e4m3 holds 112 and 120 but nothing between (midpoint 116)
+    exact = torch.tensor([[448.0, 116.0 - 1e-4]])
+    # the reference rounds 115.9999 down to 112; fp32 sums a hair larger round it up to 120
+    assert rounding_error(exact, torch.tensor([[448.0, 112.0]]), fp8) == 0.0
+    below = 116.0 - exact[0, 1].item()  # 1e-4 as fp32 holds it
+    assert rounding_error(exact, torch.tensor([[448.0, 120.0]]), fp8) == pytest.approx(
+        below / 448)
+    # a value one step further, or the other neighbour of a value off the midpoint: wrong
+    assert rounding_error(exact, torch.tensor([[448.0, 128.0]]), fp8) == pytest.approx(
+        (4.0 + below) / 448)
+    off_midpoint = torch.tensor([[448.0, 113.0]])
+    assert rounding_error(off_midpoint, torch.tensor([[448.0, 120.0]]), fp8) == pytest.approx(
+        3.0 / 448)
 
 
 def test_routing_hand_computed():

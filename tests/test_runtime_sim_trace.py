@@ -1,5 +1,6 @@
-"""The runtime and the simulator run the same op graph: their traces of one configuration have
-the same op ids on every rank (docs/design.md section 2.1: an op only one of them knows is a bug)."""
+"""The runtime and the simulator run the same op graph in the same order: their traces of one
+configuration issue the same op ids in the same sequence on every rank and stream (docs/design.md
+section 2.1: an op only one of them knows, or one issued out of turn, is a bug)."""
 
 import pytest
 
@@ -11,7 +12,7 @@ from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
 from epsim.sim.hardware import load_profile  # noqa: E402
 
 
-def test_runtime_and_simulator_traces_share_op_ids():
+def test_runtime_and_simulator_issue_the_same_ops_in_the_same_order():
     base = RunOptions(model="tiny-deepseek", world_size=2, batch=4, context=8, steps=1,
                       trace=True, prefill=True)
     grid = [base, base.with_(dbo=True, unfused=True)]
@@ -23,8 +24,10 @@ def test_runtime_and_simulator_traces_share_op_ids():
             simulated = sim_step.simulate_step(model, plan, batch, load_profile("mi300x"),
                                                placement=placement, trace=True)
             for rank in range(2):
-                ran = sorted(e.op_id for e in measured["trace_events"]
-                             if e.rank == rank and e.args["step"] == step)
-                sim = sorted(e.op_id for e in simulated.events
-                             if e.rank == rank and e.stream != "host")
-                assert ran and ran == sim, (opts.dbo, step, rank)
+                for stream in ("compute", "comm"):
+                    # both keep their events in issue order
+                    ran = [e.op_id for e in measured["trace_events"]
+                           if e.rank == rank and e.args["step"] == step and e.stream == stream]
+                    sim = [e.op_id for e in simulated.events
+                           if e.rank == rank and e.stream == stream]
+                    assert ran and ran == sim, (opts.dbo, step, rank, stream)

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epsim.sim.engine import CATEGORIES, Program, plan_steps, run_exact, run_fast
+from epsim.sim.engine import (
+    CATEGORIES,
+    Program,
+    build_chains,
+    collective_waits,
+    plan_steps,
+    run_exact,
+    run_fast,
+)
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
 
@@ -48,6 +56,28 @@ def both(prog):
                                rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(fast.slowdown_s, exact.slowdown_s, rtol=1e-9, atol=1e-12)
     return exact
+
+
+def test_a_dispatch_reading_the_norm_and_the_router_waits_on_the_router_only():
+    # norm -> router -> dispatch, and the dispatch reads the norm's rows too (as the graph says)
+    ops = [
+        ("norm", "c", "moe_experts", (), 1.0),
+        ("router", "c", "moe_experts", ("norm",), 0.5),
+        ("x", "x", "dispatch", ("router", "norm"), 2.0),
+        ("experts", "c", "moe_experts", ("x",), 1.0),
+    ]
+    prog = program(ops, ranks=2)
+    assert collective_waits(2, prog.is_coll, prog.deps) == (1,)
+    # the norm needs no end time of its own: it folds into one run with the router
+    assert build_chains(prog.is_coll, prog.deps, fold=True) == ((0, 1), (2,), (3,))
+    tl = both(prog)
+    np.testing.assert_allclose(tl.start[2], [1.5, 1.5])
+    np.testing.assert_allclose(tl.rank_end, [4.5, 4.5])
+    # a compute dependency no other dependency reads still ends its run
+    ops[2] = ("x", "x", "dispatch", ("norm",), 2.0)
+    prog = program(ops, ranks=2)
+    assert build_chains(prog.is_coll, prog.deps, fold=True) == ((0,), (1,), (2,), (3,))
+    np.testing.assert_allclose(both(prog).start[2], [1.0, 1.0])
 
 
 def test_collective_waits_for_its_slowest_rank():

@@ -158,3 +158,16 @@ def test_repeated_calls_reuse_the_compiled_graph():
     first = step_module.compile_step(R1, plan, batch, MI)
     simulate_step(R1, plan, batch, MI, seed=5)
     assert step_module.compile_step(R1, plan, batch, MI) is first
+
+
+def test_memo_caches_keep_at_most_their_bound():
+    from epsim.sim import step as sim_step
+
+    loads = sim_step._synthetic_loads(R1, "uniform")
+    assert not loads.flags.writeable  # shared by every caller
+    assert sim_step._synthetic_loads(R1, "uniform") is loads
+    cache = sim_step.OrderedDict()
+    for i in range(sim_step._CACHE_SIZE + 10):
+        sim_step._remember(cache, (i,), i)
+    assert len(cache) == sim_step._CACHE_SIZE
+    assert next(iter(cache)) == (10,)  # the oldest went first

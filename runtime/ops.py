@@ -1,0 +1,306 @@
+"""The runtime's half of the op-graph contract: one implementation per op kind (``OP_IMPLS``).
+
+An implementation ``impl(rt, op, ins, st)`` runs one op of the graph for one microbatch:
+
+    ins      the values the op reads, by name, as the graph's edges deliver them
+             (``OpGraph.inputs``: ``{"q_lat": ..., "k_pe": ..., "c_kv": ..., "q": ...}`` for MLA
+             decode attention); the executor gathers them, no implementation looks one up.
+    returns  the values it writes, by name: exactly ``op.outputs`` (the executor checks), or for a
+             collective a :class:`runtime.comm.Pending` whose ``wait()`` returns them.
+
+Beyond ``ins`` an op reads only its weights (``epsim.model.ids.weight_key`` of its layer and name), the
+microbatch's step inputs (token ids, positions, RoPE tables: :class:`MicrobatchState`) and the KV
+cache. Names of values come from the graph (``epsim.model.graph``): ``h`` the normalised hidden state,
+``residual`` the residual stream, ``q`` the queries, ``c_kv`` / ``k_pe`` the latent and RoPE key,
+``topk`` the routing, ``recv`` what a dispatch received, ``gate_up`` / ``gate`` / ``up`` / ``act``
+the halves of a SwiGLU. The math lives in :mod:`runtime.kernels`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from epsim.model.errors import EpsimError
+from epsim.model.graph import Op
+from epsim.model.placement import remap
+
+from . import comm, kernels
+
+if TYPE_CHECKING:
+    from .executor import RankRuntime
+
+
+@dataclass
+class MicrobatchState:
+    """One microbatch's step inputs.
+
+    microbatch: 0 or 1. seqs: the rank's sequences it holds (a slice of the batch).
+    tokens: ``[t]`` input token ids (decode: one per sequence; prefill: each sequence's prompt,
+        one after another). positions: ``[t]`` position of each token in its sequence.
+    seq_ids: ``[t]`` the sequence (row of the rank's cache) of each token.
+    token_index: ``[t, 1]`` a rank-global token index (replica round-robin in remap).
+    cos / sin: ``[t, rope]`` rotary tables.
+    last_rows: prefill only: ``[seqs]`` row of each sequence's last token (the LM head's input).
+    """
+
+    microbatch: int
+    seqs: slice
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    seq_ids: torch.Tensor
+    token_index: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    last_rows: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[0]
+
+
+@dataclass(frozen=True)
+class TopK:
+    """The router's choice per token: ``slots [t, k]`` physical expert slots (the placement's
+    remap of the chosen experts) and ``weights [t, k]`` (routed scaling included)."""
+
+    slots: torch.Tensor
+    weights: torch.Tensor
+
+
+Values = Mapping[str, Any]
+#: ``impl(rt, op, ins, st)`` -> the op's outputs, or a Pending that returns them
+Impl = Callable[["RankRuntime", Op, Values, MicrobatchState], "dict[str, Any] | comm.Pending"]
+
+
+def last_token_rows(st: MicrobatchState, x: torch.Tensor) -> torch.Tensor:
+    """Prefill: each sequence's last row; decode: every row."""
+    return x if st.last_rows is None else x.index_select(0, st.last_rows)
+
+
+def _only(ins: Values) -> Any:
+    (value,) = ins.values()
+    return value
+
+
+def _embedding(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    return {op.outputs[0]: rt.weight(op)[st.tokens]}
+
+
+def _norm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    w, eps = rt.weight(op), rt.model.rms_norm_eps
+    if "residual" in op.outputs:
+        # fused add + RMSNorm: the residual stream absorbs the block outputs, then normalise
+        blocks = [v for name, v in ins.items() if name != "residual"]
+        new = blocks[0]
+        for extra in blocks[1:]:
+            new = new + extra
+        residual = ins["residual"] + new if op.dims["residual"] else new
+        return {"h": kernels.rms_norm(residual, w, eps), "residual": residual}
+    # the norm covers the first ``width`` features; a second output passes the rest through
+    # (MLA's kv_a_norm: the latent is normalised, the RoPE key is not)
+    x, width = _only(ins), op.dims["width"]
+    out = {op.outputs[0]: kernels.rms_norm(x[:, :width], w, eps)}
+    if len(op.outputs) == 2:
+        out[op.outputs[1]] = x[:, width:]
+    return out
+
+
+def _gemm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    x, w = _only(ins), rt.weight(op)
+    t, batch = x.shape[0], op.dims["batch"]
+    if batch > 1:
+        # a batched GEMM over heads (MLA's absorption): per head, the leading k features (the
+        # no-RoPE part of each head's query for q_absorb)
+        y = torch.einsum("tbk,bkn->tbn", x.view(t, batch, -1)[..., :op.dims["k"]], w)
+    else:
+        y = x.reshape(t, -1) @ w  # heads flattened into features (o_proj)
+    return {op.outputs[0]: y}
+
+
+def _elementwise(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    # SwiGLU: one merged gate/up tensor, or the two halves from separate GEMMs
+    if "gate_up" in ins:
+        return {op.outputs[0]: kernels.silu_and_mul(ins["gate_up"])}
+    return {op.outputs[0]: torch.nn.functional.silu(ins["gate"]) * ins["up"]}
+
+
+def _rotate(rt: RankRuntime, st: MicrobatchState, q: torch.Tensor, k_pe: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [t, H * (n + p)]`` with its RoPE part rotated (as ``[t, H, n + p]``), ``k_pe`` too."""
+    q = q.view(st.num_tokens, rt.heads, rt.nope + rt.rope)
+    q_pe = kernels.apply_rope(q[..., rt.nope:], st.cos, st.sin)
+    return torch.cat([q[..., :rt.nope], q_pe], dim=-1), kernels.apply_rope(k_pe, st.cos, st.sin)
+
+
+def _rope(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    q, k_pe = _rotate(rt, st, ins["q"], ins["k_pe"])
+    return {"q": q.reshape(st.num_tokens, -1), "k_pe": k_pe}
+
+
+def _attention_inputs(rt: RankRuntime, ins: Values, st: MicrobatchState
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [t, H, n + p]`` and ``k_pe [t, p]``, rotated here when RoPE is fused into attention
+    (the graph then has no rope op)."""
+    if rt.plan.fusion.fused_rope:
+        return _rotate(rt, st, ins["q"], ins["k_pe"])
+    return ins["q"].view(st.num_tokens, rt.heads, rt.nope + rt.rope), ins["k_pe"]
+
+
+def _attention_decode(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+                      ) -> dict[str, Any]:
+    q, k_pe = _attention_inputs(rt, ins, st)
+    rt.cache.write(op.layer, st.seq_ids, st.positions, ins["c_kv"], k_pe)
+    # eager reads only the filled part; static shapes read the whole buffer, masked
+    upto = rt.cache.capacity if rt.static else int(st.positions.max()) + 1
+    c, pe = rt.cache.read(op.layer, st.seqs, upto, rt.dtype)
+    o_lat = kernels.mla_decode_absorbed(ins["q_lat"], q[..., rt.nope:].contiguous(), c, pe,
+                                        st.positions + 1, rt.softmax_scale)
+    return {op.outputs[0]: o_lat}
+
+
+def _attention_prefill(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+                       ) -> dict[str, Any]:
+    """Causal MLA over each sequence's prompt with per-head K and V from ``attn.kv_b``; the
+    latents and RoPE keys go into the cache for the decode steps (no cached prefix here)."""
+    if op.dims["new_tokens"] != op.dims["context"]:
+        raise EpsimError("prefill with a cached prefix (chunked prefill) is not implemented")
+    t, H, n, p = st.num_tokens, rt.heads, rt.nope, rt.rope
+    q, k_pe = _attention_inputs(rt, ins, st)
+    rt.cache.write(op.layer, st.seq_ids, st.positions, ins["c_kv"], k_pe)
+    kv = ins["kv_up"].view(t, H, n + rt.v_dim)
+    seqs, length = st.seqs.stop - st.seqs.start, op.dims["new_tokens"]
+    q_full = q.reshape(seqs, length, H, n + p)
+    k_full = torch.cat([kv[..., :n], k_pe[:, None, :].expand(t, H, p)], dim=-1)
+    k_full = k_full.view(seqs, length, H, n + p)
+    v = kv[..., n:].reshape(seqs, length, H, rt.v_dim)
+    scores = torch.einsum("sqhd,skhd->shqk", q_full, k_full) * rt.softmax_scale
+    causal = torch.ones(length, length, dtype=torch.bool, device=rt.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    attn_v = torch.einsum("shqk,skhd->sqhd", probs, v).reshape(t, H, rt.v_dim)
+    return {op.outputs[0]: attn_v}
+
+
+def _router(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    moe = rt.model.moe
+    logits = ins["h"].float() @ rt.weight(op).float()
+    ids, weights = kernels.route_grouped_sigmoid(
+        logits, rt.weight(op, ".bias"), moe.top_k, moe.n_group, moe.topk_group,
+        moe.routed_scaling_factor, moe.norm_topk_prob)
+    slots = remap(ids, rt.l2p[op.layer], rt.replicas[op.layer], st.token_index)
+    return {op.outputs[0]: TopK(slots, weights)}
+
+
+def _then(handle: comm.Pending, name: str) -> comm.Pending:
+    """``handle`` whose wait returns ``{name: its result}``."""
+    finish = handle.finish
+    return comm.Pending(handle.works, lambda: {name: finish()})
+
+
+def _done(outputs: dict[str, Any]) -> comm.Pending:
+    """A collective that finished when its call returned (MORI-EP's own kernels)."""
+    return comm.Pending([], lambda: outputs)
+
+
+def _dispatch(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
+    h, topk, out = ins["h"], ins["topk"], op.outputs[0]
+    if rt.mori is not None:
+        x, slots, weights = rt.mori.dispatch(h, topk.slots, topk.weights)
+        return _done({out: comm.DispatchResult(x, slots, weights, None)})
+    args = (h, topk.slots, topk.weights, rt.slots_per_rank)
+    if rt.static:
+        return _then(comm.dispatch_static(*args, capacity=st.num_tokens, group=rt.group), out)
+    return _then(comm.dispatch_dynamic(*args, group=rt.group), out)
+
+
+def _combine(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
+    y, recv, out = ins["expert_out"], ins["recv"], op.outputs[0]
+    if rt.mori is not None:
+        return _done({out: rt.mori.combine(y, recv.weights, recv.slots)})
+    if rt.static:
+        return _then(comm.combine_static(y, recv.layout, group=rt.group), out)
+    return _then(comm.combine_dynamic(y, recv.layout, group=rt.group), out)
+
+
+def _received(ins: Values) -> comm.DispatchResult:
+    """The rows the routed experts compute for: what the dispatch received, or without EP the
+    norm's own rows with the router's choice (every slot is local)."""
+    if "recv" in ins:
+        return ins["recv"]
+    return comm.DispatchResult(ins["h"], ins["topk"].slots, ins["topk"].weights, None)
+
+
+def _local_slots(rt: RankRuntime, recv: comm.DispatchResult) -> torch.Tensor:
+    local = recv.slots - rt.slot_base
+    mine = (local >= 0) & (local < rt.slots_per_rank)
+    return torch.where(mine, local, torch.full_like(local, -1))
+
+
+def _experts_fused(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    recv, (gate_up, down) = _received(ins), rt.experts[op.layer]
+    y = rt.moe_backend(recv.x, _local_slots(rt, recv), recv.weights, gate_up, down)
+    return {op.outputs[0]: y}
+
+
+def _experts_gate_up(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+                     ) -> dict[str, Any]:
+    """Writes ``gate_up`` and ``pairs``: the layout down needs (static: every slot over every row
+    with the routing weights; dynamic: the pairs sorted by slot)."""
+    recv, (gate_up, _) = _received(ins), rt.experts[op.layer]
+    local = _local_slots(rt, recv)
+    if rt.static:
+        return {"gate_up": kernels.masked_gate_up(recv.x, gate_up),
+                "pairs": (local, recv.weights)}
+    pairs = kernels.sort_pairs(local, recv.weights, gate_up.shape[0])
+    return {"gate_up": kernels.sorted_gate_up(recv.x, pairs, gate_up), "pairs": pairs}
+
+
+def _experts_down(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    act, pairs, (_, down) = ins["act"], ins["pairs"], rt.experts[op.layer]
+    if rt.static:
+        local, weights = pairs
+        return {op.outputs[0]: kernels.masked_down(act, local, weights, down)}
+    return {op.outputs[0]: kernels.sorted_down(act, pairs, down)}
+
+
+#: the routed experts by op name: one fused op, or gate/up and down around an activation
+GROUPED_GEMMS: dict[str, Impl] = {
+    "moe.experts": _experts_fused,
+    "moe.experts.gate_up": _experts_gate_up,
+    "moe.experts.down": _experts_down,
+}
+
+
+def _grouped_gemm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    return GROUPED_GEMMS[op.name](rt, op, ins, st)
+
+
+def _lm_head(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    rows = last_token_rows(st, ins["h"])
+    return {op.outputs[0]: rows.float() @ rt.weight(op).float()}
+
+
+def _sample(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    return {op.outputs[0]: _only(ins).argmax(-1)}  # greedy
+
+
+#: op kind -> implementation (the runtime's half of the op-graph contract)
+OP_IMPLS: dict[str, Impl] = {
+    "embedding": _embedding,
+    "norm": _norm,
+    "gemm": _gemm,
+    "elementwise": _elementwise,
+    "rope": _rope,
+    "attention_decode": _attention_decode,
+    "attention_prefill": _attention_prefill,
+    "router": _router,
+    "dispatch": _dispatch,
+    "grouped_gemm": _grouped_gemm,
+    "combine": _combine,
+    "lm_head": _lm_head,
+    "sample": _sample,
+}

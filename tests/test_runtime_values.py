@@ -1,0 +1,42 @@
+"""How the executor moves values along the op graph's edges (no ranks started)."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+from epsim.model import Batch, build_step_graph, load_model, make_plan  # noqa: E402
+from epsim.model.ids import NO_LAYER, op_id  # noqa: E402
+from epsim.runtime.executor import _store, value_flow  # noqa: E402
+
+TINY = load_model("tiny-deepseek")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    plan = make_plan(TINY, gpus_per_node=2, dp=2, ep=2, microbatches=2)
+    return build_step_graph(TINY, plan, Batch.decode(4, 6))
+
+
+def test_every_value_is_dropped_once_after_its_last_reader(graph):
+    flow = value_flow(graph)
+    position = {op_id: i for i, op_id in enumerate(graph.schedule.order())}
+    released_at = {producer: position[op_id] for op_id, producers in flow.release.items()
+                   for producer in producers}
+    assert sum(len(p) for p in flow.release.values()) == len(released_at)
+    # the step's results (final hidden state, logits, next tokens) stay; everything else goes
+    kept = {producer for results in graph.results for producer, _ in results.values()}
+    assert kept == {op_id(NO_LAYER, name, mb) for name in ("final_norm", "lm_head", "sample")
+                    for mb in (0, 1)}
+    assert set(released_at) == set(graph.ops) - kept
+    for producer, reader in graph.graph.edges:
+        if producer not in kept:
+            assert position[reader] <= released_at[producer], (producer, reader)
+
+
+def test_an_op_must_write_exactly_the_values_the_graph_names(graph):
+    values = {}
+    norm = graph.op("L1.ffn_norm.mb0")
+    _store(values, norm, {"h": 1.0, "residual": 2.0})
+    assert values == {("L1.ffn_norm.mb0", "h"): 1.0, ("L1.ffn_norm.mb0", "residual"): 2.0}
+    with pytest.raises(AssertionError, match="the graph says"):
+        _store(values, norm, {"h": 1.0})
