@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from epsim.model.errors import EpsimError
+from epsim.model.plan import KV_DTYPES
 
 from ..common import add_model_arg, emit_json, positive_int, print_table
 
@@ -44,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="capture the decode step as a CUDA/HIP graph (GPU only; implies --static)")
     p.add_argument("--placement", metavar="FILE", help="expert placement file (epsim balance "
                    "--out); default: contiguous")
-    p.add_argument("--kv-dtype", choices=("fp8", "bf16"), default="fp8",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0],
                    help="KV-cache storage (default fp8 = float8_e4m3fn)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="compute dtype (default fp32)")
