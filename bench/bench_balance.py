@@ -196,7 +196,7 @@ def online(files: dict[str, np.ndarray]) -> None:
 
 def online_simulated(files: dict[str, np.ndarray]) -> None:
     from epsim.model import make_plan
-    from epsim.model.graph import Batch
+    from epsim.model.opgraph import Batch
     from epsim.sim.rebalance import simulate_online_eplb
 
     print("## Online rebalancing through the step simulator (sim.step.simulate_step)\n")

@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from epsim.model.graph import Op
+from epsim.model.opgraph import Op
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import numpy as np
 
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError, read_json_file
-from epsim.model.graph import Batch
+from epsim.model.opgraph import Batch
 from epsim.sim.hardware import HardwareProfile
 
 #: the shipped grid ``epsim validate`` runs without ``--grid`` (``calibrate/grids/cpu.json``)

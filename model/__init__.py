@@ -12,7 +12,8 @@ from .accounting import (
 )
 from .config import ModelConfig, load_model, model_from_hf_config, shipped_models
 from .errors import EpsimError
-from .graph import OP_KINDS, Batch, Op, OpGraph, build_step_graph
+from .graph import build_step_graph
+from .opgraph import OP_KINDS, Batch, Op, OpGraph
 from .plan import Fusion, ParallelPlan, make_plan
 from .schedule import Schedule, Slot
 

@@ -25,8 +25,9 @@ import torch
 
 from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
-from epsim.model.graph import Batch, Op, OpGraph, build_step_graph
+from epsim.model.graph import build_step_graph
 from epsim.model.ids import weight_key
+from epsim.model.opgraph import Batch, Op, OpGraph
 from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent

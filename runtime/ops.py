@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from epsim.model.errors import EpsimError
-from epsim.model.graph import Op
+from epsim.model.opgraph import Op
 from epsim.model.placement import remap
 
 from . import comm, kernels

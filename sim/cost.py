@@ -39,7 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from epsim.model.errors import EpsimError
-from epsim.model.graph import Op
+from epsim.model.opgraph import Op
 from epsim.sim.hardware import Efficiency, HardwareProfile
 
 

@@ -49,7 +49,7 @@ from functools import cached_property
 import numpy as np
 import simpy
 
-from epsim.model.graph import OP_CATEGORIES
+from epsim.model.opgraph import OP_CATEGORIES
 
 #: breakdown buckets: the graph's op categories, and the host/launch time only the engine knows
 CATEGORIES: tuple[str, ...] = (*OP_CATEGORIES, "launch")

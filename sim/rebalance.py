@@ -30,8 +30,8 @@ from epsim.model.config import ModelConfig
 from epsim.model.dtypes import bytes_per_element
 from epsim.model.eplb import DEFAULT_METHOD, balance_placement, gpu_incidence
 from epsim.model.errors import EpsimError
-from epsim.model.graph import Batch
 from epsim.model.loads import frequencies
+from epsim.model.opgraph import Batch
 from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 

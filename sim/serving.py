@@ -193,7 +193,7 @@ class SimulatedStepTime(MemoStepTime):
     def __init__(self, model: Any, plan: Any, profile: Any, *, loads: Any = None,
                  placement: Any = None, eplb: bool = True, mode: str = "fast", seed: int = 0,
                  per_octave: int = 8) -> None:
-        from epsim.model.graph import Batch
+        from epsim.model.opgraph import Batch
 
         from .step import simulate_step  # the step simulator (sim/step.py)
 

@@ -30,7 +30,8 @@ import numpy as np
 from epsim.model.config import ModelConfig
 from epsim.model.eplb import balance_placement
 from epsim.model.errors import EpsimError
-from epsim.model.graph import Batch, Op, OpGraph, build_step_graph
+from epsim.model.graph import build_step_graph
+from epsim.model.opgraph import Batch, Op, OpGraph
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent

@@ -15,7 +15,7 @@ from epsim.calibrate import fit as F
 from epsim.calibrate.micro import gemm_op
 from epsim.calibrate.profile import profile_from_tables, read_tables, table_paths, write_csv_atomic
 from epsim.model import EpsimError
-from epsim.model.graph import Op
+from epsim.model.opgraph import Op
 from epsim.sim import cost
 from epsim.sim.hardware import load_profile, profile_from_dict
 

@@ -117,7 +117,7 @@ def test_timed_rebalancing_charges_the_move_to_its_step():
 
 def test_online_eplb_through_the_step_simulator():
     from epsim.model import make_plan
-    from epsim.model.graph import Batch
+    from epsim.model.opgraph import Batch
     from epsim.sim.rebalance import simulate_online_eplb
 
     model = load_model("deepseek-r1")

@@ -6,8 +6,8 @@ import networkx as nx
 import pytest
 
 from epsim.model import Batch, Fusion, build_step_graph, load_model, make_plan
-from epsim.model.graph import KIND_DIMS, OP_CATEGORIES, OP_KINDS
 from epsim.model.ids import expert_weight_key, op_id, weight_key
+from epsim.model.opgraph import KIND_DIMS, OP_CATEGORIES, OP_KINDS
 
 R1 = load_model("deepseek-r1")
 B, T = 512, 2000

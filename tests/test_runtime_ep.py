@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from epsim.model.eplb import balance_placement  # noqa: E402
-from epsim.model.graph import Batch, build_step_graph  # noqa: E402
+from epsim.model.graph import build_step_graph  # noqa: E402
 from epsim.model.ids import op_id  # noqa: E402
+from epsim.model.opgraph import Batch  # noqa: E402
 from epsim.model.placement import Placement  # noqa: E402
 from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
 

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 sim_step = pytest.importorskip("epsim.sim.step")  # the simulator's step (lands on main separately)
 
-from epsim.model.graph import Batch  # noqa: E402
+from epsim.model.opgraph import Batch  # noqa: E402
 from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
 from epsim.sim.hardware import load_profile  # noqa: E402
 

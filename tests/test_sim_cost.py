@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_plan
-from epsim.model.graph import Op
+from epsim.model.opgraph import Op
 from epsim.sim import cost
 from epsim.sim.hardware import load_profile, profile_from_dict
 
