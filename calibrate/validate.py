@@ -128,7 +128,10 @@ def read_grid(name_or_path: str | Path) -> list[Case]:
     """Read and validate a grid: a shipped name (``cpu``, ``gpu1``) or a grid file; an existing
     file wins over a shipped name."""
     text = str(name_or_path)
-    if not Path(text).is_file() and text in shipped_grids():
+    if not Path(text).is_file():
+        if text not in shipped_grids():
+            raise EpsimError(f"grid file not found: {text} (nor a shipped grid: "
+                             f"{', '.join(shipped_grids())})")
         shipped = resources.files("epsim.calibrate") / "grids" / f"{text}.json"
         return parse_grid(json.loads(shipped.read_text(encoding="utf-8")), f"grid {text!r}")
     return parse_grid(read_json_file(name_or_path, "grid file", kind="grid"), text)

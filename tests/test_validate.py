@@ -38,6 +38,8 @@ def test_shipped_grids_by_name_and_a_file_wins(tmp_path, monkeypatch):
     (tmp_path / "cpu").write_text(json.dumps([{"model": "tiny-deepseek", "world_size": 2,
                                                "batch": 8, "context": 64}]))
     assert len(read_grid("cpu")) == 1  # the file in the working directory, not the shipped grid
+    with pytest.raises(EpsimError, match=r"grid file not found: nosuch \(nor a shipped grid: cpu, gpu1\)"):
+        read_grid("nosuch")
 
 
 def test_gpu_grid_is_single_rank():
