@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from epsim.model.opgraph import Op
+from epsim.model.shipped import shipped_text
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,7 @@ QUICK_GEMM_GRID: tuple[tuple[int, int, int], ...] = ((8, 768, 384), (256, 768, 1
 
 def write_shape_config(shape: Shape, folder: Path) -> Path:
     """Write ``shape`` as a ``config.json`` (tiny-deepseek with the overrides) under ``folder``."""
-    from importlib import resources
-
-    base = json.loads((resources.files("epsim.model") / "configs" / "tiny-deepseek.json").read_text())
+    base = json.loads(shipped_text("epsim.model", "configs", "tiny-deepseek"))
     base.update(shape.overrides)
     base["_comment"] = "calibration-only shape (epsim calibrate), not a shipped model"
     path = folder / f"{shape.name}.json"

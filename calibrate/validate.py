@@ -26,7 +26,6 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ import numpy as np
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError, read_json_file
 from epsim.model.opgraph import Batch
+from epsim.model.shipped import shipped_names, shipped_text
 from epsim.sim.hardware import HardwareProfile
 
 #: the shipped grid ``epsim validate`` runs without ``--grid`` (``calibrate/grids/cpu.json``)
@@ -120,8 +120,7 @@ def parse_grid(obj: Any, where: str = "grid") -> list[Case]:
 
 def shipped_grids() -> list[str]:
     """Names of the validation grids shipped with epsim. Example: ``["cpu", "gpu1"]``."""
-    folder = resources.files("epsim.calibrate") / "grids"
-    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+    return shipped_names("epsim.calibrate", "grids")
 
 
 def read_grid(name_or_path: str | Path) -> list[Case]:
@@ -129,11 +128,11 @@ def read_grid(name_or_path: str | Path) -> list[Case]:
     file wins over a shipped name."""
     text = str(name_or_path)
     if not Path(text).is_file():
-        if text not in shipped_grids():
+        shipped = shipped_text("epsim.calibrate", "grids", text)
+        if shipped is None:
             raise EpsimError(f"grid file not found: {text} (nor a shipped grid: "
                              f"{', '.join(shipped_grids())})")
-        shipped = resources.files("epsim.calibrate") / "grids" / f"{text}.json"
-        return parse_grid(json.loads(shipped.read_text(encoding="utf-8")), f"grid {text!r}")
+        return parse_grid(json.loads(shipped), f"grid {text!r}")
     return parse_grid(read_json_file(name_or_path, "grid file", kind="grid"), text)
 
 

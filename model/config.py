@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .errors import EpsimError
+from .shipped import shipped_names, shipped_text
 
 
 @dataclass(frozen=True)
@@ -452,8 +452,7 @@ def _validate(model: ModelConfig) -> None:
 
 def shipped_models() -> list[str]:
     """Names of the configurations shipped with epsim."""
-    folder = resources.files("epsim.model") / "configs"
-    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+    return shipped_names("epsim.model", "configs")
 
 
 def load_model(name_or_path: str | Path) -> ModelConfig:
@@ -468,14 +467,14 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
         source = str(path)
         text = path.read_text(encoding="utf-8", errors="replace")
     else:
-        shipped = resources.files("epsim.model") / "configs" / f"{text_name}.json"
-        if not shipped.is_file():
+        shipped = shipped_text("epsim.model", "configs", text_name)
+        if shipped is None:
             raise EpsimError(
                 f"unknown model {text_name!r}: not a shipped name "
                 f"({', '.join(shipped_models())}) nor a path to a config.json"
             )
         source = text_name
-        text = shipped.read_text(encoding="utf-8")
+        text = shipped
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:

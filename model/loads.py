@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import math
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .errors import EpsimError, read_json_file
+from .shipped import shipped_names, shipped_text
 
 
 def _as_loads(obj: Any, where: str) -> np.ndarray:
@@ -54,15 +54,10 @@ def _as_loads(obj: Any, where: str) -> np.ndarray:
     return arr
 
 
-def _shipped_folder():
-    return resources.files("epsim.model") / "data" / "loads"
-
-
 def shipped_loads() -> list[str]:
     """Names of the load statistics shipped with epsim. Example: ``["decode_in1000out1000",
     "decode_in2000out100", "prefill_in2048", "prefill_in4096"]``."""
-    return sorted(p.name[: -len(".json")] for p in _shipped_folder().iterdir()
-                  if p.name.endswith(".json"))
+    return shipped_names("epsim.model", "data/loads")
 
 
 def read_loads(name_or_path: str | Path) -> np.ndarray:
@@ -70,9 +65,9 @@ def read_loads(name_or_path: str | Path) -> np.ndarray:
     file; returns float64 ``[layers, experts]`` counts (dense layers all zero)."""
     p = Path(name_or_path)
     if not p.is_file():
-        shipped = _shipped_folder() / f"{name_or_path}.json"
-        if str(name_or_path) in shipped_loads() and shipped.is_file():
-            return _as_loads(json.loads(shipped.read_text(encoding="utf-8")), str(name_or_path))
+        shipped = shipped_text("epsim.model", "data/loads", str(name_or_path))
+        if shipped is not None:
+            return _as_loads(json.loads(shipped), str(name_or_path))
         raise EpsimError(f"load file not found: {p} (nor a shipped name: "
                          f"{', '.join(shipped_loads())})")
     if p.suffix == ".pt":

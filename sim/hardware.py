@@ -78,13 +78,13 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from epsim.model.errors import EpsimError
+from epsim.model.shipped import shipped_names, shipped_text
 
 TOPOLOGIES = ("full_mesh", "switch")
 _NUMBER_KEYS = ("compute_units", "gpus_per_node", "hbm_bytes", "hbm_bandwidth",
@@ -406,8 +406,7 @@ class HardwareProfile:
 
 
 def shipped_profiles() -> list[str]:
-    folder = resources.files("epsim.sim") / "profiles"
-    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+    return shipped_names("epsim.sim", "profiles")
 
 
 def _number(obj: Mapping[str, Any], key: str, where: str) -> float:
@@ -478,13 +477,13 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
             raise EpsimError(f"hardware profile file not found: {path}")
         where, text = str(path), path.read_text(encoding="utf-8", errors="replace")
     else:
-        shipped = resources.files("epsim.sim") / "profiles" / f"{text_name}.json"
-        if not shipped.is_file():
+        shipped = shipped_text("epsim.sim", "profiles", text_name)
+        if shipped is None:
             raise EpsimError(
                 f"unknown hardware {text_name!r}: not a shipped profile "
                 f"({', '.join(shipped_profiles())}) nor a path to a profile JSON"
             )
-        where, text = text_name, shipped.read_text(encoding="utf-8")
+        where, text = text_name, shipped
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -92,3 +92,12 @@ def test_old_top_level_names_are_not_importable_outside_the_source_tree(tmp_path
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_shipped_text_by_name_only():
+    from epsim.model.shipped import shipped_names, shipped_text
+
+    assert shipped_names("epsim.calibrate", "grids") == ["cpu", "gpu1"]
+    assert '"model"' in shipped_text("epsim.calibrate", "grids", "cpu")
+    assert shipped_text("epsim.calibrate", "grids", "nosuch") is None
+    assert shipped_text("epsim.model", "configs", "../data/loads/prefill_in2048") is None
