@@ -1,6 +1,6 @@
 """Multi-rank microbenchmarks: the runtime's EP exchange over message sizes, and contention.
 
-``comm_sweep(world)`` spawns ``world`` local ranks (``python -m calibrate.comm_bench FOLDER
+``comm_sweep(world)`` spawns ``world`` local ranks (``python -m epsim.calibrate.comm_bench FOLDER
 RANK``, gloo over a file store, one thread each, as ``epsim.runtime.launch`` starts them) that measure:
 
 * ``a2a``: the runtime's own ``epsim.runtime.comm.dispatch_dynamic`` and ``combine_dynamic`` (count
@@ -65,7 +65,7 @@ def link_bytes(kind: str, tokens: int, world: int) -> float:
 
 
 def _probe(torch: Any, x: Any, w: Any, norm_w: Any, rounds: int) -> float:
-    """Seconds for ``rounds`` of (RMSNorm, GEMM, SiLU-and-mul) through runtime.kernels."""
+    """Seconds for ``rounds`` of (RMSNorm, GEMM, SiLU-and-mul) through epsim.runtime.kernels."""
     from epsim.runtime import kernels
 
     t0 = time.perf_counter()

@@ -51,8 +51,7 @@ class _Emitter:
 
     def __init__(self, microbatch: int) -> None:
         self.microbatch = microbatch
-        self.ops: list[Op] = []
-        self.outputs: dict[str, tuple[str, ...]] = {}
+        self.ops: dict[str, Op] = {}  # in emission order
         self.reads: dict[str, list[tuple[str, str]]] = {}
         self.blocks: list[list[str]] = []  # the embedding, each decoder layer, the head
         self.last: str | None = None
@@ -70,17 +69,19 @@ class _Emitter:
         missing = [k for k in KIND_DIMS[kind] if k not in op.dims]
         assert not missing, f"{ident}: dims lack {missing}"
         assert category in OP_CATEGORIES, f"{ident}: unknown category {category!r}"
-        self.ops.append(op)
+        self.ops[ident] = op
         chosen = [self.last] if deps is None else list(deps)
         self.reads[ident] = [self._value(d) for d in chosen if d is not None]
-        self.outputs[ident] = op.outputs
+        # an implementation receives its inputs by value name: two of one name would collide
+        names = [value for _, value in self.reads[ident]]
+        assert len(set(names)) == len(names), f"{ident} reads two values of one name: {names}"
         self.blocks[-1].append(ident)
         self.last = ident
         return ident
 
     def _value(self, read: Read) -> tuple[str, str]:
         producer, value = (read, None) if isinstance(read, str) else read
-        names = self.outputs[producer]
+        names = self.ops[producer].outputs
         value = names[0] if value is None else value
         assert value in names, f"{producer} writes {names}, not {value!r}"
         return producer, value
@@ -158,6 +159,21 @@ class _StepBuilder:
             bytes_read=t * width_in * self.act,
             bytes_written=t * width_out * self.act,
             routed=routed,
+        )
+
+    def ep_exchange(self, layer: int, kind: str, tokens: float, per_peer_tokens: float,
+                    row_bytes: float, *, deps: Iterable[Read | None], out: str, dtype: str,
+                    flops: float, bytes_read: float, bytes_written: float) -> str:
+        """An EP all-to-all (``kind`` ``"dispatch"`` or ``"combine"``): ``per_peer_tokens`` rows
+        of ``row_bytes`` to each of the ``ep`` ranks; its cost follows the step's routing."""
+        ep, moe = self.p.ep, self.m.moe
+        return self.e.emit(
+            layer, f"moe.{kind}", kind, kind, deps=deps, outputs=(out,),
+            dims={"tokens": tokens, "group": "ep", "group_size": ep, "hidden": self.m.hidden_size,
+                  "top_k": moe.top_k, "bytes_per_token": row_bytes,
+                  "expected_tokens_per_peer": per_peer_tokens},
+            dtype=dtype, flops=flops, bytes_read=bytes_read, bytes_written=bytes_written,
+            peer_bytes=tuple(per_peer_tokens * row_bytes for _ in range(ep)), routed=True,
         )
 
     def collective(self, layer: int, name: str, kind: str, category: str, tokens: float,
@@ -389,38 +405,26 @@ class _StepBuilder:
             comb_row = h * self.act
             received = per_peer_tokens * p.ep  # token copies arriving from all ranks
             # the token rows of the norm go to the ranks the router chose
-            dispatch = self.e.emit(
-                layer, "moe.dispatch", "dispatch", "dispatch", deps=[router, (norm, "h")],
-                outputs=("recv",),
-                dims={"tokens": tokens, "group": "ep", "group_size": p.ep, "hidden": h,
-                      "top_k": moe.top_k, "bytes_per_token": disp_row,
-                      "expected_tokens_per_peer": per_peer_tokens},
-                dtype=p.dispatch_dtype, flops=0.0,
-                bytes_read=tokens * h * self.act, bytes_written=received * disp_row,
-                peer_bytes=tuple(per_peer_tokens * disp_row for _ in range(p.ep)), routed=True,
-            )
-            pairs = tokens * moe.top_k  # this rank receives, on average, what it sends
+            dispatch = self.ep_exchange(
+                layer, "dispatch", tokens, per_peer_tokens, disp_row, deps=[router, (norm, "h")],
+                out="recv", dtype=p.dispatch_dtype, flops=0.0,
+                bytes_read=tokens * h * self.act, bytes_written=received * disp_row)
             global_tokens = tokens * p.ep
             expert_inputs: list[Read] = [dispatch]
         else:  # every expert is local: the experts read the routing and the norm's rows
             expert_inputs = [router, (norm, "h")]
-            pairs = tokens * moe.top_k
             global_tokens = tokens
+        pairs = tokens * moe.top_k  # under EP a rank receives, on average, what it sends
         untouched = (1.0 - moe.top_k / moe.num_experts) ** global_tokens
         active = experts_local * (1.0 - untouched)
         experts = self._routed_experts(layer, expert_inputs, pairs, experts_local, active, inter)
         if p.expert_parallel:
             # the results go back where the dispatch's layout says they came from
-            combine = self.e.emit(
-                layer, "moe.combine", "combine", "combine", deps=[experts, (dispatch, "recv")],
-                outputs=("routed_out",),
-                dims={"tokens": tokens, "group": "ep", "group_size": p.ep, "hidden": h,
-                      "top_k": moe.top_k, "bytes_per_token": comb_row,
-                      "expected_tokens_per_peer": per_peer_tokens},
-                dtype=ACT, flops=float(pairs * h),
-                bytes_read=pairs * h * self.act, bytes_written=tokens * h * self.act,
-                peer_bytes=tuple(per_peer_tokens * comb_row for _ in range(p.ep)), routed=True,
-            )
+            combine = self.ep_exchange(
+                layer, "combine", tokens, per_peer_tokens, comb_row,
+                deps=[experts, (dispatch, "recv")], out="routed_out", dtype=ACT,
+                flops=float(pairs * h), bytes_read=pairs * h * self.act,
+                bytes_written=tokens * h * self.act)
             outputs = [combine]
         else:
             outputs = [experts]
@@ -535,7 +539,7 @@ def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> Op
     graph = nx.DiGraph()
     ops: dict[str, Op] = {}
     for emitter in emitters:
-        for op in emitter.ops:
+        for op in emitter.ops.values():
             ops[op.id] = op
             graph.add_node(op.id)
         for ident, reads in emitter.reads.items():

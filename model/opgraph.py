@@ -178,7 +178,7 @@ class OpGraph:
     graph: networkx DiGraph over op ids; an edge u -> v means v reads what u wrote: its
         ``values`` attribute names which of u's outputs. Example: ``L3.attn.kv_a_norm.mb0 ->
         L3.attn.core.mb0`` carries ``("k_pe", "c_kv")`` (decode, fused RoPE).
-    schedule: the issue order (:mod:`model.schedule`).
+    schedule: the issue order (:mod:`epsim.model.schedule`).
     captured: the step is one captured graph launch (decode under graph mode).
     microbatch_tokens: tokens of each microbatch. Example: ``(256, 256)``.
     microbatch_seqs: sequences of each microbatch. Example: ``(256, 256)``.

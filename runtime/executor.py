@@ -4,11 +4,11 @@
 the step, walks ``graph.schedule.slots`` in order and calls ``OP_IMPLS[op.kind]`` (``epsim.runtime.ops``)
 for each op id with the values the op reads, as the graph's edges say (``OpGraph.inputs``), and
 keeps what it writes under ``(op id, value name)`` until the last op that reads it has run
-(:class:`ValueFlow`). Collectives (dispatch, combine) return a :class:`runtime.comm.Pending`; the
+(:class:`ValueFlow`). Collectives (dispatch, combine) return a :class:`epsim.runtime.comm.Pending`; the
 executor waits on it only when an op that reads its result comes up, so under DBO one
 microbatch's exchange is in flight while the other computes.
 
-Every op becomes a :class:`model.trace.TraceEvent` with the graph's op id, in issue order: compute
+Every op becomes a :class:`epsim.model.trace.TraceEvent` with the graph's op id, in issue order: compute
 ops on the ``compute`` stream (wall clock on the CPU, CUDA events on a GPU), collectives on
 ``comm`` from issue to the end of the wait that needed them.
 """
@@ -88,7 +88,7 @@ class RankRuntime:
     """One rank's model shard, KV cache and decode loop.
 
     Args:
-        opts: the run (see :class:`runtime.options.RunOptions`).
+        opts: the run (see :class:`epsim.runtime.options.RunOptions`).
         model / plan / placement: from ``epsim.runtime.options.validate(opts)``.
         rank: this rank; group: the EP process group (None: the default group).
     """
@@ -131,8 +131,10 @@ class RankRuntime:
             self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
             self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
         self.steps_done = 0
-        # each step's graph differs (the context grows): keep only the last few
-        self._graphs: OrderedDict[int, tuple[OpGraph, ValueFlow]] = OrderedDict()
+        # each step's graph differs in its sizes (the context grows): keep only the last few
+        self._graphs: OrderedDict[int, OpGraph] = OrderedDict()
+        # ...but not in its ops and edges, so how values flow is worked out once per phase
+        self._flows: dict[str, ValueFlow] = {}
         self.batch_index = rank * b  # first rank-global sequence index
 
     # -- set-up -----------------------------------------------------------------------------
@@ -173,17 +175,20 @@ class RankRuntime:
                 batch = Batch.prefill(self.opts.batch, self.opts.context - 1)
             else:
                 batch = Batch.decode(self.opts.batch, self.opts.context + step)
-            graph = build_step_graph(self.model, self.plan, batch)
+            self._graphs[step] = build_step_graph(self.model, self.plan, batch)
+            while len(self._graphs) > GRAPHS_KEPT:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(step)
+        graph = self._graphs[step]
+        phase = graph.batch.phase
+        if phase not in self._flows:  # the first graph of its phase: check it once
             missing = sorted({op.kind for op in graph} - set(OP_IMPLS))
             if missing:
                 raise EpsimError(f"the runtime has no implementation of op kind(s) "
                                  f"{', '.join(missing)} for this plan")
             self._check_weights(graph)
-            self._graphs[step] = (graph, value_flow(graph))
-            while len(self._graphs) > GRAPHS_KEPT:
-                self._graphs.popitem(last=False)
-        self._graphs.move_to_end(step)
-        return self._graphs[step]
+            self._flows[phase] = value_flow(graph)
+        return graph, self._flows[phase]
 
     def _check_weights(self, graph: OpGraph) -> None:
         """Every GEMM's weight has the graph's ``[batch,] k, n`` shape: the contract holds."""
@@ -286,9 +291,8 @@ class RankRuntime:
                 else:
                     mark[3] = now()
                     _store(values, op, result)
-                for producer in flow.release.get(op_id, ()):
-                    for name in graph.ops[producer].outputs:
-                        values.pop((producer, name), None)
+                for key in flow.release.get(op_id, ()):
+                    del values[key]
         if pending:  # the graph ends in sample, which depends on everything: a bug if not
             raise AssertionError(f"collectives never waited on: {sorted(pending)}")
         if self.device.type == "cuda" and not capturing:
@@ -322,12 +326,13 @@ class ValueFlow:
     """How values move through one step graph, worked out once per graph.
 
     reads: op id -> ``(producer op id, value name)`` of each value it reads (``OpGraph.inputs``).
-    release: op id -> the producers whose values no op issued after it reads: they are dropped
-        once it ran, so a step holds only the live activations, not every layer's.
+    release: op id -> the ``(producer op id, value name)`` of every value no op issued after it
+        reads: they are dropped once it ran, so a step holds only the live activations, not
+        every layer's.
     """
 
     reads: dict[str, tuple[tuple[str, str], ...]]
-    release: dict[str, tuple[str, ...]]
+    release: dict[str, tuple[tuple[str, str], ...]]
 
 
 def value_flow(graph: OpGraph) -> ValueFlow:
@@ -337,14 +342,12 @@ def value_flow(graph: OpGraph) -> ValueFlow:
     last_reader: dict[str, str] = {}
     for op_id in graph.schedule.order():
         reads[op_id] = tuple(graph.inputs(op_id))
-        names = [name for _, name in reads[op_id]]
-        if len(set(names)) != len(names):
-            raise AssertionError(f"{op_id} reads two values of one name: {reads[op_id]}")
         for producer, _ in reads[op_id]:
             last_reader[producer] = op_id
     kept = {producer for results in graph.results for producer, _ in results.values()}
-    release: dict[str, list[str]] = {}
+    release: dict[str, list[tuple[str, str]]] = {}
     for producer, reader in last_reader.items():
         if producer not in kept:
-            release.setdefault(reader, []).append(producer)
-    return ValueFlow(reads, {op_id: tuple(p) for op_id, p in release.items()})
+            release.setdefault(reader, []).extend(
+                (producer, name) for name in graph.ops[producer].outputs)
+    return ValueFlow(reads, {op_id: tuple(keys) for op_id, keys in release.items()})

@@ -6,14 +6,14 @@ An implementation ``impl(rt, op, ins, st)`` runs one op of the graph for one mic
              (``OpGraph.inputs``: ``{"q_lat": ..., "k_pe": ..., "c_kv": ..., "q": ...}`` for MLA
              decode attention); the executor gathers them, no implementation looks one up.
     returns  the values it writes, by name: exactly ``op.outputs`` (the executor checks), or for a
-             collective a :class:`runtime.comm.Pending` whose ``wait()`` returns them.
+             collective a :class:`epsim.runtime.comm.Pending` whose ``wait()`` returns them.
 
 Beyond ``ins`` an op reads only its weights (``epsim.model.ids.weight_key`` of its layer and name), the
 microbatch's step inputs (token ids, positions, RoPE tables: :class:`MicrobatchState`) and the KV
 cache. Names of values come from the graph (``epsim.model.graph``): ``h`` the normalised hidden state,
 ``residual`` the residual stream, ``q`` the queries, ``c_kv`` / ``k_pe`` the latent and RoPE key,
 ``topk`` the routing, ``recv`` what a dispatch received, ``gate_up`` / ``gate`` / ``up`` / ``act``
-the halves of a SwiGLU. The math lives in :mod:`runtime.kernels`.
+the halves of a SwiGLU. The math lives in :mod:`epsim.runtime.kernels`.
 """
 
 from __future__ import annotations

@@ -46,13 +46,12 @@ class ReferenceRun:
 
     prefill: the prefill step, or None (the cache held drawn entries).
     decode: the decode steps.
-    kv_cache_err: the largest :func:`rounding_error` of a stored cache entry (0.0 when no stored
-        cache was given).
+    kv_cache_err: the largest :func:`rounding_error` of a stored cache entry.
     """
 
     prefill: ReferenceStep | None
     decode: list[ReferenceStep]
-    kv_cache_err: float = 0.0
+    kv_cache_err: float
 
 
 @dataclass
@@ -110,13 +109,14 @@ def route_reference(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_grou
 
 def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, context: int,
                      steps: int, kv_dtype: str, prefill: bool = False,
-                     stored: StoredCache | None = None) -> ReferenceRun:
+                     *, stored: StoredCache) -> ReferenceRun:
     """Decode ``steps`` steps of ``world * batch`` sequences in fp32, one process, no sharding.
 
     With ``prefill`` the cache is filled by running each sequence's prompt (``context - 1``
     tokens) first, whose step is returned too; otherwise it holds the drawn initial entries.
-    With ``stored`` (the runtime's cache after the run) every entry the reference stores is
-    checked against the runtime's (:func:`rounding_error`) and the runtime's is kept.
+    ``stored`` is the runtime's cache after the run: every entry the reference would store is
+    checked against the runtime's (:func:`rounding_error`) and the runtime's is kept, so each
+    step is compared from the same cache.
 
     Returns:
         A :class:`ReferenceRun`.
@@ -142,17 +142,11 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
 
     def store(layer: int, pos: slice, c: torch.Tensor, pe: torch.Tensor) -> None:
         nonlocal kv_err
-        if stored is not None:
-            # the runtime's entries, once checked to be a rounding of the reference's values
-            got_c, got_pe = stored.c[layer, :, pos], stored.pe[layer, :, pos]
-            kv_err = max(kv_err, rounding_error(c, got_c, storage),
-                         rounding_error(pe, got_pe, storage))
-            c_cache[layer, :, pos], pe_cache[layer, :, pos] = got_c, got_pe
-            return
-        qc, sc = kernels.quantize_rows(c, storage)
-        qp, sp = kernels.quantize_rows(pe, storage)
-        c_cache[layer, :, pos] = kernels.dequantize_rows(qc, sc, torch.float32)
-        pe_cache[layer, :, pos] = kernels.dequantize_rows(qp, sp, torch.float32)
+        # the runtime's entries, once checked to be a rounding of the reference's values
+        got_c, got_pe = stored.c[layer, :, pos], stored.pe[layer, :, pos]
+        kv_err = max(kv_err, rounding_error(c, got_c, storage),
+                     rounding_error(pe, got_pe, storage))
+        c_cache[layer, :, pos], pe_cache[layer, :, pos] = got_c, got_pe
 
     def forward(tokens: torch.Tensor, start: int, causal_prompt: bool) -> ReferenceStep:
         """``tokens [S, T]`` at positions ``start ..``; decode (T = 1) attends over the stored

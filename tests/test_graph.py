@@ -212,3 +212,16 @@ def test_unfused_graph_routes_rotated_values_and_the_pair_layout():
                                                     ("L5.moe.experts.gate_up.mb0", "pairs")]
     assert g.inputs("L5.moe.shared.act.mb0") == [("L5.moe.shared.gate.mb0", "gate"),
                                                   ("L5.moe.shared.up.mb0", "up")]
+
+
+def test_an_op_cannot_read_two_values_of_one_name():
+    from epsim.model.graph import _Emitter
+
+    e = _Emitter(0)
+    e.begin_block()
+    dims = {"tokens": 4, "width": 8}
+    fields = dict(dtype="bf16", flops=0.0, bytes_read=0.0, bytes_written=0.0)
+    a = e.emit(0, "a", "elementwise", "other", deps=[], dims=dims, **fields)
+    b = e.emit(0, "b", "elementwise", "other", deps=[], dims=dims, **fields)
+    with pytest.raises(AssertionError, match="reads two values of one name"):
+        e.emit(0, "c", "elementwise", "other", deps=[a, b], dims=dims, **fields)

@@ -5,10 +5,10 @@ section 2.1: an op only one of them knows, or one issued out of turn, is a bug).
 import pytest
 
 pytest.importorskip("torch")
-sim_step = pytest.importorskip("epsim.sim.step")  # the simulator's step (lands on main separately)
 
 from epsim.model.opgraph import Batch  # noqa: E402
 from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
+from epsim.sim import step as sim_step  # noqa: E402
 from epsim.sim.hardware import load_profile  # noqa: E402
 
 

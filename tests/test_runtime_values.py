@@ -20,9 +20,14 @@ def graph():
 def test_every_value_is_dropped_once_after_its_last_reader(graph):
     flow = value_flow(graph)
     position = {op_id: i for i, op_id in enumerate(graph.schedule.order())}
-    released_at = {producer: position[op_id] for op_id, producers in flow.release.items()
-                   for producer in producers}
-    assert sum(len(p) for p in flow.release.values()) == len(released_at)
+    dropped = [(producer, name, op_id) for op_id, keys in flow.release.items()
+               for producer, name in keys]
+    released_at = {producer: position[op_id] for producer, _, op_id in dropped}
+    # every value is dropped once, all of a producer's values by the same op
+    assert len({(producer, name) for producer, name, _ in dropped}) == len(dropped)
+    assert all(released_at[producer] == position[op_id] for producer, _, op_id in dropped)
+    assert {(producer, name) for producer, name, _ in dropped} == {
+        (producer, name) for producer in released_at for name in graph.ops[producer].outputs}
     # the step's results (final hidden state, logits, next tokens) stay; everything else goes
     kept = {producer for results in graph.results for producer, _ in results.values()}
     assert kept == {op_id(NO_LAYER, name, mb) for name in ("final_norm", "lm_head", "sample")
