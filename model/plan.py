@@ -24,6 +24,8 @@ from .config import ModelConfig
 from .errors import EpsimError
 
 KV_DTYPES = ("fp8", "bf16")
+#: share of HBM an engine may use, as vLLM's gpu_memory_utilization default
+DEFAULT_MEM_FRACTION = 0.9
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class ParallelPlan:
     fusion: Fusion = field(default_factory=Fusion)
     dispatch_dtype: str = "fp8_token128"
     placement: str | None = None
-    mem_fraction: float = 0.9
+    mem_fraction: float = DEFAULT_MEM_FRACTION
 
     @property
     def world_size(self) -> int:

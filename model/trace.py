@@ -153,8 +153,9 @@ def to_chrome_trace(events: Iterable[TraceEvent], metadata: Mapping[str, Any] | 
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
 
 
-def write_json_atomic(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Write ``obj`` as JSON to ``path`` whole or not at all (temp file, then rename)."""
+def write_text_atomic(text: str, path: str | os.PathLike[str]) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temp file beside it, then renamed over
+    it); a target that cannot be written is an :class:`EpsimError` naming it."""
     target = Path(path)
     if target.parent and not target.parent.exists():
         raise EpsimError(f"cannot write {target}: folder {target.parent} does not exist")
@@ -163,13 +164,19 @@ def write_json_atomic(obj: Any, path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         raise EpsimError(f"cannot write {target}: {exc.strerror}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
         os.replace(tmp, target)
-    except BaseException:
+    except OSError as exc:
+        raise EpsimError(f"cannot write {target}: {exc.strerror}") from None
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
+
+
+def write_json_atomic(obj: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``obj`` as JSON to ``path`` whole or not at all (:func:`write_text_atomic`)."""
+    write_text_atomic(json.dumps(obj), path)
 
 
 def write_chrome_trace(events: Iterable[TraceEvent], path: str | os.PathLike[str],

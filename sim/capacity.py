@@ -15,7 +15,7 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 
-from .scenario import Scenario, StepCache
+from .scenario import Scenario, StepCache, check_scenario
 from .slo import SLO
 from .tune import SearchSpace, tune
 
@@ -139,6 +139,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     """
     if not target > 0 or not math.isfinite(target):
         raise EpsimError(f"target output throughput must be a positive number, got {target}")
+    check_scenario(base)
     cache = cache or StepCache()
     prices = gpu_hour_usd or {}
     bar = _Progress(len(hardware) * len(unit_layouts) * space.size(), progress)

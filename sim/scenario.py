@@ -24,7 +24,7 @@ from typing import Any
 from epsim.model import accounting
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError
-from epsim.model.plan import ParallelPlan, make_plan
+from epsim.model.plan import DEFAULT_MEM_FRACTION, ParallelPlan, make_plan
 
 from .hardware import HardwareProfile, load_profile
 from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
@@ -35,7 +35,7 @@ from .serving import (
     StepTimeModel,
     simulate_serving,
 )
-from .workload import WorkloadSpec, sample_requests
+from .workload import WorkloadSpec, check_context, sample_requests
 
 #: builds the step-time model of one side of a deployment (tests pass analytic ones)
 StepModelFactory = Callable[[ModelConfig, ParallelPlan, HardwareProfile, "Scenario"], StepTimeModel]
@@ -73,7 +73,7 @@ class Scenario:
     disagg: tuple[int, int] | None = None
     chunked_prefill_size: int = 8192
     dp_balance: str = "round_robin"
-    mem_fraction: float = 0.9
+    mem_fraction: float = DEFAULT_MEM_FRACTION
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
     step_mode: str = "fast"
@@ -212,6 +212,12 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int) -> dict[str, Any]:
             "request_rate": "inf" if math.isinf(w.request_rate) else w.request_rate,
             "seed": w.seed, "chunked_prefill_size": sc.chunked_prefill_size,
             "kv_capacity_tokens_per_rank": kv_capacity_tokens}
+
+
+def check_scenario(sc: Scenario) -> None:
+    """What can be refused before any simulation: an unknown model, or a benchmark whose
+    requests can exceed the model's context (searches and sweeps check every point first)."""
+    check_context(sc.workload, load_model(sc.model))
 
 
 def run_scenario(sc: Scenario, cache: StepCache | None = None, *,

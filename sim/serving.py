@@ -270,8 +270,8 @@ class StepRecord:
     cost: the decode part's :class:`StepCost` (``None`` without decode).
     kv_usage: reserved KV share of the step's ranks at its start, after admission, in [0, 1]
         (the decode ranks', or the prefill ranks' for a disaggregated prefill step).
-    rank_prefill_tokens / rank_decode_seqs: per rank of the engine, the prompt tokens it
-        prefilled / the sequences it decoded in this step (a rank does one or the other).
+    rank_prefill_tokens / rank_decode_seqs: ``[ranks]`` of the engine, the prompt tokens each
+        rank prefilled / the sequences it decoded in this step (a rank does one or the other).
     running / queued: requests admitted and not finished (holding KV) / sent and waiting for
         admission, all engines, at the step's start after admission.
     """
@@ -286,8 +286,8 @@ class StepRecord:
     context: int
     cost: StepCost | None
     kv_usage: float
-    rank_prefill_tokens: tuple[int, ...] = ()
-    rank_decode_seqs: tuple[int, ...] = ()
+    rank_prefill_tokens: np.ndarray | None = None
+    rank_decode_seqs: np.ndarray | None = None
     running: int = 0
     queued: int = 0
 
@@ -454,8 +454,9 @@ class _Running:
         return np.bincount(st.rank[self.ids], minlength=self.ranks)
 
 
-def _decode_batch(st: _State, ids: np.ndarray, ranks: int) -> tuple[int, int]:
-    """The decode batch a step is costed for: (max seqs on a rank, effective context).
+def _decode_batch(st: _State, ids: np.ndarray, ranks: int) -> tuple[int, int, np.ndarray]:
+    """The decode batch a step is costed for: (max seqs on a rank, effective context, and the
+    ``[ranks]`` sequences each rank decodes).
 
     The context is the busiest rank's summed context spread over the max seqs, so both the
     per-sequence work (GEMMs, which scale with seqs) and the attention work (which scales with
@@ -466,26 +467,28 @@ def _decode_batch(st: _State, ids: np.ndarray, ranks: int) -> tuple[int, int]:
     ctx = np.bincount(r, weights=(st.isl[ids] + st.generated[ids]).astype(np.float64),
                       minlength=ranks)
     max_seqs = int(seqs.max())
-    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs))
+    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs)), seqs
 
 
-def _rank_work(chunks: Mapping[int, list[tuple[int, int]]], st: _State, ids: np.ndarray,
-               ranks: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per rank: (prompt tokens prefilled, sequences decoded) in one step."""
-    prefill = tuple(sum(n for _, n in chunks.get(r, ())) for r in range(ranks))
-    decode = np.bincount(st.rank[ids], minlength=ranks) if len(ids) else np.zeros(ranks, int)
-    return prefill, tuple(int(x) for x in decode)
+def _chunk_tokens(chunks: Mapping[int, list[tuple[int, int]]], ranks: int) -> np.ndarray:
+    """``[ranks]`` prompt tokens each rank prefills in a step (its chunk's summed pieces)."""
+    out = np.zeros(ranks, dtype=np.int64)
+    for r, chunk in chunks.items():
+        out[r] = sum(n for _, n in chunk)
+    return out
 
 
 class _Occupancy:
-    """Requests admitted (KV reserved) and finished so far, for the steps' running/queued."""
+    """Requests admitted (KV reserved) so far; with the client's counts, the steps' running
+    (admitted, not finished) and queued (sent, not admitted) requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: _Client) -> None:
+        self.client = client
         self.admitted = 0
-        self.finished = 0
 
-    def counts(self, sent: int) -> dict[str, int]:
-        return {"running": self.admitted - self.finished, "queued": sent - self.admitted}
+    def counts(self) -> dict[str, int]:
+        sent, in_flight = self.client.next, self.client.in_flight
+        return {"running": self.admitted - (sent - in_flight), "queued": sent - self.admitted}
 
 
 def _emit_tokens(st: _State, ids: np.ndarray, t: float) -> np.ndarray:
@@ -557,12 +560,10 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
     dkv = _KV(dp, config.kv_capacity_tokens)
     running = _Running(dp)
     peak = [0]
-    occ = _Occupancy()
 
     def finish(ids: np.ndarray, t: float) -> None:
         if len(ids):
             np.subtract.at(dkv.used, st.rank[ids], need[ids])
-            occ.finished += len(ids)
             client.finished(ids, t)
 
     if not config.disaggregated:
@@ -606,17 +607,17 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             busy[0] = True
             pre = max((_prefill_cost(prefill_model, st, c) for c in chunks.values()),
                       key=lambda c: c.seconds, default=None)
-            dec, max_seqs, ctx = None, 0, 0
+            dec, max_seqs, ctx, seqs = None, 0, 0, np.zeros(dp, dtype=np.int64)
             if len(ids):
-                max_seqs, ctx = _decode_batch(st, ids, dp)
+                max_seqs, ctx, seqs = _decode_batch(st, ids, dp)
                 peak[0] = max(peak[0], max_seqs)
                 dec = decode_model.decode(max_seqs, ctx)
             dt = max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0)
             kind = "mixed" if (pre and dec) else ("prefill" if pre else "decode")
-            steps.append(StepRecord("colocated", t, dt, kind, len(ids),
-                                    sum(n for c in chunks.values() for _, n in c),
-                                    max_seqs, ctx, dec, dkv.usage(),
-                                    *_rank_work(chunks, st, ids, dp), **occ.counts(client.next)))
+            prompt = _chunk_tokens(chunks, dp)
+            steps.append(StepRecord("colocated", t, dt, kind, len(ids), int(prompt.sum()),
+                                    max_seqs, ctx, dec, dkv.usage(), prompt, seqs,
+                                    **occ.counts()))
             loop.at(t + dt, lambda t_end: end_step(t_end, chunks, ids))
 
         def end_step(t: float, chunks: dict[int, list[tuple[int, int]]], ids: np.ndarray) -> None:
@@ -642,6 +643,7 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             kick(t)
 
         client = _Client(st, requests, max_concurrency, loop, send)
+        occ = _Occupancy(client)
     else:
         pdp = config.prefill_dp
         pranks = _Ranks(pdp, config.chunked_prefill_size)
@@ -689,10 +691,10 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             pbusy[0] = True
             pre = max((_prefill_cost(prefill_model, st, c) for c in chunks.values()),
                       key=lambda c: c.seconds)
-            steps.append(StepRecord("prefill", t, pre.seconds, "prefill", 0,
-                                    sum(n for c in chunks.values() for _, n in c), 0, 0, None,
-                                    pkv.usage(), *_rank_work(chunks, st, np.zeros(0, int), pdp),
-                                    **occ.counts(client.next)))
+            prompt = _chunk_tokens(chunks, pdp)
+            steps.append(StepRecord("prefill", t, pre.seconds, "prefill", 0, int(prompt.sum()),
+                                    0, 0, None, pkv.usage(), prompt,
+                                    np.zeros(pdp, dtype=np.int64), **occ.counts()))
             loop.at(t + pre.seconds, lambda t_end: end_prefill(t_end, chunks))
 
         def end_prefill(t: float, chunks: dict[int, list[tuple[int, int]]]) -> None:
@@ -730,12 +732,12 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
                 dbusy[0] = False
                 return
             dbusy[0] = True
-            max_seqs, ctx = _decode_batch(st, ids, dp)
+            max_seqs, ctx, seqs = _decode_batch(st, ids, dp)
             peak[0] = max(peak[0], max_seqs)
             dec = decode_model.decode(max_seqs, ctx)
             steps.append(StepRecord("decode", t, dec.seconds, "decode", len(ids), 0, max_seqs,
-                                    ctx, dec, dkv.usage(), *_rank_work({}, st, ids, dp),
-                                    **occ.counts(client.next)))
+                                    ctx, dec, dkv.usage(), np.zeros(dp, dtype=np.int64), seqs,
+                                    **occ.counts()))
             loop.at(t + dec.seconds, lambda t_end: end_decode(t_end, ids))
 
         def end_decode(t: float, ids: np.ndarray) -> None:
@@ -748,6 +750,7 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             kick_d(t)
 
         client = _Client(st, requests, max_concurrency, loop, send)
+        occ = _Occupancy(client)
 
     client.start()
     loop.run()

@@ -44,9 +44,9 @@ def rank_slices(steps: list[StepRecord]) -> list[TrackSlice]:
         work = zip(s.rank_prefill_tokens, s.rank_decode_seqs, strict=True)
         for rank, (tokens, seqs) in enumerate(work):
             if tokens:
-                name, args = "prefill", {"prompt_tokens": tokens}
+                name, args = "prefill", {"prompt_tokens": int(tokens)}
             elif seqs:
-                name, args = "decode", {"seqs": seqs}
+                name, args = "decode", {"seqs": int(seqs)}
             else:
                 continue  # idle this step
             # the next step starts at exactly start_s + seconds: its slice is back to back

@@ -15,7 +15,7 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 
-from .scenario import Scenario, StepCache, run_scenario
+from .scenario import Scenario, StepCache, check_scenario, run_scenario
 from .slo import SLO, is_latency_key, with_slo_metrics
 
 #: the throughput keys ``tune`` may maximise
@@ -108,6 +108,7 @@ def tune(base: Scenario, slo: SLO, space: SearchSpace, *, objective: str = OBJEC
     Infeasible plans (a split that does not divide the model, weights that do not fit) are
     skipped, not fatal; if no point at all can run, the first such error is raised.
     """
+    check_scenario(base)  # a point skipped for its lengths would hide why every point is
     cache = cache or StepCache()
     base = with_slo_metrics(base, slo)
     rows: list[dict[str, Any]] = []

@@ -251,30 +251,32 @@ def issue_times(rng: np.random.Generator, n: int, rate: float, burstiness: float
     return np.cumsum(gaps)
 
 
-def max_request_tokens(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE) -> int:
-    """The longest prompt + output the dataset can produce, whatever the seed.
+def longest_request(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE
+                    ) -> tuple[int, str]:
+    """The longest prompt + output the dataset can produce, whatever the seed, and what that is
+    in the user's terms (for an error message).
 
     fixed: ``isl + osl``; random: the top of both ranges; sharegpt-like (synthetic or a file):
     the ShareGPT filter's total cap, which every kept pair stays under.
     """
     if spec.dataset == "fixed":
-        return spec.isl + spec.osl
+        return spec.isl + spec.osl, f"--isl {spec.isl} + --osl {spec.osl}"
     if spec.dataset == "random":
-        return (random_length_range(spec.isl, spec.random_range_ratio)[1]
-                + random_length_range(spec.osl, spec.random_range_ratio)[1])
-    return params.max_total_len
+        top = (random_length_range(spec.isl, spec.random_range_ratio)[1]
+               + random_length_range(spec.osl, spec.random_range_ratio)[1])
+        return top, (f"the random dataset's longest request (--isl {spec.isl} + --osl "
+                     f"{spec.osl} at range ratio {spec.random_range_ratio:g})")
+    return params.max_total_len, "the sharegpt-like dataset's longest request (its filter's total cap)"
 
 
-def _check_context(spec: WorkloadSpec, model: ModelConfig) -> None:
-    longest = max_request_tokens(spec)
-    if spec.dataset == "fixed":
-        what = f"--isl {spec.isl} + --osl {spec.osl}"
-    elif spec.dataset == "random":
-        what = (f"the random dataset's longest request (--isl {spec.isl} + --osl {spec.osl} at "
-                f"range ratio {spec.random_range_ratio:g})")
-    else:
-        what = "the sharegpt-like dataset's longest request (its filter's total cap)"
-    check_context_length(model, longest, what)
+def max_request_tokens(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE) -> int:
+    """The longest prompt + output the dataset can produce (:func:`longest_request`)."""
+    return longest_request(spec, params)[0]
+
+
+def check_context(spec: WorkloadSpec, model: ModelConfig) -> None:
+    """Refuse a dataset that can produce a request beyond the model's context, in one line."""
+    check_context_length(model, *longest_request(spec))
 
 
 def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Requests:
@@ -285,7 +287,7 @@ def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Req
     """
     spec.validate()
     if model is not None:
-        _check_context(spec, model)
+        check_context(spec, model)
     rng = np.random.default_rng(spec.seed)
     n = spec.num_prompts
     if spec.dataset == "fixed":

@@ -151,3 +151,20 @@ def test_sweep_csv_has_every_json_key_at_full_precision(epsim, tmp_path):
         assert round(row["median_itl_ms"], 2) != row["median_itl_ms"]  # so rounding would show
         assert float(cells["step_breakdown_ms.attention"]) == row["step_breakdown_ms"]["attention"]
         assert cells["dbo"] == "true" and cells["disagg"] == "" and cells["model"] == "deepseek-r1"
+
+
+def test_plan_names_the_context_limit_not_the_slo(epsim):
+    r = epsim("plan", *R1, "--isl", "200000", "--osl", "100", "--concurrency", "8",
+              "--num-prompts", "8", "--slo", "median_itl_ms<=100",
+              "--target-output-throughput", "1000")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "200100 tokens exceed deepseek-r1's context of 163840 tokens" in r.stderr
+
+
+@pytest.mark.parametrize("target", ["folder", "folder/inside/x.csv"])
+def test_an_output_that_cannot_be_written_is_one_line(epsim, tmp_path, target):
+    (tmp_path / "folder").mkdir()
+    r = epsim("sweep", *R1, "--concurrency", "8", "--num-prompts", "8", "--isl", "100",
+              "--osl", "10", "--csv", str(tmp_path / target))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "cannot write" in r.stderr and (tmp_path / "folder").is_dir()

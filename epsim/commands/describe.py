@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from epsim.model import accounting, load_model, make_plan
-from epsim.model.plan import KV_DTYPES
+from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES
 from epsim.sim.hardware import load_profile
 
 from ..common import (
@@ -29,9 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_plan_args(p)
     p.add_argument("--hardware", metavar="H", help="hardware profile name or path (e.g. mi300x)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0],
-                   help="KV-cache dtype for the capacity figure (default fp8)")
-    p.add_argument("--mem-fraction", type=float, default=0.9,
-                   help="share of HBM for weights + activations + KV cache (default 0.9)")
+                   help=f"KV-cache dtype for the capacity figure (default {KV_DTYPES[0]})")
+    p.add_argument("--mem-fraction", type=float, default=DEFAULT_MEM_FRACTION,
+                   help="share of HBM for weights + activations + KV cache "
+                   f"(default {DEFAULT_MEM_FRACTION})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 

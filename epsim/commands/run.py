@@ -46,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--placement", metavar="FILE", help="expert placement file (epsim balance "
                    "--out); default: contiguous")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0],
-                   help="KV-cache storage (default fp8 = float8_e4m3fn)")
+                   help=f"KV-cache storage (default {KV_DTYPES[0]}; fp8 = float8_e4m3fn)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="compute dtype (default fp32)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")

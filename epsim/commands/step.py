@@ -10,7 +10,7 @@ from epsim.model import Batch, accounting, load_model, make_plan
 from epsim.model.config import check_context_length
 from epsim.model.errors import EpsimError
 from epsim.model.loads import read_loads
-from epsim.model.plan import KV_DTYPES
+from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES
 from epsim.model.trace import write_chrome_trace
 from epsim.sim.hardware import load_profile
 from epsim.sim.step import MODES, simulate_step
@@ -40,8 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-graph", action="store_true",
                    help="eager launches instead of one captured graph per decode step")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0])
-    p.add_argument("--mem-fraction", type=float, default=0.9,
-                   help="share of HBM for weights + activations + KV cache (default 0.9); the "
+    p.add_argument("--mem-fraction", type=float, default=DEFAULT_MEM_FRACTION,
+                   help="share of HBM for weights + activations + KV cache (default "
+                   f"{DEFAULT_MEM_FRACTION}); the "
                    "batch's KV cache must fit")
     loads = p.add_mutually_exclusive_group()
     loads.add_argument("--loads", metavar="NAME|FILE",

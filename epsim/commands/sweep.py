@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import StepCache, run_scenario
+from epsim.model.trace import write_text_atomic
+from epsim.sim.scenario import StepCache, check_scenario, run_scenario
 
 from ..common import (
     Progress,
@@ -48,11 +49,13 @@ def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None 
         comma_list(args.request_rate, request_rate, "request-rate"),
         comma_list(args.isl, positive_int, "isl"), comma_list(args.osl, positive_int, "osl"),
         comma_list(args.kv_dtype, kv_dtype, "kv-dtype")))
+    scenarios = [scenario_from_args(args, concurrency=conc, request_rate=rate, isl=isl, osl=osl,
+                                    kv_dtype=kv) for conc, rate, isl, osl, kv in grid]
+    for sc in scenarios:  # every point's lengths, before any point is simulated
+        check_scenario(sc)
     cache = StepCache()
     rows = []
-    for n, (conc, rate, isl, osl, kv) in enumerate(grid, 1):
-        sc = scenario_from_args(args, concurrency=conc, request_rate=rate, isl=isl, osl=osl,
-                                kv_dtype=kv)
+    for n, sc in enumerate(scenarios, 1):
         rows.append(run_scenario(sc, cache))
         if progress:
             progress(n, len(grid))
@@ -98,18 +101,7 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     w.writerow(columns)
     for r in flat:
         w.writerow([_csv_cell(r.get(c)) for c in columns])
-    target = Path(path)
-    if not target.parent.exists():
-        raise EpsimError(f"cannot write {target}: folder {target.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(buf.getvalue(), path)
 
 
 def write_plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
