@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -163,11 +163,6 @@ class StepCache:
         return self.models[key]
 
 
-def _calls(models: Iterable[StepTimeModel]) -> int:
-    """Exact step evaluations so far (each model once, even when both sides share it)."""
-    return sum(int(getattr(m, "calls", 0)) for m in {id(m): m for m in models}.values())
-
-
 # --------------------------------------------------------------------------------------------
 # Running a scenario
 # --------------------------------------------------------------------------------------------
@@ -246,14 +241,12 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
         config, prefill_model, disagg_echo = _with_prefill_side(config, model, profile, sc,
                                                                 nodes, gpn, cache)
         step_models.append(prefill_model)
-    calls_before = _calls(step_models)
     requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
     run = simulate_serving(requests, config, *step_models,
                            max_concurrency=sc.workload.max_concurrency)
     if run_out is not None:
         run_out.append(run)
     metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics)
-    metrics["step_sim_calls"] = _calls(step_models) - calls_before
     out = {**_deployment_echo(sc, model, profile, plan, nodes, gpn), **disagg_echo,
            **_benchmark_echo(sc, budget.kv_capacity_tokens), **metrics}
     out["sim_wall_s"] = time.perf_counter() - t0

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -300,7 +300,7 @@ class ServingRun:
     send_s / first_token_s / done_s: per request, in seconds from the start.
     itls_s: every inter-token gap of every request, pooled (vLLM's ITL population).
     steps: every engine step.
-    sim_calls: exact step-time evaluations made (memo misses).
+    sim_calls: exact step-time evaluations this run made (memo misses).
     """
 
     requests: Requests
@@ -530,6 +530,11 @@ class _Client:
             self.pump(t)
 
 
+def _exact_calls(models: Iterable[StepTimeModel]) -> int:
+    """Exact step evaluations the models made so far (memo misses of a :class:`MemoStepTime`)."""
+    return sum(int(getattr(m, "calls", 0)) for m in models)
+
+
 def simulate_serving(requests: Requests, config: ServingConfig, decode_model: StepTimeModel,
                      prefill_model: StepTimeModel | None = None, *,
                      max_concurrency: int | None = None) -> ServingRun:
@@ -554,6 +559,9 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             f"a {int(st.isl.max())}-token prompt does not fit a prefill rank's KV cache of "
             f"{config.prefill_kv_capacity_tokens} tokens")
     prefill_model = prefill_model or decode_model
+    # a step-time model may be shared with earlier runs (a sweep's cache): count this run's calls
+    models = {id(decode_model): decode_model, id(prefill_model): prefill_model}.values()
+    calls_before = _exact_calls(models)
     loop = _Loop()
     steps: list[StepRecord] = []
     dp = config.dp
@@ -756,8 +764,7 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
     loop.run()
     if np.isnan(st.done).any():  # a scheduling bug, never a user error
         raise AssertionError(f"{int(np.isnan(st.done).sum())} requests never finished")
-    calls = sum(int(getattr(m, "calls", 0)) for m in {id(decode_model): decode_model,
-                                                      id(prefill_model): prefill_model}.values())
+    calls = _exact_calls(models) - calls_before
     return ServingRun(
         requests=requests, send_s=st.send, first_token_s=st.first, done_s=st.done,
         itls_s=np.concatenate(st.itls) if st.itls else np.zeros(0), steps=steps, config=config,
