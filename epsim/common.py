@@ -363,21 +363,25 @@ class Progress:
             self._shown = False
 
 
-def _column_cell(v: Any) -> str:
+def _column_cell(v: Any, digits: int) -> str:
+    if v is None:
+        return ""
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        return f"{v:.1f}"
+        return f"{v:.{digits}f}"
     return str(v)
 
 
-def print_columns(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> None:
-    """One right-aligned column per key of ``cols``, one line per row (tune's and plan's)."""
-    cells = [[_column_cell(r.get(c)) for c in cols] for r in rows]
+def print_columns(rows: Sequence[Mapping[str, Any]], cols: Sequence[str], *, digits: int = 1,
+                  indent: str = "  ") -> None:
+    """One right-aligned column per key of ``cols``, one line per row (sweep's, tune's and
+    plan's tables); floats with ``digits`` decimals."""
+    cells = [[_column_cell(r.get(c), digits) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  " + "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
+    print(indent + "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
     for row in cells:
-        print("  " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+        print(indent + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def print_table(rows: Sequence[tuple[str, str]], title: str | None = None) -> None:

@@ -24,6 +24,7 @@ from ..common import (
     emit_json,
     kv_dtype,
     positive_int,
+    print_columns,
     request_rate,
     scenario_from_args,
 )
@@ -60,12 +61,6 @@ def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None 
         if progress:
             progress(n, len(grid))
     return rows
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return "" if value is None else str(value)
 
 
 def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -168,9 +163,5 @@ def run(args: argparse.Namespace) -> int:
     shown = ("max_concurrency", "request_rate", "isl", "osl", "kv_dtype", "output_throughput",
              "decode_throughput", "median_ttft_ms", "median_itl_ms", "p90_itl_ms",
              "mean_decode_step_ms", "kv_cache_usage")
-    cells = [[_cell(r.get(c)) for c in shown] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(shown)]
-    print("  ".join(c.rjust(w) for c, w in zip(shown, widths, strict=True)))
-    for row in cells:
-        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+    print_columns(rows, shown, digits=2, indent="")
     return 0
