@@ -68,6 +68,14 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
                              threads run asynchronous collectives side by side)
     sources["efficiency.<key>"] gives each one's source (optional keys included when present).
 
+Optional:
+
+    kernels                  measured kernel tables per kernel library (``epsim.sim.kernels``
+                             documents the schema): ``{"default", "sources", "sets"}``; every
+                             point names its source there. ``load_profile(..., kernels=NAME)``
+                             or ``profile.with_kernels(NAME)`` picks a set; ``"none"`` (always
+                             there) is the roofline alone, the default without the section.
+
 Shipped profiles are built from public component measurements (``docs/hardware.md``); ``epsim
 calibrate`` writes profiles of the same schema. ``load_profile`` takes a shipped name or a path.
 """
@@ -77,7 +85,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +94,7 @@ import numpy as np
 
 from epsim.model.errors import EpsimError
 from epsim.model.shipped import shipped_names, shipped_text
+from epsim.sim.kernels import NONE, KernelSet, KernelSets, parse_kernels
 
 TOPOLOGIES = ("full_mesh", "switch")
 _NUMBER_KEYS = ("compute_units", "gpus_per_node", "hbm_bytes", "hbm_bandwidth",
@@ -370,6 +380,10 @@ class HardwareProfile:
     kernel_launch_s: 4.5e-6 on MI300X.
     efficiency: the achievable-efficiency tables (:class:`Efficiency`), ``None`` when the
         profile has none (it then describes hardware but cannot drive the simulator).
+    kernels: the measured kernel sets (``epsim.sim.kernels.KernelSets``), ``None`` without a
+        ``kernels`` section.
+    kernel_set: the selected set's name: the section's ``default`` unless chosen with
+        :meth:`with_kernels`; ``"none"``: the roofline alone.
     """
 
     name: str
@@ -386,6 +400,40 @@ class HardwareProfile:
     sources: Mapping[str, str]
     raw: Mapping[str, Any]
     efficiency: Efficiency | None = None
+    kernels: KernelSets | None = None
+    kernel_set: str = NONE
+
+    @property
+    def kernel_sets(self) -> tuple[str, ...]:
+        """The kernel set names ``--kernels`` accepts (``"none"`` always; listed last)."""
+        return self.kernels.names if self.kernels is not None else (NONE,)
+
+    @property
+    def active_kernels(self) -> KernelSet | None:
+        """The selected kernel set, ``None`` for the roofline alone."""
+        return None if self.kernels is None else self.kernels.get(self.kernel_set)
+
+    @property
+    def plan_options(self) -> dict[str, Any]:
+        """Plan options the selected kernel set implies (``{}`` for ``"none"``). Example:
+        ``{"fuse_shared_expert": True}`` (aiter's fused MoE runs the shared expert inside it)."""
+        active = self.active_kernels
+        return {} if active is None else dict(active.plan_options)
+
+    def with_kernels(self, name: str | None) -> HardwareProfile:
+        """This profile with kernel set ``name`` selected (None: the profile's default); an
+        unknown name is one line listing the sets."""
+        if name is None:
+            name = self.kernels.default if self.kernels is not None else NONE
+        if name not in self.kernel_sets:
+            raise EpsimError(f"unknown kernel set {name!r} for hardware {self.name}; choose one "
+                             f"of {', '.join(self.kernel_sets)}")
+        return self if name == self.kernel_set else replace(self, kernel_set=name)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """The profile's whole content and selected kernel set, as one string (a cache key)."""
+        return json.dumps(self.raw, sort_keys=True, default=str) + "|" + self.kernel_set
 
     def require_efficiency(self) -> Efficiency:
         """The efficiency tables, or an error naming the profile that lacks them."""
@@ -450,6 +498,7 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
     missing = [k for k in _SOURCED_KEYS if not sources.get(k)]
     if missing:
         raise EpsimError(f"{where}: sources lacks an entry for {', '.join(missing)}")
+    kernels = parse_kernels(obj["kernels"], where) if "kernels" in obj else None
     return HardwareProfile(
         name=str(obj["name"]),
         description=str(obj.get("description", "")),
@@ -465,11 +514,13 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
         sources=dict(sources),
         raw=dict(obj),
         efficiency=_efficiency(obj["efficiency"], sources, where) if "efficiency" in obj else None,
+        kernels=kernels, kernel_set=kernels.default if kernels is not None else NONE,
     )
 
 
-def load_profile(name_or_path: str | Path) -> HardwareProfile:
-    """A shipped profile by name (``mi300x``) or a path to a profile JSON file."""
+def load_profile(name_or_path: str | Path, kernels: str | None = None) -> HardwareProfile:
+    """A shipped profile by name (``mi300x``) or a path to a profile JSON file, with kernel set
+    ``kernels`` selected (None: the profile's default; ``"none"``: the roofline alone)."""
     text_name = str(name_or_path)
     path = Path(text_name)
     if path.suffix == ".json" or path.is_file():
@@ -488,4 +539,4 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise EpsimError(f"{where}: malformed profile JSON ({exc.msg} at line {exc.lineno})") from None
-    return profile_from_dict(obj, where)
+    return profile_from_dict(obj, where).with_kernels(kernels)
