@@ -27,6 +27,10 @@ overlapped and a factor on the roofline (``efficiency.op_overhead_s`` / ``op_tim
 factor (``overhead + scale * flops / F + bytes_scale * bytes / B``); and a per-peer all-to-all
 latency. Shipped GPU profiles have none of these, so their times are the plain roofline.
 
+Measured kernel tables: where the profile's selected kernel set (``HardwareProfile.kernel_set``)
+has a table for an op, ``op_time`` takes the table's time (``epsim.sim.kernel_cost``); this
+roofline is the fallback, and without a kernel set the only model.
+
 Launch costs (per-kernel CPU launch, graph replay) are the engine's business (:mod:`sim.engine`).
 Cost functions are registered per op kind in ``COST_MODELS``.
 """
@@ -206,8 +210,20 @@ def calibrated(kind: str, seconds: float | np.ndarray, profile: HardwareProfile
     return e.overhead(kind) + e.scale(kind) * seconds
 
 
-def op_time(op: Op, profile: HardwareProfile) -> float:
-    """Seconds one op takes on its own (no launch cost, no interference)."""
+def op_time(op: Op, profile: HardwareProfile, top_k: int | None = None) -> float:
+    """Seconds one op takes on its own (no launch cost, no interference): the selected kernel
+    set's table where it has one (``top_k``: the model's, for a fused MoE op whose dims lack
+    it), else the roofline (:func:`roofline_op_time`)."""
+    if profile.active_kernels is not None:
+        from epsim.sim import kernel_cost  # built on this module
+
+        return kernel_cost.op_seconds(op, profile, lambda: roofline_op_time(op, profile),
+                                      top_k=top_k)
+    return roofline_op_time(op, profile)
+
+
+def roofline_op_time(op: Op, profile: HardwareProfile) -> float:
+    """Seconds one op takes on its own under the roofline of this module."""
     try:
         model = COST_MODELS[op.kind]
     except KeyError:

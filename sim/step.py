@@ -19,10 +19,10 @@ What happens in a call:
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,11 +31,11 @@ from epsim.model.config import ModelConfig
 from epsim.model.eplb import balance_placement
 from epsim.model.errors import EpsimError
 from epsim.model.graph import build_step_graph
-from epsim.model.opgraph import Batch, Op, OpGraph
+from epsim.model.opgraph import OP_KINDS, Batch, Op, OpGraph
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
-from epsim.sim import cost
+from epsim.sim import cost, kernel_cost
 from epsim.sim.engine import CATEGORIES, Program, Timeline, plan_steps, run_exact, run_fast
 from epsim.sim.hardware import HardwareProfile
 from epsim.sim.routing import (
@@ -74,6 +74,12 @@ class StepResult:
     mode / seed: as called.
     events: per-op trace events (``epsim.model.trace.TraceEvent``, op ids = the graph's) when
         ``trace=True``, else empty.
+    op_kinds_ms: ``{op kind: ms}`` the critical rank's ops of each kind take by the cost model
+        (kernel time: no per-kernel gap, no comm interference; collectives start to end).
+        Example: ``{"grouped_gemm": 38.9, "attention_decode": 66.1, ...}``.
+    kernels: the kernel set the profile had selected (``"none"``: the roofline alone).
+    kernel_sources: with ``explain=True``, per op kind how its ops on the critical rank were
+        timed (``epsim.sim.kernel_cost.explain``), else None.
     """
 
     step_s: float
@@ -89,6 +95,9 @@ class StepResult:
     mode: str
     seed: int
     events: tuple[TraceEvent, ...] = field(default=(), repr=False)
+    op_kinds_ms: dict[str, float] = field(default_factory=dict)
+    kernels: str = "none"
+    kernel_sources: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def step_ms(self) -> float:
@@ -109,6 +118,10 @@ class StepResult:
             "rank_ms": list(self.rank_ms),
             "mode": self.mode,
             "seed": self.seed,
+            "op_kinds_ms": dict(self.op_kinds_ms),
+            "kernels": self.kernels,
+            **({"kernel_sources": self.kernel_sources} if self.kernel_sources is not None
+               else {}),
         }
 
 
@@ -126,6 +139,8 @@ class _Compiled:
     routed: dict[str, np.ndarray]  # "experts" / "dispatch" / "combine": [moe_layers, mb] op index
     mb_tokens: tuple[int, ...]  # dispatch tokens per rank per microbatch
     share: float = 1.0  # the fused MoE's slowdown when ranks share a node's cores (CPU profiles)
+    kind_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    top_k: int | None = None  # the model's (fused-MoE table features)
 
 
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
@@ -135,7 +150,7 @@ _synthetic: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
 
 def _profile_key(profile: HardwareProfile) -> str:
-    return json.dumps(profile.raw, sort_keys=True, default=str)
+    return profile.fingerprint
 
 
 def _remember(cache: OrderedDict, key: tuple, value: Any) -> Any:
@@ -168,18 +183,19 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     seen: dict[tuple, float] = {}  # layers repeat: cost each distinct op once
     # CPU runtimes: more ranks than cores on a node stretch every compute op (1 on GPUs)
     ranks_on_node = min(ranks, plan.gpus_per_node)
+    top_k = model.moe.top_k if model.moe_layers else None
     for i, op in enumerate(ops):
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         if op.is_collective:
             size = ranks if op.dims["group"] == "ep" else plan.tp
             group_size[i] = size
             if sig not in seen:
-                peers = np.asarray(op.peer_bytes, dtype=np.float64)
-                traffic = np.tile(peers, (len(peers), 1))
-                seen[sig] = float(cost.collective_time(op.kind, traffic, profile,
-                                                       nodes_of[:size], captured))
+                seen[sig] = kernel_cost.op_seconds(
+                    op, profile, partial(kernel_cost.nominal_collective, op, profile,
+                                         nodes_of[:size], captured),
+                    nodes=nodes_of[:size], captured=captured)
         elif sig not in seen:
-            seen[sig] = cost.op_time(op, profile)
+            seen[sig] = cost.op_time(op, profile, top_k=top_k)
         work[i] = seen[sig] + node_s
         if not op.is_collective:
             work[i] *= eff.core_share(ranks_on_node, cost.op_class(op))
@@ -210,8 +226,9 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         routed = _routed_indices(ops, model.moe_layers, len(graph.microbatch_tokens))
         mb_tokens = tuple(int(ops[i].dims["tokens"]) for i in routed["dispatch"][0])
     share_experts = eff.core_share(ranks_on_node, "grouped_gemm")
+    kind_index = np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64)
     return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens,
-                                               share_experts))
+                                               share_experts, kind_index, top_k))
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in ``_apply_routing``
@@ -277,8 +294,11 @@ def _synthetic_loads(model: ModelConfig, kind: str) -> np.ndarray:
 
 
 def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
-                   profile: HardwareProfile, routing: RoutingSample) -> Program:
-    """The compiled program with this step's expert and dispatch/combine durations."""
+                   profile: HardwareProfile, routing: RoutingSample, explain: bool = False
+                   ) -> tuple[Program, dict[str, np.ndarray]]:
+    """The compiled program with this step's expert and dispatch/combine durations, and (when
+    ``explain``) the ``tokens`` feature each routed op was looked up at: ``{"experts": [L, mb,
+    gpus], "dispatch": [L, mb], "combine": [L, mb]}``."""
     prog = comp.program
     work = prog.work.copy()
     graph = comp.graph
@@ -290,26 +310,57 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
     # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
     per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
     ex_op = graph.ops[prog.op_ids[ex_idx[0, 0]]]
-    t_exp = cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
-                            profile)
+    mb_tokens = np.asarray(comp.mb_tokens, dtype=np.float64)
+
+    def expert_tokens() -> np.ndarray:
+        # a rank's tokens-equivalent: the pairs it computes over the kernel's top-k (its own
+        # tokens join the routed pairs when the kernel runs the shared expert too)
+        pairs = per_expert.sum(axis=-1)
+        if ex_op.dims.get("shared_fused"):
+            pairs = pairs + mb_tokens[None, :, None]
+        return pairs / (kernel_cost.op_top_k(ex_op, comp.top_k) or 1.0)
+
+    t_exp = kernel_cost.routed_seconds(
+        ex_op, profile, expert_tokens,
+        lambda: cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
+                                profile), top_k=comp.top_k)
     work[ex_idx] = (t_exp + node_s) * comp.share
     # dispatch: token rows from rank r to GPU g; combine: the results back (transpose)
     nodes = np.arange(ranks) // plan.gpus_per_node
-    di_op = graph.ops[prog.op_ids[di_idx[0, 0]]]
-    co_op = graph.ops[prog.op_ids[co_idx[0, 0]]]
-    t_di = cost.collective_time("dispatch", routing.tokens * di_op.dims["bytes_per_token"],
-                                profile, nodes, captured)
-    t_co = cost.collective_time("combine", np.swapaxes(routing.tokens, -1, -2)
-                                * co_op.dims["bytes_per_token"], profile, nodes, captured)
-    work[di_idx] = (t_di + node_s)[..., None]
-    work[co_idx] = (t_co + node_s)[..., None]
-    return replace(prog, work=work)
+    times, swept = [], {}
+    for role, idx, traffic in (
+            ("dispatch", di_idx, routing.tokens),
+            ("combine", co_idx, np.swapaxes(routing.tokens, -1, -2))):
+        op = graph.ops[prog.op_ids[idx[0, 0]]]
+        t_roof = cost.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
+                                      captured)
+
+        def tokens(role=role, idx=idx, t_roof=t_roof) -> np.ndarray:
+            # the tokens per rank that, uniformly routed, would load the busiest link as much
+            lat = cost.collective_latency(role, profile, captured, ranks)
+            nominal = np.array([kernel_cost.nominal_collective(graph.ops[prog.op_ids[i]], profile,
+                                                               nodes, captured)
+                                for i in idx[0]])
+            bw = nominal - lat
+            return mb_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
+
+        t = kernel_cost.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
+                                       nodes=nodes, captured=captured)
+        times.append(t)
+        if explain:
+            swept[role] = tokens()
+    if explain:
+        swept["experts"] = expert_tokens()
+    work[di_idx] = (times[0] + node_s)[..., None]
+    work[co_idx] = (times[1] + node_s)[..., None]
+    return replace(prog, work=work), swept
 
 
 def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                   profile: HardwareProfile, *, loads: np.ndarray | None = None,
                   placement: Placement | None = None, eplb: bool = True, mode: str = "fast",
-                  seed: int = 0, trace: bool = False, synthetic: str = "skewed") -> StepResult:
+                  seed: int = 0, trace: bool = False, synthetic: str = "skewed",
+                  explain: bool = False) -> StepResult:
     """Simulate one forward step of every rank.
 
     Args:
@@ -322,6 +373,8 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         mode: ``"fast"`` or ``"exact"``.
         seed: seeds this step's routing sample; same seed, same result.
         trace: also return per-op trace events of every rank.
+        explain: also say how every op of the critical rank was timed (``kernel_sources``:
+            table points and their sources, roofline, extrapolations).
 
     Returns:
         A :class:`StepResult`.
@@ -336,6 +389,7 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     comp = compile_step(model, plan, batch, profile)
     prog = comp.program
     imbalance = np.ones((1, 1))
+    swept: dict[str, np.ndarray] = {}
     if comp.routed:
         if loads is None:
             loads = _synthetic_loads(model, synthetic)
@@ -354,14 +408,44 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         rng = np.random.default_rng(seed)
         routing = sample_routing(model, loads, placement, comp.mb_tokens, plan.world_size, rng,
                                  p_slot=p_slot)
-        prog = _apply_routing(comp, model, plan, profile, routing)
+        prog, swept = _apply_routing(comp, model, plan, profile, routing, explain)
         imbalance = routing.imbalance()
     timeline = run_exact(prog) if mode == "exact" else run_fast(prog, fold=not trace)
-    return _result(prog, timeline, imbalance, mode, seed, trace)
+    result = _result(comp, prog, timeline, imbalance, mode, seed, trace, profile.kernel_set)
+    if explain:
+        result = replace(result, kernel_sources=_explain(comp, plan, profile, swept,
+                                                         result.critical_rank))
+    return result
 
 
-def _result(prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str, seed: int,
-            trace: bool) -> StepResult:
+def _explain(comp: _Compiled, plan: ParallelPlan, profile: HardwareProfile,
+             swept: dict[str, np.ndarray], rank: int) -> dict[str, Any]:
+    """``kernel_sources`` of the ops of ``rank`` (routed ops at this step's features)."""
+    prog = comp.program
+    nodes_of = np.arange(plan.world_size) // plan.gpus_per_node
+    tokens: dict[int, float] = {}
+    for role, values in swept.items():
+        idx = comp.routed[role]
+        picked = values[..., rank] if role == "experts" else values
+        for i, v in zip(idx.reshape(-1).tolist(), picked.reshape(-1).tolist(), strict=True):
+            tokens[i] = v
+    entries = []
+    cache: dict[tuple, dict[str, Any]] = {}
+    for i, op_id in enumerate(prog.op_ids):
+        op = comp.graph.ops[op_id]
+        size = int(prog.group_size[i])
+        key = (op.kind, op.name, op.flops, op.bytes, op.peer_bytes, tokens.get(i))
+        if key not in cache:
+            cache[key] = kernel_cost.describe(
+                op, profile, tokens=tokens.get(i), top_k=comp.top_k,
+                nodes=nodes_of[:size] if op.is_collective else None,
+                captured=comp.graph.captured)
+        entries.append((op, cache[key]))
+    return kernel_cost.explain(entries, profile)
+
+
+def _result(comp: _Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str,
+            seed: int, trace: bool, kernels: str) -> StepResult:
     critical = int(np.argmax(tl.rank_end))
     step_s = float(tl.rank_end[critical])
     parts = {c: float(tl.breakdown[critical, i] * 1e3) for i, c in enumerate(CATEGORIES)}
@@ -378,7 +462,16 @@ def _result(prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str, seed:
         expert_imbalance=float(imbalance.mean()), expert_imbalance_max=float(imbalance.max()),
         critical_rank=critical, rank_ms=tuple(float(x * 1e3) for x in tl.rank_end),
         mode=mode, seed=seed, events=events,
+        op_kinds_ms=_op_kinds_ms(comp, prog, critical), kernels=kernels,
     )
+
+
+def _op_kinds_ms(comp: _Compiled, prog: Program, rank: int) -> dict[str, float]:
+    """``{kind: ms}`` of ``rank``'s ops by the cost model (``StepResult.op_kinds_ms``)."""
+    kernel = np.maximum(prog.work[:, rank] - prog.node_s, 0.0)
+    sums = np.bincount(comp.kind_index, weights=kernel, minlength=len(OP_KINDS))
+    present = np.bincount(comp.kind_index, minlength=len(OP_KINDS)) > 0
+    return {k: float(sums[j] * 1e3) for j, k in enumerate(OP_KINDS) if present[j]}
 
 
 def _events(prog: Program, tl: Timeline) -> list[TraceEvent]:

@@ -14,9 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epsim.model import EpsimError, load_model
+from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_plan
+from epsim.model.opgraph import Op
+from epsim.sim import cost, kernel_cost
 from epsim.sim.hardware import load_profile, profile_from_dict
 from epsim.sim.kernels import lookup, parse_kernels
+from epsim.sim.step import simulate_step
 
 DATA = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
 RAW = json.loads(DATA.read_text())
@@ -28,6 +31,17 @@ FP8 = 2614.9e12 * (1273 / 2614.9)
 SRC = {"s": {"repository": "epsim/tests", "path": "synthetic", "commit": "abcdef0"}}
 
 
+def _op(kind, dims, flops=0.0, read=0.0, written=0.0, weights=0.0, dtype="fp8", peers=None):
+    return Op(id="L5.x.mb0", kind=kind, name="x", layer=5, microbatch=0, category="other",
+              dims=dims, dtype=dtype, flops=flops, bytes_read=read, bytes_written=written,
+              weight_bytes=weights, peer_bytes=peers)
+
+
+def _gemm(m, n, k):
+    return _op("gemm", {"batch": 1, "m": m, "n": n, "k": k}, flops=2.0 * m * n * k,
+               read=n * k + 2.0 * m * k, written=2.0 * m * n, weights=float(n * k))
+
+
 def _table(kind, features, points):
     return {"op": kind, "dtype": "fp8", "unit": "us", "source": "s", "features": features,
             "points": points}
@@ -35,6 +49,11 @@ def _table(kind, features, points):
 
 def _sets(*tables):
     return parse_kernels({"default": "t", "sources": SRC, "sets": {"t": {"tables": list(tables)}}})
+
+
+def _step(profile=PROF, batch=512, dbo=False, **kw):
+    plan = make_plan(R1, dp=8, ep=8, microbatches=2 if dbo else 1)
+    return simulate_step(R1, plan, Batch.decode(batch, 2100), profile, synthetic="uniform", **kw)
 
 
 # -- exact, between, outside ------------------------------------------------------------------
@@ -50,6 +69,8 @@ def test_every_published_point_is_reproduced_exactly():
     # the seconds are the doubles nearest the published microseconds
     moe = PROF.kernels.sets["synthetic"].tables[("grouped_gemm", "fp8", "intra")]
     assert 671.55e-6 in moe.seconds.tolist() and 470.75e-6 in moe.seconds.tolist()
+    # and through the cost model: a GEMM at a measured shape takes the measured time
+    assert cost.op_time(_gemm(256, 1536, 7168), PROF) == 60e-6
 
 
 @settings(max_examples=200, deadline=None)
@@ -80,6 +101,45 @@ def test_interpolation_is_linear_in_log_log():
                   ).sets["t"].tables[("gemm", "fp8", "intra")]
     secs, how = lookup(table, {"m": 64, "n": 512, "k": 512})  # halfway in log m
     assert how.method == "table-interpolated" and secs == pytest.approx(20e-6, rel=1e-12)
+
+
+def test_outside_the_table_scales_the_nearest_point_by_the_roofline():
+    n, k = 1536, 7168
+
+    def roof(m):  # FP8 GEMM roofline, 16-row tiles, 1-byte weights, bf16 activations
+        return max(2.0 * math.ceil(m / 16) * 16 * n * k / FP8, (n * k + 2.0 * (m * k + m * n)) / BW)
+
+    big = cost.op_time(_gemm(4096, n, k), PROF)  # table's m ends at 1024 (200 us)
+    assert big == pytest.approx(200e-6 * roof(4096) / roof(1024), rel=1e-12)
+    small = cost.op_time(_gemm(4, n, k), PROF)  # below 16 (20 us): the nearest is m = 16
+    assert small == pytest.approx(20e-6 * roof(4) / roof(16), rel=1e-12)
+    how = kernel_cost.describe(_gemm(4096, n, k), PROF)
+    assert how["method"] == "table-extrapolated"
+    assert how["table"].x[how["points"][0]].tolist() == [1.0, n, k, 1024.0]
+    # a shape between two tabled (n, k) pairs has no corners: nearest point, scaled
+    mid = kernel_cost.describe(_gemm(256, 4096, 7168), PROF)
+    assert mid["method"] == "table-extrapolated" and 0 < mid["ratio"]
+    # a batched GEMM (MLA's absorption) is not what a table without `batch` measured
+    batched = _op("gemm", {"batch": 128, "m": 256, "n": 1536, "k": 7168}, flops=1.0, read=1.0,
+                  weights=1.0)
+    assert kernel_cost.describe(batched, PROF)["method"] == "roofline"
+    assert cost.op_time(batched, PROF) == cost.op_time(batched, MI)
+
+
+def test_collective_tables_and_scope():
+    sets = {"default": "t", "sources": SRC, "sets": {"t": {"tables": [
+        {"op": "all_reduce", "dtype": "bf16", "unit": "us", "source": "s",
+         "features": ["bytes", "ranks"], "points": [[1e6, 8, 30.0], [4e6, 8, 60.0]]}]}}}
+    prof = profile_from_dict({**RAW, "kernels": sets}, "t")
+    ar = _op("all_reduce", {"tokens": 1, "width": 1, "group": "tp", "group_size": 8},
+             read=4e6, dtype="bf16", peers=tuple([1e6] * 8))
+    fallback = 1.0
+    assert kernel_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.zeros(8)) == 60e-6
+    far = _op("all_reduce", ar.dims, read=16e6, dtype="bf16", peers=tuple([4e6] * 8))
+    grown = kernel_cost.op_seconds(far, prof, lambda: fallback, nodes=np.zeros(8))
+    assert grown > 60e-6 and grown < 4 * 60e-6  # the latency part does not grow
+    # an inter-node group finds no intra-node table: the roofline
+    assert kernel_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.arange(8) // 4) == 1.0
 
 
 # -- malformed tables ---------------------------------------------------------------------------
@@ -139,6 +199,18 @@ def test_a_malformed_kernels_section_is_a_one_line_error(case):
 # -- profiles and kernel sets -----------------------------------------------------------------
 
 
+def test_a_profile_without_kernels_is_unchanged():
+    assert MI.kernels is None and MI.kernel_sets == ("none",) and MI.active_kernels is None
+    assert MI.plan_options == {} and MI.with_kernels(None) is MI
+    base = _step(MI, dbo=True)
+    same = _step(PROF.with_kernels("none"), dbo=True)
+    assert same.step_s == base.step_s and same.rank_ms == base.rank_ms
+    assert same.op_kinds_ms == base.op_kinds_ms and base.kernels == "none"
+    plan = make_plan(R1, dp=8, ep=8)
+    accept = simulate_step(R1, plan, Batch.decode(512, 2100), MI)
+    assert accept.step_ms == pytest.approx(121.72302581308695, rel=1e-12)
+
+
 def test_kernel_set_selection():
     assert PROF.kernel_set == "synthetic"
     assert PROF.kernel_sets == ("synthetic", "synthetic-slow-moe", "roofline-fast-attention",
@@ -149,5 +221,86 @@ def test_kernel_set_selection():
     with pytest.raises(EpsimError, match="synthetic, synthetic-slow-moe, .*none") as err:
         PROF.with_kernels("aiter")
     assert "\n" not in str(err.value)
-    assert MI.kernel_sets == ("none",) and MI.active_kernels is None and MI.plan_options == {}
-    assert fast_attn.with_kernels("none").active_kernels is None
+    # a set scaled from the roofline: decode attention at half the roofline's time
+    graph = build_step_graph(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 3000))
+    attn = next(op for op in graph if op.kind == "attention_decode")
+    assert cost.op_time(attn, fast_attn) == cost.op_time(attn, MI) / 2.0
+    assert cost.op_time(attn, fast_attn.with_kernels("none")) == cost.op_time(attn, MI)
+
+
+def test_a_set_scaled_from_another_set():
+    slow = PROF.with_kernels("synthetic-slow-moe")
+    a, b = _step(PROF), _step(slow)
+    assert b.op_kinds_ms["grouped_gemm"] == pytest.approx(2 * a.op_kinds_ms["grouped_gemm"],
+                                                          rel=1e-12)
+    assert b.op_kinds_ms["attention_decode"] == a.op_kinds_ms["attention_decode"]
+    ks = _step(slow, explain=True).kernel_sources["grouped_gemm"]
+    assert ks["method"] == "scaled-set" and set(ks["base_methods"]) <= {
+        "table-exact", "table-interpolated"}
+    assert ks["scaled"] == [{"set": "synthetic-slow-moe", "factor": 2.0,
+                             "source": "synthetic-blog"}]
+    assert ks["sources"]["synthetic-blog"]["url"].startswith("https://")
+
+
+# -- the step -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,want_us", [(512, 671.55), (256, 470.75)])
+def test_fused_moe_per_layer_follows_the_table(batch, want_us):
+    r = _step(batch=batch)
+    per_layer_us = r.op_kinds_ms["grouped_gemm"] / len(R1.moe_layers) * 1e3
+    assert per_layer_us == pytest.approx(want_us, rel=0.1)
+    assert _step(MI, batch=batch).op_kinds_ms["grouped_gemm"] != r.op_kinds_ms["grouped_gemm"]
+
+
+def test_dbo_microbatches_are_looked_up_at_their_own_shapes():
+    plan = make_plan(R1, dp=8, ep=8, microbatches=2)
+    graph = build_step_graph(R1, plan, Batch.decode(512, 2100))
+    moe = [op for op in graph if op.kind == "grouped_gemm"]
+    assert {kernel_cost.op_features(op, 8)["tokens"] for op in moe} == {256.0}
+    assert {cost.op_time(op, PROF, top_k=8) for op in moe} == {470.75e-6}
+    r = _step(batch=512, dbo=True, explain=True)
+    per_op_us = r.op_kinds_ms["grouped_gemm"] / (2 * len(R1.moe_layers)) * 1e3
+    assert per_op_us == pytest.approx(470.75, rel=0.1)
+    used = {p["features"]["tokens"] for p in r.kernel_sources["grouped_gemm"]["points"]}
+    assert used <= {128, 256, 512} and 256 in used
+
+
+def test_fast_and_exact_agree_with_tables():
+    fast = _step(dbo=True)
+    exact = _step(dbo=True, mode="exact")
+    assert exact.step_ms == pytest.approx(fast.step_ms, rel=1e-9)
+    assert exact.critical_rank == fast.critical_rank
+    for kind, ms in fast.op_kinds_ms.items():
+        assert exact.op_kinds_ms[kind] == pytest.approx(ms, rel=1e-12)
+
+
+def test_dispatch_and_combine_follow_their_tables():
+    r = _step(batch=128)
+    layers = len(R1.moe_layers)
+    assert r.op_kinds_ms["dispatch"] / layers * 1e3 == pytest.approx(35.0, rel=0.15)
+    assert r.op_kinds_ms["combine"] / layers * 1e3 == pytest.approx(47.0, rel=0.15)
+
+
+def test_step_json_and_explain():
+    plain = _step(batch=300, dbo=True).to_json()
+    assert "kernel_sources" not in plain and plain["kernels"] == "synthetic"
+    assert set(plain["op_kinds_ms"]) >= {"gemm", "grouped_gemm", "attention_decode", "dispatch"}
+    r = _step(batch=300, dbo=True, explain=True)
+    out = json.loads(json.dumps(r.to_json()))
+    ks = out["kernel_sources"]
+    graph_ops = build_step_graph(R1, make_plan(R1, dp=8, ep=8), Batch.decode(300, 2100))
+    counts = {}
+    for op in graph_ops:
+        counts[op.kind] = counts.get(op.kind, 0) + 1
+    assert {k: sum(v["methods"].values()) for k, v in ks.items()} == counts
+    assert ks["norm"]["method"] == "roofline" and ks["attention_decode"]["method"] == (
+        "table-interpolated")
+    gemm = ks["gemm"]
+    assert gemm["method"] == "mixed" and gemm["outside"]
+    first = gemm["outside"][0]
+    assert first["method"] == "table-extrapolated" and first["ops"] and "nearest" in first
+    for kind in ks.values():
+        for point in kind["points"]:
+            assert point["source"] in kind["sources"]
+            assert "SYNTHETIC" in kind["sources"][point["source"]]["note"]
