@@ -18,7 +18,7 @@ from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_pl
 from epsim.model.opgraph import Op
 from epsim.sim import cost, kernel_cost
 from epsim.sim.hardware import load_profile, profile_from_dict
-from epsim.sim.kernels import lookup, parse_kernels
+from epsim.sim.kernels import FEATURES, lookup, parse_kernels
 from epsim.sim.step import simulate_step
 
 DATA = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
@@ -304,3 +304,17 @@ def test_step_json_and_explain():
         for point in kind["points"]:
             assert point["source"] in kind["sources"]
             assert "SYNTHETIC" in kind["sources"][point["source"]]["note"]
+
+
+def test_feature_names_are_documented_per_kind():
+    assert FEATURES["grouped_gemm"][-1][0] == "tokens" and FEATURES["gemm"][-1][0] == "m"
+    doc = (Path(__file__).parents[1] / "docs" / "hardware.md").read_text()
+    for kind, feats in FEATURES.items():
+        assert kind in doc
+        for name, _ in feats:
+            assert f"`{name}`" in doc
+    # the schema example parses
+    example = doc.split("## Measured kernel tables")[1].split("```json")[1].split("```")[0]
+    sets = parse_kernels(json.loads("{" + example + "}")["kernels"], "docs")
+    assert sets.names == ("aiter", "no-aiter", "none")
+    assert sets.sets["aiter"].plan_options == {"fuse_shared_expert": True}
