@@ -52,6 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--device", default="cpu", help="default cpu")
     p.add_argument("--unfused", action="store_true",
                    help="unfused graph: separate RoPE, shared gate/up and routed-expert ops")
+    p.add_argument("--shared-expert-in-moe", action="store_true",
+                   help="run the shared expert inside the fused-MoE op as one more local expert "
+                   "(aiter's 33-expert kernels) instead of as its own GEMMs")
     p.add_argument("--prefill", action="store_true",
                    help="fill the KV cache with a real prefill step over random prompts of "
                    "context - 1 tokens (timed and checked) instead of drawn cache entries")
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps, dp=args.dp, ep=args.ep, dbo=args.dbo, static=args.static,
         capture=args.capture, placement=args.placement, kv_dtype=args.kv_dtype,
         check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
-        unfused=args.unfused, trace=bool(args.trace), prefill=args.prefill)
+        unfused=args.unfused, shared_expert_in_moe=args.shared_expert_in_moe,
+        trace=bool(args.trace), prefill=args.prefill)
     if torchrun:
         rank = int(os.environ["RANK"])
         try:
