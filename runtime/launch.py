@@ -36,7 +36,9 @@ from .options import RunOptions, validate
 
 #: a test hook: ``"RANK:STEP"`` raises on that rank before that step, ``"RANK:STEP:kill"`` kills
 #: it, ``"RANK:STEP:hang"`` sleeps forever (its heartbeat goes on), ``"RANK:STEP:mute"`` sleeps
-#: forever with its heartbeat silenced
+#: forever with its heartbeat silenced, ``"RANK:STEP:mark"`` only marks the step; hang, mute and
+#: mark first touch ``fault.RANK`` in the working directory (a local rank's: the run's folder), so
+#: a test knows the rank is mid-run
 FAULT_ENV = "EPSIM_RUNTIME_FAULT"
 #: messages of ranks that failed only because a peer went away
 _SECONDARY = re.compile(r"connection|closed|reset|broken pipe|timed out|timeout|peer|"
@@ -99,7 +101,10 @@ def _inject_fault(rank: int, step: int) -> None:
         mode = parts[2] if len(parts) > 2 else "raise"
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if mode in ("hang", "mute"):
+        if mode in ("hang", "mute", "mark"):
+            Path(f"fault.{rank}").touch()
+            if mode == "mark":
+                return
             if mode == "mute":
                 lifecycle.silence_heartbeat()
             while True:
