@@ -4,7 +4,6 @@ silent rank ends the run within 60 s, named by its number. The watchdog's rules 
 a fake clock here, without processes."""
 
 import contextlib
-import io
 import json
 import os
 import signal
@@ -116,21 +115,6 @@ def _epsim(tmp_path: Path, *args: str, fault: str | None = None) -> subprocess.P
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _cli_maps_exit_status() -> bool:
-    """Whether ``epsim.cli.main`` exits with an error's ``exit_status`` (a pending change to the
-    front door: until it lands, every EpsimError exits 2)."""
-    from epsim import cli
-    from epsim.commands import describe
-
-    def terminated(args):
-        raise launch.RunTerminated(signal.SIGTERM, 2)
-
-    with mock.patch.object(describe, "run", terminated), \
-            contextlib.redirect_stderr(io.StringIO()):
-        return cli.main(["describe", "--model", "tiny-deepseek"]) == 143
-
-
-CLI_MAPS_EXIT_STATUS = _cli_maps_exit_status()
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,7 +133,7 @@ def test_sigterm_on_the_parent_stops_every_rank_and_removes_the_folder(tmp_path,
         time.sleep(0.5)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=5)
-        assert proc.returncode == (status if CLI_MAPS_EXIT_STATUS else 2)
+        assert proc.returncode == status
         name = signal.Signals(sig).name
         assert stderr.splitlines() == [f"epsim run: error: terminated by {name}; 2 ranks stopped"]
         assert _wait_gone(pids.values(), within=5) == []
@@ -334,10 +318,17 @@ def test_run_terminated_is_an_epsim_error_with_the_signal_exit_status():
     assert launch.RunTerminated(signal.SIGHUP, 2).exit_status == 129
 
 
-@pytest.mark.xfail(not CLI_MAPS_EXIT_STATUS, strict=True,
-                   reason="epsim/cli.py does not map getattr(exc, 'exit_status', 2) yet")
-def test_the_command_line_exits_with_the_errors_exit_status():
-    assert _cli_maps_exit_status()
+def test_the_command_line_exits_with_the_errors_exit_status(capsys):
+    """A run ended by a signal exits 128 + the signal through ``epsim.cli.main``, in one line."""
+    from epsim import cli
+    from epsim.commands import describe
+
+    def terminated(args):
+        raise launch.RunTerminated(signal.SIGTERM, 2)
+
+    with mock.patch.object(describe, "run", terminated):
+        assert cli.main(["describe", "--model", "tiny-deepseek"]) == 143
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_termination_signals_are_restored_after_the_launch():
