@@ -1,7 +1,9 @@
 """Multi-rank microbenchmarks: the runtime's EP exchange over message sizes, and contention.
 
 ``comm_sweep(world)`` spawns ``world`` local ranks (``python -m epsim.calibrate.comm_bench FOLDER
-RANK``, gloo over a file store, one thread each, as ``epsim.runtime.launch`` starts them) that measure:
+RANK``, gloo over a file store, one thread each, with ``epsim.runtime.lifecycle`` as
+``epsim.runtime.launch`` starts them: one process group, dying with the parent, heartbeats)
+that measure:
 
 * ``a2a``: the runtime's own ``epsim.runtime.comm.dispatch_dynamic`` and ``combine_dynamic`` (count
   exchange, rows and metadata) over tokens per rank, each issued after ``busy_rounds`` of the
@@ -23,9 +25,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import pandas as pd
 from epsim.model.dtypes import bytes_per_element
 from epsim.model.errors import EpsimError
 from epsim.model.graph import prob_rank_hit
+from epsim.runtime import lifecycle
 
 #: the exchange benchmark's model-like sizes (disjoint from the shipped tiny models' hidden sizes)
 A2A_HIDDEN = 128
@@ -154,6 +155,7 @@ def _rank_main(spec: dict[str, Any], rank: int) -> dict[str, Any]:
 
 
 def worker_main(folder: str, rank: int) -> int:
+    lifecycle.worker_start(folder, rank)
     spec = json.loads(Path(folder, "spec.json").read_text())
     try:
         result = _rank_main(spec, rank)
@@ -175,32 +177,34 @@ def worker_main(folder: str, rank: int) -> int:
 def run_ranks(world: int, tokens: tuple[int, ...], repeats: int, probe_rounds: int,
               probe_repeats: int, comm_rows: int, busy_rounds: int,
               timeout_s: float = 300.0) -> dict[str, Any]:
-    """Spawn ``world`` ranks running the benchmarks; rank 0's gathered results."""
-    with tempfile.TemporaryDirectory(prefix="epsim-calib-") as folder:
+    """Spawn ``world`` ranks running the benchmarks; rank 0's gathered results.
+
+    Raises:
+        EpsimError: a rank failed or stopped responding, or the deadline passed.
+        RunTerminated: the parent got SIGTERM or SIGHUP (ranks stopped, folder removed).
+    """
+    from epsim.runtime.launch import RunTerminated, local_rank_environment
+
+    with lifecycle.TerminationSignals() as signals, \
+            lifecycle.run_folder("epsim-calib-") as folder, lifecycle.RankProcesses() as ranks:
         spec = {"world": world, "init": f"file://{folder}/store", "tokens": list(tokens),
                 "repeats": repeats, "probe_rounds": probe_rounds,
                 "probe_repeats": probe_repeats, "comm_rows": comm_rows,
                 "busy_rounds": busy_rounds}
         Path(folder, "spec.json").write_text(json.dumps(spec))
-        from epsim.runtime.launch import local_rank_environment
-
         env = local_rank_environment()
-        procs = [subprocess.Popen([sys.executable, "-m", "epsim.calibrate.comm_bench", folder, str(r)],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, env=env, cwd=folder)
-                 for r in range(world)]
-        deadline = time.monotonic() + timeout_s
-        try:
-            while any(p.poll() is None for p in procs):
-                if any(p.returncode not in (None, 0) for p in procs) \
-                        or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
+        for r in range(world):
+            if signals.signum is None:
+                ranks.spawn([sys.executable, "-m", "epsim.calibrate.comm_bench", folder, str(r)],
+                            env=env, cwd=folder)
+        outcome = lifecycle.watch(ranks, lifecycle.Watchdog(folder, ranks.procs), signals,
+                                  time.monotonic() + timeout_s)
+        if outcome.kind == "terminated":
+            assert signals.signum is not None
+            raise RunTerminated(signals.signum, ranks.stop())
+        ranks.stop()
+        if outcome.kind == "stalled":
+            raise EpsimError(f"the {world}-rank calibration benchmark: {outcome.detail}")
         errors = sorted(Path(folder).glob("error.*"))
         if errors:
             raise EpsimError(f"calibration rank failed: {errors[0].read_text()[:300]}")
@@ -208,7 +212,10 @@ def run_ranks(world: int, tokens: tuple[int, ...], repeats: int, probe_rounds: i
         if not result.is_file():
             raise EpsimError(f"the {world}-rank calibration benchmark ended without results "
                              "(deadline passed or a rank was killed)")
-        return json.loads(result.read_text())
+        results = json.loads(result.read_text())
+    if signals.signum is not None:  # arrived after the ranks had finished
+        raise RunTerminated(signals.signum, 0)
+    return results
 
 
 def comm_sweep(worlds: tuple[int, ...] = (2, 4), tokens: tuple[int, ...] = A2A_TOKENS,

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from epsim.model.errors import EpsimError
+from epsim.model.outputs import reserve_outputs, staged_path
 from epsim.model.trace import write_json_atomic
 from epsim.sim.hardware import EFFICIENCY_KEYS, load_profile, profile_from_dict
 
@@ -55,23 +56,10 @@ def table_paths(out: str | Path) -> dict[str, Path]:
     return {t: out.with_name(f"{stem}.{t}.csv") for t in TABLES}
 
 
-def _umask_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
-    """Write ``df`` as CSV whole or not at all (temp file + rename, usual file mode)."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    """Write ``df`` as CSV whole or not at all (staged with the command's other outputs)."""
+    with staged_path(path) as tmp:
         df.to_csv(tmp, index=False)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_tables(out: str | Path) -> dict[str, pd.DataFrame]:
@@ -297,8 +285,7 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
     from .validate import shape_signature
 
     out = Path(out)
-    if not out.parent.is_dir():
-        raise EpsimError(f"cannot write {out}: folder {out.parent} does not exist")
+    reserve_outputs({"profile": out, **{f"{name} table": p for name, p in table_paths(out).items()}})
     if device not in ("cpu", "cuda"):
         raise EpsimError(f"device must be cpu or cuda, got {device!r}")
     if device == "cuda":

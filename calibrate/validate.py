@@ -34,6 +34,7 @@ import numpy as np
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError, read_json_file
 from epsim.model.opgraph import Batch
+from epsim.model.outputs import check_output_target, staged_path
 from epsim.model.shipped import shipped_names, shipped_text
 from epsim.sim.hardware import HardwareProfile
 
@@ -276,9 +277,6 @@ def compare(cases: Sequence[Case], measured: Sequence[Mapping[str, Any]],
 
 def plot(report: Mapping[str, Any], path: str | Path) -> None:
     """Measured against predicted step time, one point per case (matplotlib, imported here)."""
-    import os
-    import tempfile
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -314,18 +312,9 @@ def plot(report: Mapping[str, Any], path: str | Path) -> None:
                  f"max {report['max_abs_error_pct']:.1f}%", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with staged_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
     finally:
         plt.close(fig)
 
@@ -364,8 +353,10 @@ def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int
     prof = load_profile(profile)
     prof.require_efficiency()
     cases = read_grid(grid)
-    if plot_path is not None and not Path(plot_path).resolve().parent.is_dir():
-        raise EpsimError(f"cannot write {plot_path}: its folder does not exist")
+    if plot_path is not None:
+        check_output_target(plot_path, "--plot")
+        if importlib.util.find_spec("matplotlib") is None:  # before the runs, not after
+            raise EpsimError("--plot needs matplotlib (pip install 'epsim[plot]')")
     models = {c.model: load_model(c.model) for c in cases}
     for c in cases:  # every case runnable, before any rank starts
         check_options(RunOptions(model=c.model, world_size=c.world_size, batch=c.batch,

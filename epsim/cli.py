@@ -1,8 +1,11 @@
 """``epsim <command> ...``: argument parsing, one-line errors, exit codes.
 
 Commands live in ``epsim.commands``, one module each with ``add_parser(subparsers)`` and
-``run(args) -> int``; ``epsim.commands.COMMANDS`` lists them. Every user error is one line on
-stderr and exit status 2 (docs/design.md section 3).
+``run(args) -> int``; ``epsim.commands.COMMANDS`` lists them. Every value a flag takes is
+parsed and range-checked by ``epsim.inputs`` while the arguments are parsed; every output file a
+command names is then reserved (checked and staged) before the command runs, and written only
+if it succeeds, all of them together (``epsim.model.outputs``). Every user error is one line
+on stderr and exit status 2 (docs/design.md section 5); a run ended by SIGTERM exits 143.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ import sys
 from collections.abc import Sequence
 
 from epsim.model.errors import EpsimError
+from epsim.model.outputs import OutputSet
 
 from . import __version__
 from .commands import COMMANDS
+from .inputs import output_targets
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(message.split())  # one line, whatever a value held
         sys.stderr.write(f"epsim: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
 
@@ -39,14 +45,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate ``argv`` (every flag's range, names, files, output targets): the
+    arguments, or ``SystemExit(2)`` after one line on stderr. Nothing is written."""
+    return build_parser().parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(argv)
     try:
-        return int(args.run(args) or 0)
+        with OutputSet() as outputs:
+            for what, path in output_targets(args):  # before any work
+                outputs.reserve(path, what)
+            status = int(args.run(args) or 0)
+            if status == 0:
+                outputs.commit()
+            return status
     except EpsimError as exc:
-        sys.stderr.write(f"epsim {args.command}: error: {exc}\n")
-        return 2
+        message = " ".join(str(exc).split())  # one line, whatever the message held
+        sys.stderr.write(f"epsim {args.command}: error: {message}\n")
+        return int(getattr(exc, "exit_status", 2))
     except KeyboardInterrupt:
         sys.stderr.write("epsim: interrupted\n")
         return 130

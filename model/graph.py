@@ -378,8 +378,8 @@ class _StepBuilder:
         return self.gemm(layer, "moe.shared.down", cat, tokens, h, inter, wdt=self.edt,
                          dtype=self.expert_compute_dtype, out="shared_out", deps=[act])
 
-    def moe(self, layer: int, attn_out: str) -> list[str]:
-        """The MoE block; returns the op ids the next layer's input depends on."""
+    def moe(self, layer: int, attn_out: str) -> list[Read]:
+        """The MoE block; returns the values the next layer's input adds up."""
         m, p = self.m, self.p
         h, moe = m.hidden_size, m.moe
         norm = self.add_norm(layer, "ffn_norm", "moe_experts", [attn_out])
@@ -417,7 +417,11 @@ class _StepBuilder:
         pairs = tokens * moe.top_k  # under EP a rank receives, on average, what it sends
         untouched = (1.0 - moe.top_k / moe.num_experts) ** global_tokens
         active = experts_local * (1.0 - untouched)
-        experts = self._routed_experts(layer, expert_inputs, pairs, experts_local, active, inter)
+        shared_in_moe = p.fusion.shared_expert_in_moe
+        if shared_in_moe and p.expert_parallel:  # the shared expert reads the rank's own rows
+            expert_inputs = [*expert_inputs, (norm, "h")]
+        experts = self._routed_experts(layer, expert_inputs, pairs, experts_local, active, inter,
+                                       shared_tokens=tokens if shared_in_moe else 0)
         if p.expert_parallel:
             # the results go back where the dispatch's layout says they came from
             combine = self.ep_exchange(
@@ -428,7 +432,9 @@ class _StepBuilder:
             outputs = [combine]
         else:
             outputs = [experts]
-        if moe.num_shared_experts:
+        if moe.num_shared_experts and shared_in_moe:
+            outputs.append((experts, "shared_out"))
+        elif moe.num_shared_experts:
             shards = 1 if p.expert_parallel else p.tp
             outputs.append(self._shared_expert(layer, norm, tokens, shards))
         if p.tp > 1:
@@ -440,24 +446,35 @@ class _StepBuilder:
         return outputs
 
     def _routed_experts(self, layer: int, inputs: Sequence[Read], pairs: float,
-                        experts_local: int, active: float, inter: int) -> str:
+                        experts_local: int, active: float, inter: int,
+                        shared_tokens: int = 0) -> str:
         """This rank's routed experts over ``pairs`` (token, expert) pairs: one fused op, or
-        gate/up, the activation and down; returns the op that writes ``expert_out``."""
+        gate/up, the activation and down; returns the op that writes ``expert_out``.
+
+        ``shared_tokens`` > 0 (``Fusion.shared_expert_in_moe``): the fused op also runs the
+        shared expert(s) over the rank's own ``shared_tokens`` rows, as more local experts, and
+        writes ``shared_out`` too (dims ``shared_experts``, ``shared_pairs``; ``pairs`` stays
+        the routed pairs, which the routing sets)."""
         h, p = self.m.hidden_size, self.p
         bias = (2 * inter + h) if self.m.moe.expert_bias else 0
         cat = "moe_experts"
         ex_dt = self.expert_compute_dtype
         if p.fusion.fused_moe:
-            weights = active * (3 * h * inter * self.edt + bias * self.act)
+            shared = self.m.moe.num_shared_experts if shared_tokens else 0
+            shared_pairs = shared_tokens * shared
+            all_pairs = pairs + shared_pairs
+            weights = (active + shared) * (3 * h * inter * self.edt + bias * self.act)
             experts = self.e.emit(
-                layer, "moe.experts", "grouped_gemm", cat, deps=inputs, outputs=("expert_out",),
+                layer, "moe.experts_shared" if shared else "moe.experts", "grouped_gemm", cat,
+                deps=inputs, outputs=("expert_out", "shared_out") if shared else ("expert_out",),
                 dims={"pairs": pairs, "experts": experts_local, "active_experts": active,
                       "n": 2 * inter, "k": h, "inter": inter, "hidden": h, "gemms": 2,
-                      "fused": 1},
+                      "fused": 1, "top_k": self.m.moe.top_k, "shared_experts": shared,
+                      "shared_pairs": shared_pairs},
                 dtype=ex_dt,
-                flops=6.0 * pairs * h * inter + 4.0 * pairs * inter,
-                bytes_read=weights + pairs * h * self.act,
-                bytes_written=pairs * h * self.act,
+                flops=6.0 * all_pairs * h * inter + 4.0 * all_pairs * inter,
+                bytes_read=weights + all_pairs * h * self.act,
+                bytes_written=all_pairs * h * self.act,
                 weight_bytes=weights, routed=True,
             )
         else:

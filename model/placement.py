@@ -154,15 +154,34 @@ def _arange_like(ref: Any, n: int) -> Any:
     return np.arange(n, dtype=np.asarray(ref).dtype)
 
 
+def _integer(value: object, what: str) -> int:
+    """A JSON integer (not a bool, not a float with a fraction, which would be truncated)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EpsimError(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+def _integer_array(value: object) -> np.ndarray:
+    """``physical_to_logical`` as int64, refusing non-integers instead of truncating them."""
+    arr = np.asarray(value, dtype=object)
+    if arr.ndim != 2 or arr.size == 0:
+        raise EpsimError("physical_to_logical must be a non-empty [layers][slots] list")
+    bad = [v for v in arr.ravel() if isinstance(v, bool) or not isinstance(v, int)]
+    if bad:
+        raise EpsimError(f"physical_to_logical holds a non-integer id {bad[0]!r}")
+    return arr.astype(np.int64)
+
+
 def read_placement(path: str | Path, num_layers: int | None = None,
                    num_experts: int | None = None) -> Placement:
     """Read a placement file written by ``epsim balance --out`` (or :meth:`Placement.to_json`)."""
     p = Path(path)
     obj = read_json_file(p, "placement file")
     try:
-        placement = Placement(np.asarray(obj["physical_to_logical"], dtype=np.int64),
-                              num_gpus=int(obj["num_gpus"]), num_logical=int(obj["num_logical"]))
-    except (KeyError, TypeError, ValueError) as exc:
+        placement = Placement(_integer_array(obj["physical_to_logical"]),
+                              num_gpus=_integer(obj["num_gpus"], "num_gpus"),
+                              num_logical=_integer(obj["num_logical"], "num_logical"))
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, EpsimError):
             raise EpsimError(f"{p}: {exc}") from None
         raise EpsimError(f"{p}: not a placement file ({type(exc).__name__}: {exc})") from None

@@ -38,11 +38,16 @@ class Fusion:
         (the reference deployment's "horizontal fusion").
     fused_moe: the routed experts' gate/up GEMM, activation and down GEMM run as one fused-MoE
         kernel instead of three ops.
+    shared_expert_in_moe: the shared expert runs inside that fused-MoE kernel as one more local
+        expert that every one of the rank's own tokens picks (aiter's DeepSeek kernels: 32 local
+        experts + 1 shared, top-8 + 1), instead of as its own GEMMs beside it (DeepSeek's and
+        SGLang's default). Needs ``fused_moe`` and a shared expert as wide as a routed one.
     """
 
     fused_rope: bool = True
     merged_shared_expert: bool = True
     fused_moe: bool = True
+    shared_expert_in_moe: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,26 @@ class ParallelPlan:
                 f"tp {self.tp} does not divide the shared-expert intermediate size "
                 f"{moe.shared_intermediate_size} of {model.name}"
             )
+        self._check_shared_in_moe(model)
+
+    def _check_shared_in_moe(self, model: ModelConfig) -> None:
+        """The shared expert fuses into the routed experts' kernel only as one of them."""
+        if not self.fusion.shared_expert_in_moe:
+            return
+        moe = model.moe
+        if not self.fusion.fused_moe:
+            raise EpsimError("the shared expert runs inside the fused-MoE kernel only when the "
+                             "routed experts are fused (fused_moe)")
+        if not moe.num_shared_experts:
+            raise EpsimError(f"{model.name} has no shared expert to fuse into its MoE kernel")
+        if self.expert_parallel and self.tp > 1:
+            raise EpsimError("the shared expert fuses into the MoE kernel with tp = 1 under EP "
+                             f"(tp {self.tp} splits each dp group's tokens before dispatch)")
+        if moe.shared_intermediate_size // max(moe.num_shared_experts, 1) \
+                != moe.intermediate_size:
+            raise EpsimError(
+                f"{model.name}'s shared expert ({moe.shared_intermediate_size} wide) is not as "
+                f"wide as a routed one ({moe.intermediate_size}): it cannot run as one of them")
 
 
 def make_plan(

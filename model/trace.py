@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .errors import EpsimError
+from .outputs import write_text_atomic
 
 #: stream name -> Chrome ``tid``
 STREAMS: dict[str, int] = {"compute": 0, "comm": 1, "host": 2}
@@ -151,27 +149,6 @@ def to_chrome_trace(events: Iterable[TraceEvent], metadata: Mapping[str, Any] | 
     first_pid = max((e.rank for e in events), default=-1) + 1
     out += _named_tracks(list(slices), list(counters), first_pid)
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
-
-
-def write_text_atomic(text: str, path: str | os.PathLike[str]) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a temp file beside it, then renamed over
-    it); a target that cannot be written is an :class:`EpsimError` naming it."""
-    target = Path(path)
-    if target.parent and not target.parent.exists():
-        raise EpsimError(f"cannot write {target}: folder {target.parent} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    except OSError as exc:
-        raise EpsimError(f"cannot write {target}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise EpsimError(f"cannot write {target}: {exc.strerror}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_json_atomic(obj: Any, path: str | os.PathLike[str]) -> None:

@@ -15,6 +15,8 @@ Depends on ``model`` only, never on ``sim``.
     runtime.capture    CUDA/HIP graph capture of the static decode step
     runtime.reference  the dense single-process reference for --check
     runtime.launch     local rank spawning, torchrun, fault handling, summaries
+    runtime.lifecycle  local ranks tied to the parent: process group, parent-death signal,
+                       heartbeats, SIGTERM handling, run folders (also calibrate.comm_bench's)
 """
 
 from .launch import launch_local, run_rank, under_torchrun

@@ -3,8 +3,10 @@
 Two ways in:
     ``launch_local(options, world)``  spawns ``world`` local rank processes (``python -m
         epsim.runtime.worker``), joined through a file store with gloo (or NCCL with ``device="cuda"``),
-        and watches them: the first rank that fails ends the run, the others are killed, and the
-        failing rank's one-line message comes back as an :class:`EpsimError`.
+        and watches them: the first rank that fails or stops responding ends the run, the others
+        are killed, and the failing rank's one-line message comes back as an :class:`EpsimError`;
+        SIGTERM or SIGHUP on the parent stops every rank (:class:`RunTerminated`). How the ranks
+        are tied to the parent's life is ``epsim.runtime.lifecycle``.
     ``run_rank(options, rank, world, "env://")``  what each rank runs; under ``torchrun`` the
         caller (``epsim run``) calls it directly and torchrun watches the ranks.
 
@@ -22,7 +24,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -30,13 +31,32 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 
+from . import lifecycle
 from .options import RunOptions, validate
 
-#: a test hook: ``"RANK:STEP"`` raises on that rank before that step, ``"RANK:STEP:kill"`` kills it
+#: a test hook: ``"RANK:STEP"`` raises on that rank before that step, ``"RANK:STEP:kill"`` kills
+#: it, ``"RANK:STEP:hang"`` sleeps forever (its heartbeat goes on), ``"RANK:STEP:mute"`` sleeps
+#: forever with its heartbeat silenced, ``"RANK:STEP:mark"`` only marks the step; hang, mute and
+#: mark first touch ``fault.RANK`` in the working directory (a local rank's: the run's folder), so
+#: a test knows the rank is mid-run
 FAULT_ENV = "EPSIM_RUNTIME_FAULT"
 #: messages of ranks that failed only because a peer went away
 _SECONDARY = re.compile(r"connection|closed|reset|broken pipe|timed out|timeout|peer|"
                         r"socket|gloo|nccl|abort", re.IGNORECASE)
+
+
+class RunTerminated(EpsimError):
+    """The launching parent got SIGTERM (or SIGHUP) and stopped its ranks. ``exit_status`` is
+    the shell's convention for death by that signal (128 + its number: 143 for SIGTERM), which
+    the command line exits with instead of 2."""
+
+    exit_status = 143
+
+    def __init__(self, signum: int, stopped: int) -> None:
+        super().__init__(f"terminated by {lifecycle.signal_name(signum)}; {stopped} rank"
+                         f"{'' if stopped == 1 else 's'} stopped")
+        self.signum = signum
+        self.exit_status = 128 + signum
 
 
 def local_rank_environment() -> dict[str, str]:
@@ -78,8 +98,17 @@ def _inject_fault(rank: int, step: int) -> None:
         return
     parts = spec.split(":")
     if int(parts[0]) == rank and int(parts[1]) == step:
-        if len(parts) > 2 and parts[2] == "kill":
+        mode = parts[2] if len(parts) > 2 else "raise"
+        if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode in ("hang", "mute", "mark"):
+            Path(f"fault.{rank}").touch()
+            if mode == "mark":
+                return
+            if mode == "mute":
+                lifecycle.silence_heartbeat()
+            while True:
+                time.sleep(60)
         raise RuntimeError(f"injected fault on rank {rank} at step {step}")
 
 
@@ -282,7 +311,8 @@ def run_rank(options: list[RunOptions], rank: int, world: int, init_method: str,
 
 
 def worker_main(folder: str, rank: int) -> int:
-    """``python -m runtime.worker FOLDER RANK``: one spawned rank; errors go to FOLDER."""
+    """``python -m epsim.runtime.worker FOLDER RANK``: one spawned rank; errors go to FOLDER."""
+    lifecycle.worker_start(folder, rank)
     spec = json.loads(Path(folder, "spec.json").read_text())
     try:
         options = [RunOptions(**o) for o in spec["options"]]
@@ -307,8 +337,10 @@ def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0
     """Spawn ``world`` local ranks, run ``options`` on them, return rank 0's summaries.
 
     Raises:
-        EpsimError: a rank failed (its message, the earliest root cause first) or the run
-            passed ``deadline_s`` (default ``4 * timeout_s``).
+        EpsimError: a rank failed or stopped responding (its message, the earliest root cause
+            first) or the run passed ``deadline_s`` (default ``4 * timeout_s``).
+        RunTerminated: the parent got SIGTERM or SIGHUP during the launch (ranks stopped, the
+            run's folder removed).
     """
     # ranks run in a temporary folder: paths the user gave relative to their own directory
     options = [_with_absolute_paths(o) for o in options]
@@ -317,34 +349,28 @@ def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0
         if opts.world_size != world:
             raise EpsimError(f"options for world size {opts.world_size} in a {world}-rank launch")
     deadline = time.monotonic() + (deadline_s if deadline_s is not None else 4 * timeout_s)
-    with tempfile.TemporaryDirectory(prefix="epsim-run-") as folder:
+    # exits in reverse order: ranks stopped, then the folder removed, then the handlers restored
+    with lifecycle.TerminationSignals() as signals, \
+            lifecycle.run_folder("epsim-run-") as folder, lifecycle.RankProcesses() as ranks:
         spec = {"options": [o.to_json() for o in options], "world": world,
                 "timeout_s": timeout_s, "init": f"file://{folder}/store"}
         Path(folder, "spec.json").write_text(json.dumps(spec))
         env = local_rank_environment()
-        procs, logs = [], []
-        try:
-            for rank in range(world):
-                log = open(Path(folder, f"stderr.{rank}"), "w")  # noqa: SIM115
-                logs.append(log)
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "epsim.runtime.worker", folder, str(rank)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=folder))
-            failure = _watch(procs, folder, deadline)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
-            for log in logs:
-                log.close()
+        for rank in range(world):
+            if signals.signum is not None:
+                break  # _watch reports it
+            ranks.spawn([sys.executable, "-m", "epsim.runtime.worker", folder, str(rank)],
+                        env=env, cwd=folder, log_path=Path(folder, f"stderr.{rank}"))
+        failure = _watch(ranks, folder, deadline, signals)
         if failure:
             raise EpsimError(failure)
         result = Path(folder, "result.pkl")
         if not result.is_file():
             raise EpsimError("rank 0 ended without writing its results")
-        return pickle.loads(result.read_bytes())
+        results = pickle.loads(result.read_bytes())
+    if signals.signum is not None:  # arrived after the ranks had finished
+        raise RunTerminated(signals.signum, 0)
+    return results
 
 
 def _with_absolute_paths(opts: RunOptions) -> RunOptions:
@@ -358,30 +384,39 @@ def _with_absolute_paths(opts: RunOptions) -> RunOptions:
     return opts.with_(**changes) if changes else opts
 
 
-def _watch(procs: list[subprocess.Popen], folder: str, deadline: float) -> str | None:
-    """Poll the ranks; on the first failure kill the rest and return the root-cause message."""
-    exit_seen: dict[int, float] = {}
-    while True:
-        for rank, p in enumerate(procs):
-            if p.poll() is not None and rank not in exit_seen:
-                exit_seen[rank] = time.time()
-        if len(exit_seen) == len(procs) and all(p.returncode == 0 for p in procs):
-            return None
-        if any(p.returncode not in (None, 0) for p in procs):
-            time.sleep(0.3)  # let the other ranks' reports land, then stop everyone
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            return _root_cause(procs, folder, exit_seen)
-        if time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            return "the run passed its deadline; ranks killed (raise --timeout for longer runs)"
-        time.sleep(0.02)
+def _watch(ranks: lifecycle.RankProcesses, folder: str, deadline: float,
+           signals: lifecycle.TerminationSignals) -> str | None:
+    """Watch the ranks; when the run ends early kill them all and return the root-cause message
+    (or raise :class:`RunTerminated`)."""
+    watchdog = lifecycle.Watchdog(folder, ranks.procs)
+    outcome = lifecycle.watch(ranks, watchdog, signals, deadline)
+    if outcome.kind == "done":
+        return None
+    if outcome.kind == "terminated":
+        assert signals.signum is not None
+        raise RunTerminated(signals.signum, ranks.stop())
+    if outcome.kind == "stalled":
+        ranks.stop()
+        return outcome.detail
+    if outcome.kind == "deadline":
+        ranks.stop()
+        return "the run passed its deadline; ranks killed (raise --timeout for longer runs)"
+    time.sleep(0.3)  # let the other ranks' reports land, then stop everyone
+    # a rank that is stopped, silent or still running while its peers failed waiting is likely
+    # why they failed
+    suspects = watchdog.suspects()
+    for rank in ranks.running():
+        if not Path(folder, f"error.{rank}").is_file():
+            suspects.setdefault(rank, "still running when its peers gave up on it; hung")
+    ranks.stop()
+    return _root_cause(ranks.procs, folder, ranks.exit_seen, suspects)
 
 
-def _root_cause(procs: list[subprocess.Popen], folder: str, exit_seen: dict[int, float]) -> str:
+def _root_cause(procs: list[subprocess.Popen], folder: str, exit_seen: dict[int, float],
+                suspects: dict[int, str] | None = None) -> str:
+    """The run's one-line failure: the earliest primary report; when every report is secondary
+    (peers timed out or lost their connection) a stopped or silent rank among ``suspects``
+    (rank -> why) is the cause, not the peers that gave up waiting for it."""
     reports = []
     for rank, p in enumerate(procs):
         err = Path(folder, f"error.{rank}")
@@ -393,9 +428,13 @@ def _root_cause(procs: list[subprocess.Popen], folder: str, exit_seen: dict[int,
             code = p.returncode
             how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             reports.append((False, exit_seen[rank], rank, f"{how} without a report"))
+    reports.sort()
+    if suspects and (not reports or reports[0][0]):
+        rank = min(suspects)
+        waited = f"; {len(reports)} other rank(s) failed waiting for it" if reports else ""
+        return f"rank {rank} stopped responding ({suspects[rank]}){waited}"
     if not reports:
         return "a rank failed without a report"
-    reports.sort()
     _, _, rank, message = reports[0]
     others = len(reports) - 1
     tail = f" ({others} other rank(s) stopped after it)" if others else ""

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from epsim.model.errors import EpsimError
+from epsim.model.ids import weight_key
 from epsim.model.opgraph import Op
 from epsim.model.placement import remap
 
@@ -246,6 +247,18 @@ def _experts_fused(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) ->
     return {op.outputs[0]: y}
 
 
+def _experts_with_shared(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+                         ) -> dict[str, Any]:
+    """The fused-MoE kernel that also runs the shared expert over the rank's own rows
+    (``Fusion.shared_expert_in_moe``): ``expert_out`` for the received rows, ``shared_out`` for
+    the own ones, as aiter's 33-expert kernel computes both in one launch."""
+    routed = _experts_fused(rt, op, ins, st)[op.outputs[0]]
+    gate_up = rt.w[weight_key(op.layer, "moe.shared.gate_up")]
+    down = rt.w[weight_key(op.layer, "moe.shared.down")]
+    shared = kernels.silu_and_mul(ins["h"] @ gate_up) @ down
+    return {op.outputs[0]: routed, op.outputs[1]: shared}
+
+
 def _experts_gate_up(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
                      ) -> dict[str, Any]:
     """Writes ``gate_up`` and ``pairs``: the layout down needs (static: every slot over every row
@@ -270,6 +283,7 @@ def _experts_down(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> 
 #: the routed experts by op name: one fused op, or gate/up and down around an activation
 GROUPED_GEMMS: dict[str, Impl] = {
     "moe.experts": _experts_fused,
+    "moe.experts_shared": _experts_with_shared,
     "moe.experts.gate_up": _experts_gate_up,
     "moe.experts.down": _experts_down,
 }

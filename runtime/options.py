@@ -35,6 +35,8 @@ class RunOptions:
     dtype: compute dtype, ``"fp32"`` or ``"bf16"``.
     device: ``"cpu"`` or ``"cuda"``.
     unfused: run the unfused op graph (RoPE, gate/up and the routed experts as separate ops).
+    shared_expert_in_moe: run the shared expert inside the fused-MoE op as one more local expert
+        (``epsim.model.plan.Fusion.shared_expert_in_moe``, as aiter's kernels do).
     trace: keep every rank's per-op trace events.
     prefill: fill the KV cache by a real prefill step over random prompts of ``context - 1``
         tokens (timed and checked like the decode steps) instead of drawing the cached entries.
@@ -57,6 +59,7 @@ class RunOptions:
     dtype: str = "fp32"
     device: str = "cpu"
     unfused: bool = False
+    shared_expert_in_moe: bool = False
     trace: bool = False
     prefill: bool = False
 
@@ -111,7 +114,10 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
     if dp != world:
         raise EpsimError(f"the runtime runs DP attention over every rank: dp must be the world "
                          f"size {world}, got {dp} (tp > 1 is not implemented)")
-    fusion = Fusion(False, False, False) if opts.unfused else Fusion()
+    if opts.unfused and opts.shared_expert_in_moe:
+        raise EpsimError("the shared expert runs inside the fused-MoE op: drop --unfused")
+    fusion = (Fusion(False, False, False) if opts.unfused
+              else Fusion(shared_expert_in_moe=opts.shared_expert_in_moe))
     plan = make_plan(model, nodes=1, gpus_per_node=world, dp=dp, tp=1, ep=opts.ep,
                      microbatches=2 if opts.dbo else 1, kv_dtype=opts.kv_dtype,
                      graph_mode=opts.capture, fusion=fusion, placement=opts.placement)

@@ -17,7 +17,7 @@ from epsim.model.errors import EpsimError
 
 from .scenario import Scenario, StepCache, check_scenario
 from .slo import SLO
-from .tune import SearchSpace, tune
+from .tune import SearchSpace, split_errors, tune
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,20 @@ class _Progress:
             self.report(self.done, self.total)
 
 
+def _check_splits(base: Scenario, space: SearchSpace, hardware: Sequence[str],
+                  unit_layouts: Sequence[tuple[int, int] | None], unit_nodes: int) -> None:
+    """A split that fits no unit of any hardware is an error (one that fits some is tried)."""
+    failing: dict[tuple[int, int], str] | None = None
+    for hw in hardware:
+        for layout in unit_layouts:
+            sc = base.with_(hardware=hw, disagg=layout, nodes=None if layout else unit_nodes)
+            errors = split_errors(sc, space)
+            failing = errors if failing is None else {
+                s: why for s, why in failing.items() if s in errors}
+    for (dp, tp), why in (failing or {}).items():
+        raise EpsimError(f"--splits {dp}x{tp} fits no unit: {why}")
+
+
 def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
                unit_layouts: Sequence[tuple[int, int] | None], unit_nodes: int,
                num_prompts: int | None, cache: StepCache, progress: _Progress) -> _Unit | None:
@@ -94,7 +108,7 @@ def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
         start = progress.done
         try:
             res = tune(sc, slo, space, num_prompts=num_prompts, cache=cache,
-                       progress=progress.tick)
+                       progress=progress.tick, check_splits=False)
         except EpsimError:  # this hardware/layout cannot run at all (e.g. weights too big)
             progress.done = start + space.size()
             continue
@@ -140,6 +154,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     if not target > 0 or not math.isfinite(target):
         raise EpsimError(f"target output throughput must be a positive number, got {target}")
     check_scenario(base)
+    _check_splits(base, space, hardware, unit_layouts, unit_nodes)
     cache = cache or StepCache()
     prices = gpu_hour_usd or {}
     bar = _Progress(len(hardware) * len(unit_layouts) * space.size(), progress)

@@ -153,8 +153,12 @@ def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray
     """
     d = op.dims
     tile = _eff(profile).gemm_tile_m
-    pairs_nominal = float(d["pairs"])
-    active_nominal = float(d["active_experts"])
+    # a shared expert run inside the kernel (Fusion.shared_expert_in_moe) is one more local
+    # expert with the rank's own rows: its pairs do not depend on the routing
+    shared = int(d.get("shared_experts", 0))
+    shared_pairs = float(d.get("shared_pairs", 0.0))
+    pairs_nominal = float(d["pairs"]) + shared_pairs
+    active_nominal = float(d["active_experts"]) + shared
     flops_per_pair = op.flops / pairs_nominal if pairs_nominal else 0.0
     weight_per_expert = op.weight_bytes / active_nominal if active_nominal else 0.0
     act_per_pair = (op.bytes - op.weight_bytes) / pairs_nominal if pairs_nominal else 0.0
@@ -163,6 +167,10 @@ def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray
     flops = flops_per_pair * padded.sum(axis=-1) * scale_experts
     active = (counts > 0).sum(axis=-1) * scale_experts
     moved = weight_per_expert * active + act_per_pair * counts.sum(axis=-1) * scale_experts
+    if shared and shared_pairs:
+        per_shared = np.ceil(shared_pairs / shared / tile) * tile
+        flops = flops + flops_per_pair * per_shared * shared
+        moved = moved + weight_per_expert * shared + act_per_pair * shared_pairs
     t_flops = flops / achievable_flops(profile, op.dtype)
     t_bytes = moved / achievable_bandwidth(profile)
     e = _eff(profile)

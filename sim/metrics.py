@@ -49,6 +49,8 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     out = []
     for part in text.split(","):
         part = part.strip()
+        if not part:
+            raise EpsimError(f"--metric-percentiles {text!r} has an empty item")
         try:
             p = float(part)
         except ValueError:
@@ -63,7 +65,10 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 def parse_percentile_metrics(text: str) -> tuple[str, ...]:
     """``"ttft,itl"`` -> ``("ttft", "itl")``; each one of ``METRICS``."""
-    out = [m.strip() for m in text.split(",") if m.strip()]
+    out = [m.strip() for m in text.split(",")]
+    if any(out) and not all(out):
+        raise EpsimError(f"--percentile-metrics {text!r} has an empty item")
+    out = [m for m in out if m]
     for m in out:
         if m not in METRICS:
             raise EpsimError(f"unknown percentile metric {m!r} (one of {', '.join(METRICS)})")

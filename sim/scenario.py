@@ -210,9 +210,16 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int) -> dict[str, Any]:
 
 
 def check_scenario(sc: Scenario) -> None:
-    """What can be refused before any simulation: an unknown model, or a benchmark whose
-    requests can exceed the model's context (searches and sweeps check every point first)."""
-    check_context(sc.workload, load_model(sc.model))
+    """What can be refused before any simulation: an unknown model or profile, a plan that does
+    not fit the GPUs or the model (either side), or a benchmark whose requests can exceed the
+    model's context (searches and sweeps check every point first)."""
+    model = load_model(sc.model)
+    check_context(sc.workload, model)
+    gpn = sc.gpus_per_node or load_profile(sc.hardware).gpus_per_node
+    p_nodes, d_nodes = _node_split(sc)
+    _decode_plan(model, sc, d_nodes, gpn)
+    if p_nodes:
+        _prefill_plan(model, sc, p_nodes, gpn)
 
 
 def run_scenario(sc: Scenario, cache: StepCache | None = None, *,

@@ -83,14 +83,21 @@ def _parse_term(part: str) -> tuple[str, str, float]:
         raise EpsimError(f"SLO term {part!r}: {value!r} is not a number") from None
     if not math.isfinite(bound):
         raise EpsimError(f"SLO term {part!r}: bound must be finite")
+    # a latency, a throughput or a step time is a positive quantity; a usage or an imbalance
+    # may be bounded at 0
+    if bound < 0 or (bound == 0 and (latency or key.endswith(("_ms", "throughput")))):
+        raise EpsimError(f"SLO term {part!r}: the bound must be positive")
     return key, op, bound
 
 
 def parse_slo(text: str) -> SLO:
     """``"median_itl_ms<=100,p90_ttft_ms<=5000"`` -> :class:`SLO`; one-line error otherwise."""
-    terms = tuple(_parse_term(part.strip()) for part in (text or "").split(",") if part.strip())
-    if not terms:
+    parts = [part.strip() for part in (text or "").split(",")]
+    if not any(parts):
         raise EpsimError(f"empty SLO {text!r} (expected e.g. median_itl_ms<=100)")
+    if not all(parts):
+        raise EpsimError(f"SLO {text!r} has an empty term")
+    terms = tuple(_parse_term(part) for part in parts)
     return SLO(terms)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epsim.model.errors import EpsimError
@@ -81,14 +81,17 @@ def pareto_frontier(points: Sequence[Mapping[str, Any]], objective: str, latency
 @dataclass(frozen=True)
 class TuneResult:
     """best: the feasible point with the highest objective (``None`` if none meets the SLO);
-    frontier: the objective/latency Pareto frontier over every point; points: every point;
-    objective / latency: the frontier's axes."""
+    frontier: the objective/latency Pareto frontier over every point; points: every point
+    simulated; objective / latency: the frontier's axes; skipped: the points that could not
+    run, each ``{"point": {...}, "reason": "..."}`` (e.g. the weights do not fit at that split).
+    """
 
     best: dict[str, Any] | None
     frontier: list[dict[str, Any]]
     points: list[dict[str, Any]]
     objective: str
     latency: str
+    skipped: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _point_row(point: Mapping[str, Any], result: Mapping[str, Any], slo: SLO) -> dict[str, Any]:
@@ -100,33 +103,57 @@ def _point_row(point: Mapping[str, Any], result: Mapping[str, Any], slo: SLO) ->
     return row
 
 
+def split_errors(base: Scenario, space: SearchSpace) -> dict[tuple[int, int], str]:
+    """The splits of ``space`` that cannot make a plan of ``base``'s GPUs and model (dp x tp
+    is not the world size, tp does not divide the heads, ...), each with the reason."""
+    errors: dict[tuple[int, int], str] = {}
+    for split in space.splits:
+        if split is None:
+            continue
+        try:
+            check_scenario(apply_point(base, {"split": split, "dbo": space.dbo[0],
+                                              "graph": space.graph[0],
+                                              "kv_dtype": space.kv_dtype[0],
+                                              "concurrency": 1}, None))
+        except EpsimError as exc:
+            errors[split] = str(exc)
+    return errors
+
+
 def tune(base: Scenario, slo: SLO, space: SearchSpace, *, objective: str = OBJECTIVES[0],
          num_prompts: int | None = None, cache: StepCache | None = None,
-         progress: Callable[[int, int], None] | None = None) -> TuneResult:
+         progress: Callable[[int, int], None] | None = None,
+         check_splits: bool = True) -> TuneResult:
     """Evaluate every point of ``space``; the best meeting ``slo`` and the frontier.
 
-    Infeasible plans (a split that does not divide the model, weights that do not fit) are
-    skipped, not fatal; if no point at all can run, the first such error is raised.
+    A split that cannot make a plan at all is an error before any point runs
+    (``check_splits``; plan checks its splits over all its units instead). Points that cannot
+    run for their memory (weights or one request's KV cache do not fit) are skipped, not fatal;
+    if no point at all can run, the first such error is raised.
     """
     check_scenario(base)  # a point skipped for its lengths would hide why every point is
+    if check_splits:
+        for (dp, tp), why in split_errors(base, space).items():
+            raise EpsimError(f"--splits {dp}x{tp}: {why}")
     cache = cache or StepCache()
     base = with_slo_metrics(base, slo)
     rows: list[dict[str, Any]] = []
-    errors: list[str] = []
+    skipped: list[dict[str, Any]] = []
     pts = space.points()
     for n, point in enumerate(pts, 1):
         try:
             result = run_scenario(apply_point(base, point, num_prompts), cache)
         except EpsimError as exc:
-            errors.append(str(exc))
+            skipped.append({"point": dict(point), "reason": str(exc)})
         else:
             rows.append(_point_row(point, result, slo))
         if progress:
             progress(n, len(pts))
     if not rows:
-        raise EpsimError(f"no point of the search space can run: {errors[0]}")
+        raise EpsimError(f"no point of the search space can run: {skipped[0]['reason']}")
     first_key = slo.terms[0][0]
     latency = first_key if is_latency_key(first_key) else DEFAULT_LATENCY
     feasible = [r for r in rows if r["meets_slo"]]
     best = max(feasible, key=lambda r: r[objective]) if feasible else None
-    return TuneResult(best, pareto_frontier(rows, objective, latency), rows, objective, latency)
+    return TuneResult(best, pareto_frontier(rows, objective, latency), rows, objective, latency,
+                      skipped)

@@ -66,6 +66,6 @@ def test_eval_file_of_another_shape_exits_2(epsim, tmp_path):
     assert r.returncode == 2 and "do not match" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     r = epsim("balance", "--loads", str(tmp_path / "missing.json"), "--gpus", "8")
-    assert r.returncode == 2 and "not found" in r.stderr
+    assert r.returncode == 2 and "unknown load file" in r.stderr
     r = epsim("balance", "--loads", str(path), "--gpus", "8", "--max-moves", "3")
     assert r.returncode == 2 and "previous" in r.stderr

@@ -20,10 +20,11 @@ def test_predict_defaults_are_the_default_scenario():
         workload=WorkloadSpec(num_prompts=64, isl=2000, osl=100, max_concurrency=64))
 
 
-def test_sweep_lists_stay_strings_until_split():
+def test_sweep_lists_are_parsed_into_tuples():
     args = build_parser().parse_args(["sweep", *R1, "--isl", "100,200", "--osl", "10",
                                       "--kv-dtype", "fp8,bf16"])
-    assert (args.isl, args.kv_dtype, args.request_rate) == ("100,200", "fp8,bf16", "inf")
+    assert (args.isl, args.osl, args.kv_dtype) == ((100, 200), (10,), ("fp8", "bf16"))
+    assert len(args.request_rate) == 1 and math.isinf(args.request_rate[0])
     sc = scenario_from_args(args, isl=100, osl=10, kv_dtype="bf16", request_rate=math.inf)
     assert (sc.workload.isl, sc.kv_dtype, sc.workload.num_prompts) == (100, "bf16", 1000)
 

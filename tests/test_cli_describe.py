@@ -39,7 +39,7 @@ def test_describe_table(capsys):
     (["--model", "mixtral-8x7b", "--nodes", "2", "--dp", "16", "--ep", "16"],
      "ep 16 does not divide the 8 experts"),
     (["--model", "deepseek-r1", "--dp", "4", "--tp", "4"], "does not match the 8 GPUs"),
-    (["--model", "deepseek-r1", "--dp", "-1"], "positive integer"),
+    (["--model", "deepseek-r1", "--dp", "-1"], "expected an integer in [1, 2**16], got '-1'"),
     (["--model", "deepseek-r1", "--hardware", "tpu9"], "unknown hardware"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):

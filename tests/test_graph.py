@@ -6,6 +6,7 @@ import networkx as nx
 import pytest
 
 from epsim.model import Batch, Fusion, build_step_graph, load_model, make_plan
+from epsim.model.errors import EpsimError
 from epsim.model.ids import expert_weight_key, op_id, weight_key
 from epsim.model.opgraph import KIND_DIMS, OP_CATEGORIES, OP_KINDS
 
@@ -105,6 +106,36 @@ def test_fusion_flags_change_the_graph():
     assert "L5.moe.experts.gate_up.mb0" in b.ops and "L5.moe.experts.mb0" in a.ops
     # unfused kernels round-trip their intermediates through HBM
     assert b.bytes > a.bytes
+
+
+def test_the_shared_expert_fused_into_the_moe_kernel_is_one_more_local_expert():
+    """aiter's DeepSeek EP8 kernel: 32 routed + 1 shared local experts, top-8 + 1. One op does
+    what the shared GEMMs did beside it, with the same FLOPs and weights."""
+    apart = make_plan(R1, dp=8, ep=8, microbatches=1)
+    fused = apart.with_(fusion=Fusion(shared_expert_in_moe=True))
+    a = build_step_graph(R1, apart, Batch.decode(512, 2100))
+    b = build_step_graph(R1, fused, Batch.decode(512, 2100))
+    assert not any(op.name.startswith("moe.shared") for op in b)
+    op = b.op("L5.moe.experts_shared.mb0")
+    assert op.outputs == ("expert_out", "shared_out")
+    h, inter = 7168, 2048
+    assert op.dims["pairs"] == 512 * 8 and op.dims["shared_pairs"] == 512
+    assert op.dims["shared_experts"] == 1 and op.dims["experts"] == 32
+    # gate/up (2 x 2 inter x h) + down (inter x h) MACs and the SwiGLU, over 9 pairs per token
+    assert op.flops == 6.0 * 512 * 9 * h * inter + 4.0 * 512 * 9 * inter
+    shared_ops = [o for o in a if o.name.startswith("moe.shared") and o.layer == 5]
+    routed = a.op("L5.moe.experts.mb0")
+    # the weights read are the routed experts' plus the shared expert's FP8 gate/up/down
+    shared_weights = sum(o.weight_bytes for o in shared_ops)
+    assert shared_weights == pytest.approx(3 * h * inter * (1 + 4 / 128**2))  # + block scales
+    assert op.weight_bytes == pytest.approx(routed.weight_bytes + shared_weights, rel=1e-12)
+    assert op.flops == pytest.approx(routed.flops + sum(o.flops for o in shared_ops), rel=1e-12)
+    # the residual add reads shared_out from the fused op, the routed rows via the combine
+    assert b.op("L6.attn_norm.mb0") is not None
+    with pytest.raises(EpsimError, match="no shared expert"):
+        make_plan(load_model("mixtral-8x7b"), fusion=Fusion(shared_expert_in_moe=True))
+    with pytest.raises(EpsimError, match="fused_moe"):
+        make_plan(R1, fusion=Fusion(fused_moe=False, shared_expert_in_moe=True))
 
 
 def test_tp_inserts_all_reduce_instead_of_dispatch():

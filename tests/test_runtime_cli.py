@@ -1,9 +1,13 @@
 """``epsim run`` as users call it: one JSON object, one-line errors, torch optional."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from test_without_torch import run_without_torch
+
+from epsim.model.placement import contiguous_placement
 
 RUN = ["run", "--model", "tiny-deepseek", "--batch", "2", "--context", "4", "--steps", "2"]
 
@@ -23,6 +27,19 @@ def test_json_has_the_promised_keys_and_checks_against_the_reference(epsim, tmp_
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in events} == {0, 1}
     assert any(e["name"] == "L1.moe.dispatch.mb0" and e["tid"] == 1 for e in events)
+
+
+def test_a_relative_placement_path_is_the_users_not_the_ranks(tmp_path):
+    # the ranks run in their own folder: the parent makes the path absolute before they start
+    pytest.importorskip("torch")
+    (tmp_path / "plans").mkdir()
+    placement = tmp_path / "plans" / "p.json"
+    placement.write_text(json.dumps(contiguous_placement(3, 16, 2).to_json()))
+    out = subprocess.run([sys.executable, "-m", "epsim", *RUN, "--world-size", "2",
+                          "--placement", "plans/p.json", "--json"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["placement"] == str(placement)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -25,8 +25,9 @@ def _write(placement: Placement, path) -> str:
 
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    """Six configurations on 2 ranks: DBO on/off, dynamic/static, contiguous/balanced/replicated
-    placements, fused/unfused graphs, drawn cache or a real prefill."""
+    """Eight configurations on 2 ranks: DBO on/off, dynamic/static, contiguous/balanced/replicated
+    placements, fused/unfused graphs, the shared expert apart or inside the fused-MoE op, drawn
+    cache or a real prefill."""
     folder = tmp_path_factory.mktemp("placements")
     rng = np.random.default_rng(0)
     loads = rng.gamma(0.5, 100.0, size=(3, 16)) * np.array([0, 1, 1])[:, None]
@@ -44,6 +45,8 @@ def world2(tmp_path_factory):
         "balanced+static": base.with_(placement=balanced, static=True),
         "replicated+dbo+prefill": base.with_(placement=replicated, dbo=True, batch=3,
                                              prefill=True),
+        "shared-in-moe+dbo": base.with_(shared_expert_in_moe=True, dbo=True),
+        "shared-in-moe+static": base.with_(shared_expert_in_moe=True, static=True),
     }
     return grid, dict(zip(grid, launch_local(list(grid.values()), 2), strict=True))
 
@@ -81,7 +84,7 @@ def test_configurations_of_one_model_decode_the_same_tokens(world2):
     grid, results = world2
     # same model, seed, inputs and KV storage: placement, DBO, shapes and fusion change nothing
     same = [n for n, o in grid.items() if o.batch == 4 and o.kv_dtype == "fp8"]
-    assert len(same) == 4
+    assert len(same) == 6
     tokens = {name: results[name]["next_tokens"] for name in same}
     first = next(iter(tokens.values()))
     assert all(t == first for t in tokens.values())

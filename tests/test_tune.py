@@ -129,7 +129,7 @@ PREDICT = ["predict", "--model", "deepseek-r1", "--hardware", "mi300x", "--isl",
     (PREDICT + ["--nodes", "2", "--disagg", "2:1"], "needs 3 nodes"),
     (PREDICT + ["--disagg", "2:0"], "P:D"),
     (["plan", "--model", "deepseek-r1", "--isl", "100", "--osl", "10", "--slo",
-      "median_itl_ms<=1", "--target-output-throughput", "0"], "positive"),
+      "median_itl_ms<=1", "--target-output-throughput", "0"], "expected a number in (0, 1e+10]"),
 ])
 def test_bad_input_is_one_line_exit_2(epsim, argv, needle):
     res = epsim(*argv)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from epsim.model.eplb import BALANCERS, DEFAULT_METHOD, balance_report
+from epsim.model.eplb import DEFAULT_METHOD, balance_report
 from epsim.model.loads import read_loads
 from epsim.model.placement import read_placement
 from epsim.model.trace import write_json_atomic
 
-from ..common import emit_json, loads_help, non_negative_int, positive_int, print_table
+from ..common import add_json_arg, emit_json, loads_help, print_table
+from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -19,26 +20,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "each, so the GPUs carry equal loads; report the imbalance (max GPU load / mean GPU "
         "load) before and after, and optionally on another load file.",
     )
-    p.add_argument("--loads", required=True, metavar="NAME|FILE",
+    add_flag(p, "--loads", required=True, metavar="NAME|FILE",
                    help=loads_help("load statistics to balance (SGLang's format)"))
-    p.add_argument("--gpus", required=True, type=positive_int, metavar="G", help="GPUs (EP size)")
-    p.add_argument("--nodes", type=positive_int, default=1, metavar="N",
+    add_flag(p, "--gpus", required=True, metavar="G", help="GPUs (EP size)")
+    add_flag(p, "--nodes", default=1, metavar="N",
                    help="nodes: place experts on nodes first, then on each node's GPUs")
-    p.add_argument("--expert-groups", type=positive_int, default=None, metavar="K",
+    add_flag(p, "--expert-groups", default=None, metavar="K",
                    help="with --nodes: keep the model's K routing groups whole on one node "
                         "(DeepSeek-V3: 8)")
-    p.add_argument("--redundant", type=non_negative_int, default=0, metavar="R",
+    add_flag(p, "--redundant", default=0, metavar="R",
                    help="extra slots per layer for replicas of the hottest experts")
-    p.add_argument("--previous", metavar="PLACEMENT",
+    add_flag(p, "--previous", metavar="PLACEMENT",
                    help="the placement in use: number GPUs to move the fewest experts")
-    p.add_argument("--max-moves", type=non_negative_int, default=None, metavar="K",
+    add_flag(p, "--max-moves", default=None, metavar="K",
                    help="with --previous: only swap experts, at most K off their GPU per layer")
-    p.add_argument("--method", choices=tuple(BALANCERS), default=DEFAULT_METHOD,
+    add_flag(p, "--method", default=DEFAULT_METHOD,
                    help=f"packing algorithm (default {DEFAULT_METHOD})")
-    p.add_argument("--eval", metavar="NAME|FILE",
+    add_flag(p, "--eval", metavar="NAME|FILE",
                    help=loads_help("also measure the placement on these loads (held out)"))
-    p.add_argument("--out", metavar="PLACEMENT", help="write the placement JSON here")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_flag(p, "--out", metavar="PLACEMENT", help="write the placement JSON here")
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 

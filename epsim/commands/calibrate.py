@@ -11,7 +11,8 @@ import time
 
 from epsim.model.errors import EpsimError
 
-from ..common import emit_json, print_table
+from ..common import add_json_arg, emit_json, print_table
+from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,17 +24,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "as CSV beside the profile and fit a profile the simulator loads "
         "(epsim step --hardware PROFILE.json).",
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+    add_flag(p, "--device", default="cpu",
                    help="cpu (default), or cuda: one GPU, world size 1 (the communication "
                    "figures then come from --base)")
-    p.add_argument("--out", required=True, metavar="PROFILE.json",
+    add_flag(p, "--out", required=True, metavar="PROFILE.json",
                    help="where to write the fitted profile (tables go beside it)")
     p.add_argument("--quick", action="store_true", help="a small subset of every sweep (seconds; "
                    "for tests, not for a profile you rely on)")
-    p.add_argument("--base", metavar="HW", default=None,
+    add_flag(p, "--base", metavar="HW", default=None,
                    help="--device cuda: shipped profile whose communication figures are kept "
                    "(default h200)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 

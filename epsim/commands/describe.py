@@ -10,6 +10,8 @@ from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES
 from epsim.sim.hardware import load_profile
 
 from ..common import (
+    add_hardware_arg,
+    add_json_arg,
     add_model_arg,
     add_plan_args,
     emit_json,
@@ -17,6 +19,7 @@ from ..common import (
     human_count,
     print_table,
 )
+from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,13 +30,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_arg(p)
     add_plan_args(p)
-    p.add_argument("--hardware", metavar="H", help="hardware profile name or path (e.g. mi300x)")
-    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0],
+    add_hardware_arg(p, required=False)
+    add_flag(p, "--kv-dtype", default=KV_DTYPES[0],
                    help=f"KV-cache dtype for the capacity figure (default {KV_DTYPES[0]})")
-    p.add_argument("--mem-fraction", type=float, default=DEFAULT_MEM_FRACTION,
+    add_flag(p, "--mem-fraction", default=DEFAULT_MEM_FRACTION,
                    help="share of HBM for weights + activations + KV cache "
                    f"(default {DEFAULT_MEM_FRACTION})")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 

@@ -7,36 +7,18 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.sim.capacity import plan_capacity
-from epsim.sim.scenario import parse_disagg
-from epsim.sim.slo import parse_slo
+from epsim.sim.hardware import load_profile
 
 from ..common import (
     DEFAULT_SEARCH_HARDWARE,
     Progress,
     add_search_args,
     emit_json,
-    positive_float,
     print_columns,
     search_base_from_args,
     search_space_from_args,
 )
-
-
-def parse_prices(text: str | None) -> dict[str, float] | None:
-    """``"2.5"`` (every hardware) or ``"mi300x=2.1,h200=3.7"`` -> {hardware: USD per GPU-hour}."""
-    if not text:
-        return None
-    out: dict[str, float] = {}
-    for part in text.split(","):
-        name, _, value = part.strip().rpartition("=")
-        try:
-            price = float(value)
-        except ValueError:
-            raise EpsimError(f"--gpu-hour-usd: {part!r} is not a price") from None
-        if not price > 0:
-            raise EpsimError(f"--gpu-hour-usd: {part!r} must be positive")
-        out[name or "*"] = price
-    return out
+from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -44,31 +26,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "plan", help="nodes, prefill/decode split and cost to serve a target throughput",
         description="Tune a deployment unit (co-located nodes, or a prefill:decode split) per "
         "hardware for the SLO, then size the deployment to the target output throughput.")
-    p.add_argument("--target-output-throughput", type=positive_float, required=True,
-                   metavar="TOK_S", help="output tokens/s the deployment must serve")
-    add_search_args(p)
-    p.add_argument("--disagg-splits", default=None, metavar="P:D,...",
+    add_flag(p, "--target-output-throughput", required=True,
+             metavar="TOK_S", help="output tokens/s the deployment must serve")
+    add_search_args(p, hardware_lists=True)
+    add_flag(p, "--disagg-splits", default=None, metavar="P:D,...",
                    help="prefill:decode node splits to try as units (e.g. 1:1,1:2)")
     p.add_argument("--no-colocated", action="store_true",
                    help="do not try co-located units")
-    p.add_argument("--gpu-hour-usd", default=None,
+    add_flag(p, "--gpu-hour-usd", default=None,
                    help="price per GPU-hour: one number, or per hardware (mi300x=2.1,h200=3.7)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    slo = parse_slo(args.slo)
+    slo = args.slo
     space = search_space_from_args(args)
-    hardware = [h.strip() for h in (args.hardware or DEFAULT_SEARCH_HARDWARE).split(",") if h.strip()]
+    hardware = list(args.hardware or (DEFAULT_SEARCH_HARDWARE,))
+    for name in hardware:  # every profile readable before any point is simulated
+        load_profile(name)
     layouts: list[tuple[int, int] | None] = [] if args.no_colocated else [None]
-    if args.disagg_splits:
-        layouts += [parse_disagg(s) for s in args.disagg_splits.split(",")]
-    if args.disagg:
-        layouts.append(parse_disagg(args.disagg))
+    layouts += list(args.disagg_splits or ())
+    if args.disagg and args.disagg not in layouts:
+        layouts.append(args.disagg)
     if not layouts:
         raise EpsimError("--no-colocated needs --disagg-splits")
-    prices = parse_prices(args.gpu_hour_usd)
-    base = search_base_from_args(args.__class__(**{**vars(args), "disagg": None}), hardware[0])
+    prices = args.gpu_hour_usd
+    if prices:
+        unknown = sorted(set(prices) - {"*", *hardware})
+        if unknown:
+            raise EpsimError(f"--gpu-hour-usd prices {', '.join(unknown)}, which is not "
+                             f"searched (--hardware {','.join(hardware)})")
+    base = search_base_from_args(args, hardware[0])
     bar = Progress("plan", enabled=not args.json)
     try:
         plans = plan_capacity(base, slo, args.target_output_throughput, space,

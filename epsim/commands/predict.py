@@ -11,6 +11,7 @@ from epsim.sim.serving import ServingRun
 from epsim.sim.serving_trace import write_serving_trace
 
 from ..common import add_scenario_args, emit_json, scenario_from_args
+from ..inputs import add_flag
 
 # --------------------------------------------------------------------------------------------
 # Output
@@ -76,7 +77,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "continuous batching per dp rank, KV-cache admission, chunked or disaggregated prefill, "
         "step times from the step simulator. Prints vLLM's metrics plus decode-only throughput.")
     add_scenario_args(p)
-    p.add_argument("--trace", metavar="OUT", default=None,
+    add_flag(p, "--trace", metavar="OUT", default=None,
                    help="write the serving timeline as Chrome trace JSON: a track per rank, "
                    "running/queued requests and KV-cache use, a slice per request")
     p.set_defaults(run=run)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.model.plan import KV_DTYPES
 
-from ..common import add_model_arg, emit_json, positive_int, print_table
+from ..common import add_json_arg, add_model_arg, emit_json, print_table
+from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,42 +26,45 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "every rank's outputs with a dense single-process reference.",
     )
     add_model_arg(p)
-    p.add_argument("--world-size", type=positive_int, default=None, metavar="W",
+    add_flag(p, "--world-size", default=None, metavar="W",
                    help="ranks (default 1; under torchrun its WORLD_SIZE)")
-    p.add_argument("--dp", type=positive_int, default=None, help="data-parallel attention groups "
+    add_flag(p, "--dp", default=None, help="data-parallel attention groups "
                    "(must be the world size)")
-    p.add_argument("--ep", type=positive_int, default=None,
+    add_flag(p, "--ep", default=None,
                    help="expert-parallel degree: the world size (default) or 1")
-    p.add_argument("--tp", type=positive_int, default=None, help="tensor parallelism (only 1)")
-    p.add_argument("--batch", type=positive_int, required=True, help="sequences per rank")
-    p.add_argument("--context", type=positive_int, required=True,
+    add_flag(p, "--tp", default=None, help="tensor parallelism (only 1)")
+    add_flag(p, "--batch", required=True, help="sequences per rank")
+    add_flag(p, "--context", required=True,
                    help="tokens each sequence attends to in the first step, the new one included")
-    p.add_argument("--steps", type=positive_int, default=4, help="decode steps (default 4; the "
+    add_flag(p, "--steps", default=4, help="decode steps (default 4; the "
                    "first is a warm-up and not timed when there are more)")
     p.add_argument("--dbo", action="store_true", help="dual-batch overlap: two microbatches")
     p.add_argument("--static", action="store_true",
                    help="static-shape dispatch/combine and MoE (padded to a fixed capacity)")
     p.add_argument("--capture", action="store_true",
                    help="capture the decode step as a CUDA/HIP graph (GPU only; implies --static)")
-    p.add_argument("--placement", metavar="FILE", help="expert placement file (epsim balance "
+    add_flag(p, "--placement", metavar="FILE", help="expert placement file (epsim balance "
                    "--out); default: contiguous")
-    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0],
+    add_flag(p, "--kv-dtype", default=KV_DTYPES[0],
                    help=f"KV-cache storage (default {KV_DTYPES[0]}; fp8 = float8_e4m3fn)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+    add_flag(p, "--dtype", default="fp32",
                    help="compute dtype (default fp32)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    add_flag(p, "--device", default="cpu", help="default cpu")
     p.add_argument("--unfused", action="store_true",
                    help="unfused graph: separate RoPE, shared gate/up and routed-expert ops")
+    p.add_argument("--shared-expert-in-moe", action="store_true",
+                   help="run the shared expert inside the fused-MoE op as one more local expert "
+                   "(aiter's 33-expert kernels) instead of as its own GEMMs")
     p.add_argument("--prefill", action="store_true",
                    help="fill the KV cache with a real prefill step over random prompts of "
                    "context - 1 tokens (timed and checked) instead of drawn cache entries")
     p.add_argument("--check", action="store_true",
                    help="compare with the dense single-process reference (fp32)")
-    p.add_argument("--trace", metavar="OUT", help="write every rank's per-op Chrome trace")
-    p.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
-    p.add_argument("--timeout", type=positive_int, default=120, metavar="S",
+    add_flag(p, "--trace", metavar="OUT", help="write every rank's per-op Chrome trace")
+    add_flag(p, "--seed", default=0, help="weights and inputs (default 0)")
+    add_flag(p, "--timeout", default=120, metavar="S",
                    help="seconds a collective may wait before the run fails (default 120)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 
@@ -80,10 +83,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tp not in (None, 1):
         raise EpsimError(f"the runtime runs tp = 1 (DP attention + EP MoE), got --tp {args.tp}")
-    if args.trace:
-        folder = Path(args.trace).resolve().parent
-        if not folder.is_dir():
-            raise EpsimError(f"cannot write {args.trace}: folder {folder} does not exist")
     torchrun = under_torchrun()
     world = int(os.environ["WORLD_SIZE"]) if torchrun else (args.world_size or 1)
     if torchrun and args.world_size not in (None, world):
@@ -93,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps, dp=args.dp, ep=args.ep, dbo=args.dbo, static=args.static,
         capture=args.capture, placement=args.placement, kv_dtype=args.kv_dtype,
         check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
-        unfused=args.unfused, trace=bool(args.trace), prefill=args.prefill)
+        unfused=args.unfused, shared_expert_in_moe=args.shared_expert_in_moe,
+        trace=bool(args.trace), prefill=args.prefill)
     if torchrun:
         rank = int(os.environ["RANK"])
         try:

@@ -15,7 +15,16 @@ from epsim.model.trace import write_chrome_trace
 from epsim.sim.hardware import load_profile
 from epsim.sim.step import MODES, simulate_step
 
-from ..common import add_model_arg, add_plan_args, emit_json, loads_help, positive_int, print_table
+from ..common import (
+    add_hardware_arg,
+    add_json_arg,
+    add_model_arg,
+    add_plan_args,
+    emit_json,
+    loads_help,
+    print_table,
+)
+from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,34 +35,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sampled expert routing. --batch is per dp rank.",
     )
     add_model_arg(p)
-    p.add_argument("--hardware", required=True, metavar="H",
-                   help="hardware profile name (e.g. mi300x) or path to a profile JSON")
+    add_hardware_arg(p)
     add_plan_args(p)
-    p.add_argument("--batch", type=positive_int, required=True, help="sequences per dp rank")
-    p.add_argument("--context", type=positive_int, required=True,
+    add_flag(p, "--batch", required=True, help="sequences per dp rank")
+    add_flag(p, "--context", required=True,
                    help="decode: cached tokens per sequence (the new one included); "
                    "prefill: prompt length")
-    p.add_argument("--phase", choices=("decode", "prefill"), default="decode")
+    add_flag(p, "--phase", default="decode", help="the step's phase (default decode)")
     p.add_argument("--no-dbo", action="store_true", help="one microbatch (no dual-batch overlap)")
     p.add_argument("--no-eplb", action="store_true",
                    help="contiguous expert placement instead of the balanced one")
     p.add_argument("--no-graph", action="store_true",
                    help="eager launches instead of one captured graph per decode step")
-    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=KV_DTYPES[0])
-    p.add_argument("--mem-fraction", type=float, default=DEFAULT_MEM_FRACTION,
+    add_flag(p, "--kv-dtype", default=KV_DTYPES[0], help=f"KV-cache dtype (default {KV_DTYPES[0]})")
+    add_flag(p, "--mem-fraction", default=DEFAULT_MEM_FRACTION,
                    help="share of HBM for weights + activations + KV cache (default "
                    f"{DEFAULT_MEM_FRACTION}); the "
                    "batch's KV cache must fit")
     loads = p.add_mutually_exclusive_group()
-    loads.add_argument("--loads", metavar="NAME|FILE",
+    add_flag(loads, "--loads", metavar="NAME|FILE",
                        help=loads_help("expert load statistics for routing (default: synthetic)"))
     loads.add_argument("--uniform", action="store_true",
                        help="uniform routing instead of the synthetic skewed loads")
-    p.add_argument("--mode", choices=MODES, default="fast",
+    add_flag(p, "--mode", default=MODES[0],
                    help="fast (vectorised) or exact (simpy, every op of every rank)")
-    p.add_argument("--seed", type=int, default=0, help="routing sample seed (default 0)")
-    p.add_argument("--trace", metavar="OUT", help="write a Chrome trace JSON of every rank")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_flag(p, "--seed", default=0, help="routing sample seed (default 0)")
+    add_flag(p, "--trace", metavar="OUT", help="write a Chrome trace JSON of every rank")
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 

@@ -7,27 +7,15 @@ import csv
 import io
 import itertools
 import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.model.trace import write_text_atomic
+from epsim.model.outputs import staged_path, write_text_atomic
 from epsim.sim.scenario import StepCache, check_scenario, run_scenario
 
-from ..common import (
-    Progress,
-    add_scenario_args,
-    comma_list,
-    emit_json,
-    kv_dtype,
-    positive_int,
-    print_columns,
-    request_rate,
-    scenario_from_args,
-)
+from ..common import Progress, add_scenario_args, emit_json, print_columns, scenario_from_args
+from ..inputs import add_flag, as_list
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,8 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run predict for every combination of the comma lists given (e.g. "
         "--concurrency 1024,2048,3072,4096); print a table, or write --csv / --plot.")
     add_scenario_args(p, lists=True)
-    p.add_argument("--csv", metavar="OUT", default=None, help="write the results as CSV")
-    p.add_argument("--plot", metavar="OUT.png", default=None,
+    add_flag(p, "--csv", metavar="OUT", default=None, help="write the results as CSV")
+    add_flag(p, "--plot", metavar="OUT.png", default=None,
                    help="plot output throughput against median ITL, one point per concurrency "
                    "(needs matplotlib)")
     p.set_defaults(run=run)
@@ -46,10 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None = None
           ) -> list[dict[str, Any]]:
     grid = list(itertools.product(
-        comma_list(args.concurrency, positive_int, "concurrency"),
-        comma_list(args.request_rate, request_rate, "request-rate"),
-        comma_list(args.isl, positive_int, "isl"), comma_list(args.osl, positive_int, "osl"),
-        comma_list(args.kv_dtype, kv_dtype, "kv-dtype")))
+        as_list(args.concurrency), as_list(args.request_rate), as_list(args.isl),
+        as_list(args.osl), as_list(args.kv_dtype)))
     scenarios = [scenario_from_args(args, concurrency=conc, request_rate=rate, isl=isl, osl=osl,
                                     kv_dtype=kv) for conc, rate, isl, osl, kv in grid]
     for sc in scenarios:  # every point's lengths, before any point is simulated
@@ -99,18 +85,25 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     write_text_atomic(buf.getvalue(), path)
 
 
+def require_matplotlib() -> None:
+    """An error before any work when --plot cannot be drawn."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except Exception:  # a broken install: as good as missing
+        found = False
+    if not found:
+        raise EpsimError("--plot needs matplotlib (pip install 'epsim[plot]')")
+
+
 def write_plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     """Output throughput against median ITL, one point per concurrency, like the reference
     report's figure (one line per other swept value). PNG written whole or not at all."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
-        raise EpsimError("--plot needs matplotlib (pip install 'epsim[plot]')") from None
-    target = Path(path)
-    if not target.parent.exists():
-        raise EpsimError(f"cannot write {target}: folder {target.parent} does not exist")
+    require_matplotlib()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for r in rows:
@@ -134,20 +127,16 @@ def write_plot(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     ax.set_ylabel("tokens/s")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        with staged_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
     finally:
         plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_matplotlib()
     bar = Progress("sweep", enabled=not args.json)
     try:
         rows = sweep(args, bar)

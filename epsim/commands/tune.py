@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from epsim.sim.slo import parse_slo
 from epsim.sim.tune import TuneResult, tune
 
 from ..common import (
@@ -35,11 +34,11 @@ COLS = ("concurrency", "dp", "tp", "ep", "dbo", "graph", "kv_dtype", "output_thr
 
 def summary(res: TuneResult, slo: str) -> dict[str, Any]:
     return {"slo": slo, "objective": res.objective, "best": res.best,
-            "frontier": res.frontier, "points": res.points}
+            "frontier": res.frontier, "points": res.points, "skipped": res.skipped}
 
 
 def run(args: argparse.Namespace) -> int:
-    slo = parse_slo(args.slo)
+    slo = args.slo
     space = search_space_from_args(args)
     base = search_base_from_args(args, args.hardware or DEFAULT_SEARCH_HARDWARE)
     bar = Progress("tune", enabled=not args.json)
@@ -52,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
         emit_json(summary(res, str(slo)))
         return 0
     cols = tuple(dict.fromkeys([*COLS[:-1], *(k for k, _, _ in slo.terms), COLS[-1]]))
-    print(f"SLO {slo}; maximising {res.objective}; {len(res.points)} points simulated")
+    print(f"SLO {slo}; maximising {res.objective}; {len(res.points)} points simulated"
+          + (f", {len(res.skipped)} skipped (first: {res.skipped[0]['reason']})"
+             if res.skipped else ""))
     if res.best is None:
         print("no point meets the SLO; the frontier:")
     else:

@@ -10,9 +10,9 @@ import sys
 import time
 
 from epsim.calibrate.validate import DEFAULT_GRID, shipped_grids
-from epsim.model.errors import EpsimError
 
-from ..common import emit_json, positive_int
+from ..common import add_json_arg, emit_json
+from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,27 +22,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "configurations with the profile (sim.step.simulate_step), and report measured against "
         "predicted step times and per-op-kind times.",
     )
-    p.add_argument("--profile", required=True, metavar="PROFILE",
+    add_flag(p, "--profile", required=True, metavar="PROFILE",
                    help="a profile JSON (epsim calibrate --out) or a shipped hardware name")
-    p.add_argument("--grid", metavar="NAME|FILE", default=DEFAULT_GRID,
+    add_flag(p, "--grid", metavar="NAME|FILE", default=DEFAULT_GRID,
                    help="the configurations: a shipped grid (" + ", ".join(shipped_grids())
                    + f") or a JSON list of them (default: the shipped {DEFAULT_GRID!r})")
-    p.add_argument("--steps", type=positive_int, default=6,
+    add_flag(p, "--steps", command="validate", default=6,
                    help="decode steps per case and pass, the first a warm-up (default 6)")
-    p.add_argument("--repeats", type=positive_int, default=3,
+    add_flag(p, "--repeats", default=3,
                    help="passes over the grid, alternating world sizes (default 3)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
-    p.add_argument("--plot", metavar="OUT.png", default=None,
+    add_flag(p, "--device", default="cpu", help="default cpu")
+    add_flag(p, "--plot", metavar="OUT.png", default=None,
                    help="write a measured-vs-predicted scatter plot (matplotlib)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from epsim.calibrate.validate import validate
 
-    if args.steps < 2:
-        raise EpsimError("--steps must be at least 2 (the first step is a warm-up)")
     t0 = time.perf_counter()
     log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))
     report = validate(args.profile, args.grid, steps=args.steps,

@@ -1,0 +1,457 @@
+"""The validation layer: every flag's value type and range, in one table.
+
+Every option that takes a value is declared in :data:`FLAGS` (or, where one command reads it
+differently, :data:`COMMAND_FLAGS`) with a *spec*: an argparse ``type`` that parses the text and
+enforces the flag's stated range, so an absurd or malformed value is one line and exit status 2
+before any work starts. Commands add their flags through :func:`add_flag`, which takes the spec
+from the table; ``tests/test_inputs.py`` walks every command's parser and fails for an option
+whose type is not the table's spec (a new flag cannot skip its check).
+
+Specs:
+    Integer(low, high)     an integer within [low, high]. Example: ``--batch``: [1, 2**20]
+    Real(low, high, ...)   a finite number within its bounds (``low_open``: ``> low``;
+                           ``allow_inf``: ``inf`` too). Example: ``--mem-fraction``: (0, 1]
+    Choice(values)         one of fixed words. Example: ``--phase``: decode, prefill
+    Items(spec)            a comma list of ``spec`` values, parsed to a tuple: no empty item,
+                           no value twice. Example: ``--concurrency 32,64`` -> ``(32, 64)``
+    Parsed(parse, what)    text a domain parser reads (an SLO, ``P:D``), its errors one line
+    Name(known, what)      a shipped name or an existing file. Example: ``--hardware``
+    InputFile(what)        an existing regular file to read
+    OutputFile(what)       a path to write: checked here (not a directory, device, FIFO, ...;
+                           its folder exists), then reserved and written all-or-nothing by
+                           ``epsim.model.outputs.OutputSet`` (see ``epsim.cli``)
+
+Bounds say what a deployment can mean, not what the simulator happens to handle: e.g. 4096
+nodes, 2**20 sequences per rank, 2**24 tokens per request, 10**7 requests in a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from epsim.model.errors import EpsimError
+from epsim.model.outputs import check_output_target
+
+
+class Spec:
+    """An argparse type with a stated range; ``describe`` says what it accepts."""
+
+    def __call__(self, text: str) -> Any:  # pragma: no cover - every spec overrides it
+        raise NotImplementedError
+
+    def describe(self) -> str:  # pragma: no cover
+        raise NotImplementedError
+
+    def reject(self, text: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"expected {self.describe()}, got {_show(text)}")
+
+
+def _show(text: str, limit: int = 40) -> str:
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _bound(value: float) -> str:
+    if isinstance(value, int) and value >= 1024 and (value & (value - 1)) == 0:
+        return f"2**{value.bit_length() - 1}"
+    if isinstance(value, int) and value >= 10**6 and str(value).rstrip("0") == "1":
+        return f"10**{len(str(value)) - 1}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Integer(Spec):
+    """An integer in [low, high]. Example: ``Integer(1, 4096)("8") == 8``."""
+
+    low: int
+    high: int
+    why: str = ""
+
+    def describe(self) -> str:
+        why = f" ({self.why})" if self.why else ""
+        return f"an integer in [{_bound(self.low)}, {_bound(self.high)}]{why}"
+
+    def __call__(self, text: str) -> int:
+        body = str(text).strip()
+        if not re.fullmatch(r"[+-]?\d+", body) or len(body) > 30:
+            raise self.reject(text)
+        value = int(body)
+        if not self.low <= value <= self.high:
+            raise self.reject(text)
+        return value
+
+
+@dataclass(frozen=True)
+class Real(Spec):
+    """A finite number in [low, high] (``low_open``: above ``low``; ``allow_inf``: ``inf``
+    too). Example: ``Real(0, 1, low_open=True)("0.9") == 0.9``."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    allow_inf: bool = False
+
+    def describe(self) -> str:
+        left = "(" if self.low_open else "["
+        tail = " or inf" if self.allow_inf else ""
+        return f"a number in {left}{_bound(self.low)}, {_bound(self.high)}]{tail}"
+
+    def __call__(self, text: str) -> float:
+        body = str(text).strip().lower()
+        if self.allow_inf and body in ("inf", "+inf", "infinity"):
+            return math.inf
+        try:
+            value = float(body)
+        except ValueError:
+            raise self.reject(text) from None
+        below = value <= self.low if self.low_open else value < self.low
+        if not math.isfinite(value) or below or value > self.high:
+            raise self.reject(text)
+        return value
+
+
+@dataclass(frozen=True)
+class Choice(Spec):
+    """One of ``values``. Example: ``Choice(("fast", "exact"))("exact") == "exact"``."""
+
+    values: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"one of {', '.join(self.values)}"
+
+    def __call__(self, text: str) -> str:
+        if text not in self.values:
+            raise self.reject(text)
+        return text
+
+
+@dataclass(frozen=True)
+class Items(Spec):
+    """A comma list of ``item`` values -> a tuple; empty items and repeats are errors.
+    Example: ``Items(Integer(1, 8))("2,4") == (2, 4)``."""
+
+    item: Callable[[str], Any]
+    max_items: int = 1024
+
+    def describe(self) -> str:
+        inner = self.item.describe() if isinstance(self.item, Spec) else "values"
+        return f"a comma list of {inner.removeprefix('a ').removeprefix('an ')}"
+
+    def __call__(self, text: str) -> tuple[Any, ...]:
+        parts = [p.strip() for p in str(text).split(",")]
+        if not any(parts):
+            raise argparse.ArgumentTypeError("expected a comma list, got an empty value")
+        if len(parts) > self.max_items:
+            raise argparse.ArgumentTypeError(f"at most {self.max_items} items, got {len(parts)}")
+        out: list[Any] = []
+        for part in parts:
+            if not part:
+                raise argparse.ArgumentTypeError(f"an empty item in {_show(text)}")
+            try:
+                value = self.item(part)
+            except (argparse.ArgumentTypeError, EpsimError) as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{_show(part)} is not a valid item") from None
+            if value in out:
+                raise argparse.ArgumentTypeError(f"{_show(part)} is given twice")
+            out.append(value)
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Parsed(Spec):
+    """Text a domain parser reads (``parse`` raises EpsimError or ValueError on bad input).
+    Example: ``Parsed(parse_disagg, "P:D node counts")("1:2") == (1, 2)``."""
+
+    parse: Callable[[str], Any]
+    what: str
+    max_len: int = 4096
+
+    def describe(self) -> str:
+        return self.what
+
+    def __call__(self, text: str) -> Any:
+        if len(str(text)) > self.max_len:
+            raise argparse.ArgumentTypeError(f"expected {self.what}, got {len(text)} characters")
+        try:
+            return self.parse(text)
+        except EpsimError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        except (ValueError, OverflowError):
+            raise self.reject(text) from None
+
+
+@dataclass(frozen=True)
+class Name(Spec):
+    """A shipped name (``known()`` lists them) or a path to an existing file.
+    Example: ``Name(shipped_models, "model")("deepseek-r1")``."""
+
+    known: Callable[[], Iterable[str]] = field(compare=False)
+    what: str
+
+    def describe(self) -> str:
+        return f"a shipped {self.what} name ({', '.join(self.known())}) or a file"
+
+    def __call__(self, text: str) -> str:
+        if text in set(self.known()):
+            return text
+        if not text or "\0" in text:
+            raise self.reject(text)
+        path = Path(text)
+        if path.is_file():
+            return text
+        if path.exists():
+            raise argparse.ArgumentTypeError(f"{self.what} {text} is not a regular file")
+        raise argparse.ArgumentTypeError(
+            f"unknown {self.what} {text!r}: no such file, nor a shipped name "
+            f"({', '.join(self.known())})")
+
+
+@dataclass(frozen=True)
+class InputFile(Spec):
+    """An existing regular file to read. Example: ``--dataset-path sharegpt.json``."""
+
+    what: str
+
+    def describe(self) -> str:
+        return f"an existing {self.what}"
+
+    def __call__(self, text: str) -> str:
+        if not text or "\0" in text:
+            raise self.reject(text)
+        path = Path(text)
+        if not path.exists():
+            raise argparse.ArgumentTypeError(f"{self.what} not found: {text}")
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"{self.what} {text} is not a regular file")
+        if not os.access(path, os.R_OK):
+            raise argparse.ArgumentTypeError(f"{self.what} {text} is not readable")
+        return text
+
+
+class OutputPath(str):
+    """A path the command will write (a ``str``): ``epsim.cli`` reserves every one of them
+    before the command runs and writes them together when it succeeds."""
+
+    flag: str = ""
+
+
+@dataclass(frozen=True)
+class OutputFile(Spec):
+    """A file to write: an existing target must be a regular file, its folder must exist.
+    Example: ``--trace step.json``."""
+
+    what: str
+
+    def describe(self) -> str:
+        return f"a {self.what} path to write"
+
+    def __call__(self, text: str) -> OutputPath:
+        if not text or "\0" in text:
+            raise self.reject(text)
+        try:
+            check_output_target(text, self.what)
+        except EpsimError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        out = OutputPath(text)
+        out.flag = self.what
+        return out
+
+
+def output_targets(args: argparse.Namespace) -> list[tuple[str, OutputPath]]:
+    """Every output path among the parsed arguments, with its flag's description."""
+    return [(v.flag or k, v) for k, v in vars(args).items() if isinstance(v, OutputPath)]
+
+
+# --------------------------------------------------------------------------------------------
+# The table: every valued flag and its range
+# --------------------------------------------------------------------------------------------
+
+#: the largest deployment a flag may describe
+MAX_NODES = 4096
+MAX_GPUS = 65536
+#: sequences per rank in one step; tokens per request; requests per benchmark
+MAX_BATCH = 2**20
+MAX_TOKENS = 2**24
+MAX_REQUESTS = 10**7
+#: seeds as numpy's and torch's generators both take them
+MAX_SEED = 2**32 - 1
+
+_count = Integer(1, MAX_GPUS)
+
+
+def parse_on_off(text: str) -> bool:
+    """``on``/``true``/``1`` -> True, ``off``/``false``/``0`` -> False."""
+    if text in ("on", "true", "1"):
+        return True
+    if text in ("off", "false", "0"):
+        return False
+    raise ValueError(text)
+
+
+def parse_dp_x_tp(text: str) -> tuple[int, int]:
+    """``"4x2"``, ``"dp4xtp2"`` or ``"4/2"`` -> ``(4, 2)``, each in [1, MAX_GPUS]."""
+    m = re.fullmatch(r"(?:dp)?(\d{1,6})\s*[x/]\s*(?:tp)?(\d{1,6})", text)
+    if not m or not all(1 <= int(g) <= MAX_GPUS for g in m.groups()):
+        raise EpsimError(f"a split is DPxTP with each in [1, {MAX_GPUS}] (e.g. 4x2), got "
+                         f"{_show(text)}")
+    return int(m.group(1)), int(m.group(2))
+
+
+#: a GPU-hour price in USD: positive, at most this
+MAX_GPU_HOUR_USD = 1e4
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """``"2.5"`` (every hardware) or ``"mi300x=2.1,h200=3.7"`` -> {hardware or "*": USD per
+    GPU-hour}; which names are searched is checked by the command."""
+    price = Real(0.0, MAX_GPU_HOUR_USD, low_open=True)
+    try:
+        parts = Items(str)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise EpsimError(f"--gpu-hour-usd: {exc}") from None
+    out: dict[str, float] = {}
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if not eq:
+            name, value = "*", name
+        name = name.strip()
+        if not name:
+            raise EpsimError(f"--gpu-hour-usd: {_show(part)} has no hardware name")
+        if name in out:
+            raise EpsimError(f"--gpu-hour-usd: {name} is priced twice")
+        try:
+            out[name] = price(value)
+        except argparse.ArgumentTypeError as exc:
+            raise EpsimError(f"--gpu-hour-usd: {_show(part)}: {exc}") from None
+    return out
+
+
+def _lazy_flags() -> dict[str, Spec]:
+    """Specs that need other packages' registries (imported once, when a parser is built)."""
+    from epsim.calibrate.validate import shipped_grids
+    from epsim.model.config import shipped_models
+    from epsim.model.eplb import BALANCERS
+    from epsim.model.loads import shipped_loads
+    from epsim.model.plan import KV_DTYPES
+    from epsim.sim.hardware import shipped_profiles
+    from epsim.sim.metrics import parse_percentile_metrics, parse_percentiles
+    from epsim.sim.scenario import parse_disagg
+    from epsim.sim.serving import DP_BALANCE
+    from epsim.sim.slo import parse_slo
+    from epsim.sim.step import MODES
+    from epsim.sim.tune import OBJECTIVES
+    from epsim.sim.workload import DATASETS
+
+    disagg = Parsed(parse_disagg, "P:D node counts (e.g. 1:2)", max_len=32)
+    return {
+        "--kv-dtype": Choice(tuple(KV_DTYPES)),
+        "--dataset": Choice(tuple(DATASETS)),
+        "--dp-balance": Choice(tuple(DP_BALANCE)),
+        "--objective": Choice(tuple(OBJECTIVES)),
+        "--method": Choice(tuple(BALANCERS)),
+        "--mode": Choice(tuple(MODES)),
+        "--slo": Parsed(parse_slo, "an SLO, e.g. median_itl_ms<=100"),
+        "--disagg": disagg,
+        "--disagg-splits": Items(disagg),
+        "--metric-percentiles": Parsed(parse_percentiles, "percentiles in [0, 100]"),
+        "--percentile-metrics": Parsed(parse_percentile_metrics, "metric names"),
+        "--model": Name(shipped_models, "model"),
+        "--hardware": Name(shipped_profiles, "hardware profile"),
+        "--loads": Name(shipped_loads, "load file"),
+        "--eval": Name(shipped_loads, "load file"),
+        "--grid": Name(shipped_grids, "validation grid"),
+        "--profile": Name(shipped_profiles, "hardware profile"),
+        "--base": Name(shipped_profiles, "hardware profile"),
+    }
+
+
+FLAGS: dict[str, Spec] = {
+    # the deployment
+    "--nodes": Integer(1, MAX_NODES),
+    "--gpus-per-node": Integer(1, 72),
+    "--dp": _count, "--tp": _count, "--ep": _count, "--world-size": _count,
+    "--gpus": _count,
+    "--mem-fraction": Real(0.0, 1.0, low_open=True),
+    # one step
+    "--batch": Integer(1, MAX_BATCH),
+    "--context": Integer(1, MAX_TOKENS),
+    # the benchmark (vllm bench serve)
+    "--concurrency": Integer(1, MAX_REQUESTS),
+    "--num-prompts": Integer(1, MAX_REQUESTS),
+    "--isl": Integer(1, MAX_TOKENS), "--osl": Integer(1, MAX_TOKENS),
+    "--request-rate": Real(0.0, 1e9, low_open=True, allow_inf=True),
+    "--burstiness": Real(0.0, 1e6, low_open=True),
+    "--random-range-ratio": Real(0.0, 0.999999),  # vLLM: 0 <= r < 1
+    "--seed": Integer(0, MAX_SEED),
+    "--chunked-prefill-size": Integer(1, MAX_TOKENS),
+    # search and capacity
+    "--target-output-throughput": Real(0.0, 1e10, low_open=True),
+    # balance
+    "--expert-groups": Integer(1, 4096),
+    "--redundant": Integer(0, MAX_GPUS),
+    "--max-moves": Integer(0, MAX_GPUS),
+    # runtime, calibration, validation
+    "--steps": Integer(1, 10**5),
+    "--repeats": Integer(1, 1000),
+    "--timeout": Integer(1, 86400),
+    # execution and search switches
+    "--phase": Choice(("decode", "prefill")),
+    "--device": Choice(("cpu", "cuda")),
+    "--dtype": Choice(("fp32", "bf16")),
+    "--dbo": Parsed(parse_on_off, "on or off", max_len=8),
+    "--graph": Parsed(parse_on_off, "on or off", max_len=8),
+    "--splits": Parsed(parse_dp_x_tp, "DPxTP (e.g. 4x2)", max_len=32),
+    "--gpu-hour-usd": Parsed(parse_prices, "a price, or HARDWARE=PRICE,..."),
+    # outputs and inputs
+    "--trace": OutputFile("--trace"),
+    "--csv": OutputFile("--csv"),
+    "--plot": OutputFile("--plot"),
+    "--out": OutputFile("--out"),
+    "--dataset-path": InputFile("dataset file"),
+    "--previous": InputFile("placement file"),
+    "--placement": InputFile("placement file"),
+}
+
+#: where one command reads a flag with another range
+COMMAND_FLAGS: dict[tuple[str, str], Spec] = {
+    ("validate", "--steps"): Integer(2, 10**4, why="the first step is a warm-up"),
+}
+
+
+def spec_for(flag: str, command: str | None = None) -> Spec:
+    """The spec of ``flag`` (``command``'s own where it has one); KeyError if undeclared."""
+    if command is not None and (command, flag) in COMMAND_FLAGS:
+        return COMMAND_FLAGS[(command, flag)]
+    if flag not in FLAGS:
+        FLAGS.update(_lazy_flags())
+    return FLAGS[flag]
+
+
+def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str,
+             *aliases: str, spec: Spec | None = None, command: str | None = None,
+             lists: bool = False, **kwargs: Any) -> argparse.Action:
+    """``parser.add_argument(flag, *aliases, type=<the table's spec>, **kwargs)``; ``lists``:
+    a comma list of it; ``spec``: a command-specific spec (must be a :class:`Spec`)."""
+    base = spec if spec is not None else spec_for(flag, command)
+    kind = Items(base) if lists else base
+    if isinstance(base, Choice) and "metavar" not in kwargs:
+        kwargs["metavar"] = "{" + ",".join(base.values) + "}"
+    return parser.add_argument(flag, *aliases, type=kind, **kwargs)
+
+
+def as_list(value: Sequence[Any] | Any | None) -> list[Any]:
+    """A parsed comma list as a list; ``None`` (not given) -> ``[None]`` (one point)."""
+    if value is None:
+        return [None]
+    if isinstance(value, tuple | list):
+        return list(value)
+    return [value]

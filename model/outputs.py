@@ -1,0 +1,213 @@
+"""Output files: checked before any work, written whole or not at all, all of a command together.
+
+Glossary:
+    target      the path a user named for an output (``--trace OUT``, ``--csv OUT``, ...). It
+                may not exist yet; if it exists it must be a regular file (or a symlink to one,
+                which is then written through): a directory, a device, a FIFO or a socket is
+                refused, never replaced.
+    staging     each target gets a temp file beside it (same folder, so the final rename is
+                atomic on that file system). Creating it is the check that the folder is
+                writable, done before the command's work starts.
+    output set  the targets of one command (:class:`OutputSet`). Writers stage into it; only
+                when the command succeeds are the staged files renamed over their targets, all
+                of them; on any failure every staged file is removed and no target changes.
+    mode        a new file gets ``0o666 & ~umask`` (what ``open(path, "w")`` gives); a file that
+                is replaced keeps its mode.
+
+The writers (:func:`write_text_atomic`, :func:`write_bytes_atomic`, :func:`staged_path`) stage
+into the output set active in this context (``with OutputSet() as outs:``, as ``epsim``'s main
+does around every command) when it holds the target, and otherwise write the one file
+atomically on their own, with the same checks. So library callers get atomic single files and
+the command line gets all-or-nothing sets, with no writer able to skip the checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import EpsimError
+
+_ACTIVE: contextvars.ContextVar[OutputSet | None] = contextvars.ContextVar(
+    "epsim_output_set", default=None)
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output_target(path: str | os.PathLike[str], what: str = "output") -> Path:
+    """The real path ``path`` will be written at; an :class:`EpsimError` (one line) when it
+    cannot be: an existing non-regular file, or a folder that does not exist.
+
+    Example: ``check_output_target("/dev/full")`` raises ``cannot write /dev/full: it is a
+    character device``.
+    """
+    given = Path(path)
+    if str(path) == "":
+        raise EpsimError(f"{what}: an empty path")
+    real = Path(os.path.realpath(given))  # through symlinks: a link is written through
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise EpsimError(f"cannot write {given}: {exc.strerror}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise EpsimError(f"cannot write {given}: it is {_kind_of(st.st_mode)}")
+    if not real.parent.is_dir():
+        raise EpsimError(f"cannot write {given}: folder {given.parent} does not exist")
+    return real
+
+
+def _new_file_mode(target: Path) -> int:
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+class _Staged:
+    """One target and its temp file beside it."""
+
+    def __init__(self, given: Path, real: Path) -> None:
+        self.given, self.real = given, real
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".part", dir=real.parent)
+        except OSError as exc:
+            raise EpsimError(f"cannot write {given}: {exc.strerror}") from None
+        os.close(fd)
+        self.tmp = Path(tmp)
+        self.written = False
+
+    def commit(self) -> None:
+        check_output_target(self.given)  # it may have changed while the command worked
+        try:
+            os.chmod(self.tmp, _new_file_mode(self.real))
+            os.replace(self.tmp, self.real)
+        except OSError as exc:
+            raise EpsimError(f"cannot write {self.given}: {exc.strerror}") from None
+
+    def discard(self) -> None:
+        self.tmp.unlink(missing_ok=True)
+
+
+class OutputSet:
+    """The output files of one command, reserved before its work and renamed into place together
+    on :meth:`commit`; leaving the ``with`` block without a commit discards them all.
+
+    Example::
+
+        with OutputSet() as outs:
+            outs.reserve("run.csv", "--csv")      # checked and staged now
+            ...                                   # the work
+            write_text_atomic(text, "run.csv")    # staged, not yet visible
+            outs.commit()                         # every target appears, or none
+    """
+
+    def __init__(self) -> None:
+        self._staged: dict[Path, _Staged] = {}
+        self._token: contextvars.Token[OutputSet | None] | None = None
+
+    def __enter__(self) -> OutputSet:
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+
+    def reserve(self, path: str | os.PathLike[str], what: str = "output") -> None:
+        """Check ``path`` and stage a temp file for it (one line naming ``what`` if not)."""
+        real = check_output_target(path, what)
+        if real in self._staged:
+            raise EpsimError(f"{what}: {path} is already an output of this command")
+        self._staged[real] = _Staged(Path(path), real)
+
+    def holds(self, path: str | os.PathLike[str]) -> bool:
+        return Path(os.path.realpath(path)) in self._staged
+
+    def temp_for(self, path: str | os.PathLike[str]) -> Path:
+        """The staged temp file of a reserved ``path`` (a writer fills it)."""
+        staged = self._staged[Path(os.path.realpath(path))]
+        staged.written = True
+        return staged.tmp
+
+    def commit(self) -> None:
+        """Rename every written temp file over its target; unwritten reservations vanish."""
+        staged, self._staged = self._staged, {}
+        try:
+            for s in staged.values():
+                if s.written:
+                    s.commit()
+        finally:
+            for s in staged.values():
+                s.discard()
+
+    def discard(self) -> None:
+        staged, self._staged = self._staged, {}
+        for s in staged.values():
+            s.discard()
+
+
+def active_output_set() -> OutputSet | None:
+    """The output set of the running command, if any."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def staged_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temp path to write ``path``'s content to (e.g. ``fig.savefig``); on leaving the block
+    it is staged in the active output set, or renamed over ``path`` at once when none holds it.
+    An error inside the block leaves ``path`` as it was."""
+    outs = _ACTIVE.get()
+    if outs is not None and outs.holds(path):
+        yield outs.temp_for(path)
+        return
+    single = OutputSet()
+    single.reserve(path)
+    try:
+        yield single.temp_for(path)
+        single.commit()
+    finally:
+        single.discard()
+
+
+def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (see :func:`staged_path`)."""
+    with staged_path(path) as tmp:
+        try:
+            tmp.write_bytes(data)
+        except OSError as exc:
+            raise EpsimError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def write_text_atomic(text: str, path: str | os.PathLike[str]) -> None:
+    """Write ``text`` (UTF-8, newlines as given) to ``path`` whole or not at all."""
+    write_bytes_atomic(text.encode("utf-8"), path)
+
+
+def reserve_outputs(paths: dict[str, str | os.PathLike[str]]) -> None:
+    """Check every ``{what: path}`` before work starts; inside an active output set also stage
+    them (a writer deep in a library reserves what it will write, so that the command's set
+    holds it). One line naming the first target that cannot be written."""
+    outs = _ACTIVE.get()
+    for what, path in paths.items():
+        if outs is None:
+            check_output_target(path, what)
+        elif not outs.holds(path):
+            outs.reserve(path, what)

@@ -1,0 +1,115 @@
+"""Output files (``epsim.model.outputs``): checked before work, written whole or not at all and
+all of a command's together, never replacing a non-regular file, with the usual file modes."""
+
+import os
+import stat
+
+import pytest
+
+from epsim.model.errors import EpsimError
+from epsim.model.outputs import (
+    OutputSet,
+    check_output_target,
+    staged_path,
+    write_text_atomic,
+)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_a_set_writes_every_target_on_commit_and_none_before(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.json"
+    with OutputSet() as outs:
+        outs.reserve(a, "--csv")
+        outs.reserve(b, "--trace")
+        write_text_atomic("1,2\n", a)
+        write_text_atomic("{}", b)
+        assert not a.exists() and not b.exists()  # staged, not visible
+        outs.commit()
+    assert (a.read_text(), b.read_text()) == ("1,2\n", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.json"]  # no temp left
+
+
+def test_a_failure_after_one_output_was_written_leaves_no_target_and_no_temp(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.png"
+    a.write_text("old")
+    with pytest.raises(RuntimeError), OutputSet() as outs:
+        outs.reserve(a, "--csv")
+        outs.reserve(b, "--plot")
+        write_text_atomic("new", a)
+        raise RuntimeError("the plot failed")
+    assert a.read_text() == "old" and not b.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"]
+
+
+def test_non_regular_targets_are_refused_and_left_alone(tmp_path):
+    fifo, folder = tmp_path / "fifo", tmp_path / "folder"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    for target, kind in ((fifo, "a FIFO"), (folder, "a directory")):
+        with pytest.raises(EpsimError, match=f"it is {kind}"):
+            check_output_target(target)
+        with pytest.raises(EpsimError), OutputSet() as outs:
+            outs.reserve(target)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and folder.is_dir() and not any(folder.iterdir())
+    with pytest.raises(EpsimError, match="folder .* does not exist"):
+        check_output_target(tmp_path / "nowhere" / "x.json")
+
+
+def test_a_target_replaced_by_a_fifo_while_working_is_not_overwritten(tmp_path):
+    target = tmp_path / "x.json"
+    with OutputSet() as outs:
+        outs.reserve(target)
+        write_text_atomic("{}", target)
+        os.mkfifo(target)  # someone put a FIFO there meanwhile
+        with pytest.raises(EpsimError, match="FIFO"):
+            outs.commit()
+    assert stat.S_ISFIFO(os.stat(target).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_an_unwritable_folder_is_one_error_at_reservation(tmp_path):
+    with pytest.raises(EpsimError, match="cannot write /proc/epsim-x.json"), OutputSet() as outs:
+        outs.reserve("/proc/epsim-x.json")
+
+
+def test_new_files_follow_the_umask_and_replaced_files_keep_their_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_text_atomic("x", tmp_path / "new.txt")
+        assert _mode(tmp_path / "new.txt") == 0o640
+        kept = tmp_path / "kept.txt"
+        kept.write_text("old")
+        os.chmod(kept, 0o604)
+        write_text_atomic("y", kept)
+        assert _mode(kept) == 0o604 and kept.read_text() == "y"
+    finally:
+        os.umask(old)
+
+
+def test_a_symlink_is_written_through(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_text_atomic("new", link)
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+def test_the_same_target_twice_is_refused(tmp_path):
+    with pytest.raises(EpsimError, match="already an output"), OutputSet() as outs:
+        outs.reserve(tmp_path / "a.csv", "--csv")
+        outs.reserve(tmp_path / "a.csv", "--plot")
+
+
+def test_staged_path_without_a_set_writes_atomically(tmp_path):
+    target = tmp_path / "fig.png"
+    with pytest.raises(RuntimeError), staged_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("savefig failed")
+    assert not target.exists() and not any(tmp_path.iterdir())
+    with staged_path(target) as tmp:
+        tmp.write_bytes(b"png")
+    assert target.read_bytes() == b"png"
