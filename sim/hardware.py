@@ -416,7 +416,7 @@ class HardwareProfile:
     @property
     def plan_options(self) -> dict[str, Any]:
         """Plan options the selected kernel set implies (``{}`` for ``"none"``). Example:
-        ``{"fuse_shared_expert": True}`` (aiter's fused MoE runs the shared expert inside it)."""
+        ``{"shared_expert_in_moe": True}`` (aiter's fused MoE runs the shared expert inside it)."""
         active = self.active_kernels
         return {} if active is None else dict(active.plan_options)
 

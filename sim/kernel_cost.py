@@ -12,9 +12,10 @@ An op's features (``op_features``):
 * ``grouped_gemm`` (fused MoE only; the unfused gate/up and down GEMMs stay on the roofline):
   ``tokens`` = the (token, expert) pairs the rank computes / ``top_k``, ``experts`` (local),
   ``top_k``, ``hidden``, ``inter``. Sampled routing sets each rank's own ``tokens`` (the hottest
-  rank's pairs set its time). When the graph runs the shared expert inside the fused kernel it
-  gives ``experts`` and ``top_k`` one more (dims ``top_k``; ``shared_fused: 1``), and each rank
-  adds its own tokens to its routed pairs;
+  rank's pairs set its time). When the graph runs the shared expert inside the fused kernel
+  (``Fusion.shared_expert_in_moe``: dims ``shared_experts``, ``shared_pairs``) ``experts`` and
+  ``top_k`` are one more per shared expert (aiter's 33 experts, top-9), and each rank's own
+  tokens join its routed pairs;
 * ``attention_decode``: ``batch`` (sequences), ``context``, ``heads``, ``query_tokens``,
   ``qk_dim`` / ``v_dim`` (MLA: 576 / 512); dtype = the KV cache's;
 * ``dispatch`` / ``combine``: ``tokens`` per rank, ``ranks``, ``hidden``; dtype = the compute
@@ -53,9 +54,10 @@ def scope_of(nodes: np.ndarray | None) -> str:
 
 
 def op_top_k(op: Op, top_k: int | None) -> float | None:
-    """The fused MoE kernel's top-k: the op's own (dims ``top_k``) or the model's."""
+    """The fused MoE kernel's top-k: the op's own (dims ``top_k``) or the model's, plus the
+    shared experts it runs (each of the rank's tokens picks them too)."""
     k = op.dims.get("top_k", top_k)
-    return float(k) if k else None
+    return float(k) + float(op.dims.get("shared_experts", 0)) if k else None
 
 
 def op_features(op: Op, top_k: int | None = None) -> dict[str, float] | None:
@@ -68,7 +70,9 @@ def op_features(op: Op, top_k: int | None = None) -> dict[str, float] | None:
         k = op_top_k(op, top_k)
         if not d.get("fused") or not k:
             return None
-        return {"tokens": d["pairs"] / k, "experts": d["experts"], "top_k": k,
+        shared = d.get("shared_experts", 0)
+        return {"tokens": (d["pairs"] + d.get("shared_pairs", 0)) / k,
+                "experts": d["experts"] + shared, "top_k": k,
                 "hidden": d["hidden"], "inter": d["inter"]}
     if op.kind == "attention_decode":
         return {"batch": d["seqs"], "context": d["context"], "heads": d["heads"],
@@ -138,7 +142,9 @@ def feature_roofline(op: Op, profile: HardwareProfile, x: np.ndarray, *, top_k: 
         return _roof(profile, flops, b * (n * k * wb + 2.0 * (m * k + m * n)), op.dtype,
                      cost.op_class(op))
     if op.kind == "grouped_gemm":
-        pairs0, act0 = max(d["pairs"], 1e-30), max(d["active_experts"], 1e-30)
+        # per pair and per expert, the shared experts run inside the kernel counted among them
+        pairs0 = max(d["pairs"] + d.get("shared_pairs", 0), 1e-30)
+        act0 = max(d["active_experts"] + d.get("shared_experts", 0), 1e-30)
         hi0 = d["hidden"] * d["inter"]
         flop_u = op.flops / pairs0 / hi0
         weight_u = op.weight_bytes / act0 / hi0

@@ -12,7 +12,7 @@ matches an op's kind, dtype and scope, and the roofline everywhere else. Schema:
       "sets": {
         "<name>": {
           "description": "...",
-          "plan_options": {"fuse_shared_expert": true},   fusions the library implies
+          "plan_options": {"shared_expert_in_moe": true},   fusions the library implies
           "tables": [{"op": "grouped_gemm", "dtype": "fp8", "unit": "us",
                       "features": ["tokens", "experts", "top_k", "hidden", "inter"],
                       "quant": "per_1x128", "scope": "intra", "source": "<id>",
@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any
 
@@ -46,6 +46,7 @@ import numpy as np
 
 from epsim.model.errors import EpsimError
 from epsim.model.opgraph import OP_KINDS
+from epsim.model.plan import Fusion
 from epsim.sim.kernel_tables import (
     COLLECTIVE_TABLES,
     EXACT,
@@ -68,8 +69,7 @@ __all__ = ["COLLECTIVE_TABLES", "EXACT", "EXTRAPOLATED", "FEATURES", "INTERPOLAT
 #: the reserved set name: no tables, the roofline only
 NONE = "none"
 #: plan options a kernel set may imply, and their JSON types (the model side reads them)
-PLAN_OPTIONS: dict[str, type] = {"fuse_shared_expert": bool, "fused_moe": bool,
-                                 "fused_rope": bool, "merged_shared_expert": bool}
+PLAN_OPTIONS: dict[str, type] = {f.name: bool for f in fields(Fusion)}
 _HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
 _TABLE_KEYS = {"op", "dtype", "unit", "features", "points", "source", "scope", "quant", "note"}
 _SET_KEYS = {"description", "plan_options", "tables", "relative_to", "speedup"}
@@ -105,7 +105,7 @@ class KernelSet:
     name: e.g. ``"aiter"``. tables: ``{(op kind, dtype, scope): Table}``.
     relative_to: the set this one scales (``"none"``: the roofline), or None.
     speedup: ``{op kind: (factor, source id)}``: this set's time is the base's over ``factor``.
-    plan_options: fusions the library implies. Example: ``{"fuse_shared_expert": True}``.
+    plan_options: fusions the library implies. Example: ``{"shared_expert_in_moe": True}``.
     """
 
     name: str

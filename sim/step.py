@@ -316,8 +316,9 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
         # a rank's tokens-equivalent: the pairs it computes over the kernel's top-k (its own
         # tokens join the routed pairs when the kernel runs the shared expert too)
         pairs = per_expert.sum(axis=-1)
-        if ex_op.dims.get("shared_fused"):
-            pairs = pairs + mb_tokens[None, :, None]
+        shared = ex_op.dims.get("shared_experts", 0)
+        if shared:
+            pairs = pairs + shared * mb_tokens[None, :, None]
         return pairs / (kernel_cost.op_top_k(ex_op, comp.top_k) or 1.0)
 
     t_exp = kernel_cost.routed_seconds(

@@ -183,7 +183,7 @@ MALFORMED = {
         "grouped_gemm"].update(value=0),
     "unknown plan option": lambda k: k["sets"]["synthetic"]["plan_options"].update(fuse_all=True),
     "plan option type": lambda k: k["sets"]["synthetic"]["plan_options"].update(
-        fuse_shared_expert="yes"),
+        shared_expert_in_moe="yes"),
     "empty set": lambda k: k["sets"].update(empty={}),
 }
 
@@ -215,9 +215,9 @@ def test_kernel_set_selection():
     assert PROF.kernel_set == "synthetic"
     assert PROF.kernel_sets == ("synthetic", "synthetic-slow-moe", "roofline-fast-attention",
                                 "none")
-    assert PROF.plan_options == {"fuse_shared_expert": False}
+    assert PROF.plan_options == {"shared_expert_in_moe": False}
     fast_attn = load_profile(DATA, kernels="roofline-fast-attention")
-    assert fast_attn.plan_options == {"fuse_shared_expert": True}
+    assert fast_attn.plan_options == {"shared_expert_in_moe": True}
     with pytest.raises(EpsimError, match="synthetic, synthetic-slow-moe, .*none") as err:
         PROF.with_kernels("aiter")
     assert "\n" not in str(err.value)
@@ -317,4 +317,4 @@ def test_feature_names_are_documented_per_kind():
     example = doc.split("## Measured kernel tables")[1].split("```json")[1].split("```")[0]
     sets = parse_kernels(json.loads("{" + example + "}")["kernels"], "docs")
     assert sets.names == ("aiter", "no-aiter", "none")
-    assert sets.sets["aiter"].plan_options == {"fuse_shared_expert": True}
+    assert sets.sets["aiter"].plan_options == {"shared_expert_in_moe": True}
