@@ -110,11 +110,19 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
              help=f"metrics with percentiles (default {metrics})")
 
 
+def add_kernels_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    add_flag(parser, "--kernels", default=None, metavar="SET",
+             help="the hardware profile's kernel set: measured kernel tables of one library "
+             "(e.g. aiter, no-aiter on mi300x; default: the profile's own default set; none: the "
+             "roofline alone); the fusions the set implies join the plan")
+
+
 def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> None:
     """How the deployment serves: overlap, placement, graphs, KV, disaggregation, scheduling."""
     many = " (comma list)" if lists else ""
     sc = Scenario  # its field defaults are the flags' defaults
     o = parser.add_argument_group("execution options")
+    add_kernels_arg(o)
     o.add_argument("--no-dbo", action="store_true", help="one microbatch (no dual-batch overlap)")
     o.add_argument("--no-eplb", action="store_true", help="contiguous expert placement")
     o.add_argument("--no-graph", action="store_true", help="eager launches (no graph replay)")
@@ -169,7 +177,7 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         kv_dtype=v["kv_dtype"], loads=v["loads"], disagg=v["disagg"],
         chunked_prefill_size=v["chunked_prefill_size"], dp_balance=v["dp_balance"],
         mem_fraction=v["mem_fraction"], percentiles=v["metric_percentiles"],
-        percentile_metrics=v["percentile_metrics"],
+        percentile_metrics=v["percentile_metrics"], kernels=v["kernels"],
     )
 
 

@@ -306,6 +306,18 @@ def parse_dp_x_tp(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def parse_word(text: str, what: str) -> str:
+    """A name made of letters, digits and ``._+-`` (a kernel set: ``aiter``, ``no-aiter``);
+    whether the profile has it is checked when the profile is loaded."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}", text):
+        raise EpsimError(f"a {what} name is letters, digits and ._+-, got {_show(text)}")
+    return text
+
+
+def parse_kernel_set(text: str) -> str:
+    return parse_word(text, "kernel set")
+
+
 #: a GPU-hour price in USD: positive, at most this
 MAX_GPU_HOUR_USD = 1e4
 
@@ -411,6 +423,7 @@ FLAGS: dict[str, Spec] = {
     "--graph": Parsed(parse_on_off, "on or off", max_len=8),
     "--splits": Parsed(parse_dp_x_tp, "DPxTP (e.g. 4x2)", max_len=32),
     "--gpu-hour-usd": Parsed(parse_prices, "a price, or HARDWARE=PRICE,..."),
+    "--kernels": Parsed(parse_kernel_set, "a kernel set name", max_len=64),
     # outputs and inputs
     "--trace": OutputFile("--trace"),
     "--csv": OutputFile("--csv"),

@@ -18,6 +18,7 @@ Glossary:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .config import ModelConfig
@@ -157,23 +158,42 @@ class ParallelPlan:
         self._check_shared_in_moe(model)
 
     def _check_shared_in_moe(self, model: ModelConfig) -> None:
-        """The shared expert fuses into the routed experts' kernel only as one of them."""
-        if not self.fusion.shared_expert_in_moe:
-            return
+        if self.fusion.shared_expert_in_moe:
+            problem = self.shared_in_moe_problem(model)
+            if problem:
+                raise EpsimError(problem)
+
+    def shared_in_moe_problem(self, model: ModelConfig) -> str | None:
+        """Why the shared expert cannot run inside the routed experts' fused kernel (as one more
+        of them) under this plan, or ``None`` when it can."""
         moe = model.moe
         if not self.fusion.fused_moe:
-            raise EpsimError("the shared expert runs inside the fused-MoE kernel only when the "
-                             "routed experts are fused (fused_moe)")
+            return ("the shared expert runs inside the fused-MoE kernel only when the routed "
+                    "experts are fused (fused_moe)")
         if not moe.num_shared_experts:
-            raise EpsimError(f"{model.name} has no shared expert to fuse into its MoE kernel")
+            return f"{model.name} has no shared expert to fuse into its MoE kernel"
         if self.expert_parallel and self.tp > 1:
-            raise EpsimError("the shared expert fuses into the MoE kernel with tp = 1 under EP "
-                             f"(tp {self.tp} splits each dp group's tokens before dispatch)")
-        if moe.shared_intermediate_size // max(moe.num_shared_experts, 1) \
-                != moe.intermediate_size:
-            raise EpsimError(
-                f"{model.name}'s shared expert ({moe.shared_intermediate_size} wide) is not as "
-                f"wide as a routed one ({moe.intermediate_size}): it cannot run as one of them")
+            return ("the shared expert fuses into the MoE kernel with tp = 1 under EP "
+                    f"(tp {self.tp} splits each dp group's tokens before dispatch)")
+        if moe.shared_intermediate_size // moe.num_shared_experts != moe.intermediate_size:
+            return (f"{model.name}'s shared expert ({moe.shared_intermediate_size} wide) is not "
+                    f"as wide as a routed one ({moe.intermediate_size}): it cannot run as one "
+                    "of them")
+        return None
+
+
+def with_implied_fusions(plan: ParallelPlan, model: ModelConfig,
+                         options: Mapping[str, bool]) -> ParallelPlan:
+    """``plan`` with the fusions a kernel library implies (``options``: ``Fusion`` field names,
+    e.g. ``{"shared_expert_in_moe": True}`` for aiter), each where the model and plan admit it:
+    a library that runs the shared expert inside its fused-MoE kernel runs a model without one,
+    or a plan it cannot fuse under, as before."""
+    if not options:
+        return plan
+    fused = plan.with_(fusion=replace(plan.fusion, **options))
+    if fused.fusion.shared_expert_in_moe and fused.shared_in_moe_problem(model):
+        fused = fused.with_(fusion=replace(fused.fusion, shared_expert_in_moe=False))
+    return fused.validate(model)
 
 
 def make_plan(

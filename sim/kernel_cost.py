@@ -293,6 +293,34 @@ def describe(op: Op, profile: HardwareProfile, *, tokens: float | None = None,
     return out
 
 
+_COMPUTE_KEYS = ("peak_flops", "hbm_bandwidth", "efficiency.gemm_flops_fraction",
+                 "efficiency.hbm_fraction", "efficiency.gemm_tile_m")
+_STREAMING_KEYS = ("peak_flops", "hbm_bandwidth", "efficiency.hbm_fraction")
+_EXCHANGE_KEYS = ("fabric", "nic_bandwidth_per_gpu", "efficiency.link_bandwidth_usable",
+                  "efficiency.nic_bandwidth_usable", "efficiency.a2a_latency_s")
+_COLLECTIVE_KEYS = ("fabric", "efficiency.link_bandwidth_usable",
+                    "efficiency.collective_latency_s", "efficiency.collective_latency_graph_s")
+#: the profile figures the roofline of each op kind uses (their ``sources`` entries are the
+#: sources of a time the roofline gives)
+ROOFLINE_SOURCE_KEYS: dict[str, tuple[str, ...]] = {
+    "gemm": _COMPUTE_KEYS, "grouped_gemm": _COMPUTE_KEYS, "lm_head": _COMPUTE_KEYS,
+    "attention_prefill": _COMPUTE_KEYS,
+    "attention_decode": (*_COMPUTE_KEYS, "efficiency.attention_decode_flops",
+                         "efficiency.attention_split_tokens"),
+    "dispatch": _EXCHANGE_KEYS, "combine": _EXCHANGE_KEYS,
+    "all_reduce": _COLLECTIVE_KEYS, "all_gather": _COLLECTIVE_KEYS,
+}
+
+
+def roofline_sources(kind: str, profile: HardwareProfile) -> dict[str, Any]:
+    """``{"profile:<key>": {"profile": <its file or name>, "key": ..., "source": ...}}`` for
+    the profile figures ``kind``'s roofline reads, where the profile cites a source."""
+    keys = ROOFLINE_SOURCE_KEYS.get(kind, _STREAMING_KEYS)
+    cited = profile.sources
+    return {f"profile:{k}": {"profile": profile.name, "key": k, "source": cited[k]}
+            for k in keys if k in cited}
+
+
 def explain(entries: list[tuple[Op, dict[str, Any]]], profile: HardwareProfile
             ) -> dict[str, Any]:
     """``kernel_sources``: per op kind, the methods used (op counts), the kernel set, the points
@@ -319,6 +347,8 @@ def explain(entries: list[tuple[Op, dict[str, Any]]], profile: HardwareProfile
                     point = table.point(i)
                     kind["points"][key] = {"table": table.where, **point}
                     kind["sources"][point["source"]] = _cite(sources, point["source"])
+        if how["method"] in ("table-extrapolated", "roofline"):
+            kind["sources"].update(roofline_sources(op.kind, profile))
         if how["method"] in ("table-extrapolated", "roofline") and how["features"] is not None:
             shape = tuple(sorted(how["features"].items()))
             entry = kind["outside"].setdefault(shape, {

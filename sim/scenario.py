@@ -24,7 +24,7 @@ from typing import Any
 from epsim.model import accounting
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError
-from epsim.model.plan import DEFAULT_MEM_FRACTION, ParallelPlan, make_plan
+from epsim.model.plan import DEFAULT_MEM_FRACTION, ParallelPlan, make_plan, with_implied_fusions
 
 from .hardware import HardwareProfile, load_profile
 from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
@@ -55,6 +55,8 @@ class Scenario:
     workload: the benchmark (``WorkloadSpec``).
     percentiles / percentile_metrics: what ``compute_metrics`` reports.
     step_mode: the step simulator's mode.
+    kernels: the hardware profile's kernel set (``None``: its default; ``"none"``: the roofline
+        alone); the fusions the set implies join both sides' plans. Example: ``"aiter"``.
     """
 
     model: str
@@ -77,6 +79,7 @@ class Scenario:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
     step_mode: str = "fast"
+    kernels: str | None = None
 
     def with_(self, **changes: Any) -> Scenario:
         return replace(self, **changes)
@@ -101,20 +104,29 @@ def _plan_options(sc: Scenario) -> dict[str, Any]:
                 mem_fraction=sc.mem_fraction)
 
 
-def _decode_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int) -> ParallelPlan:
+def scenario_profile(sc: Scenario) -> HardwareProfile:
+    """The scenario's hardware with its kernel set selected."""
+    return load_profile(sc.hardware, kernels=sc.kernels)
+
+
+def _decode_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
+                 profile: HardwareProfile) -> ParallelPlan:
     """The decode (or co-located) side: the scenario's own dp/tp/ep."""
-    return make_plan(model, nodes=nodes, gpus_per_node=gpn, dp=sc.dp, tp=sc.tp, ep=sc.ep,
+    plan = make_plan(model, nodes=nodes, gpus_per_node=gpn, dp=sc.dp, tp=sc.tp, ep=sc.ep,
                      **_plan_options(sc))
+    return with_implied_fusions(plan, model, profile.plan_options)
 
 
-def _prefill_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int) -> ParallelPlan:
+def _prefill_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
+                  profile: HardwareProfile) -> ParallelPlan:
     """The prefill side keeps the decode side's tp and EP/TP-MoE choice over its own GPUs."""
     tp = sc.tp or 1
     world = nodes * gpn
     if world % tp:
         raise EpsimError(f"tp {tp} does not divide the prefill side's {world} GPUs")
     ep = world if (sc.ep is None and world // tp > 1) or (sc.ep or 0) > 1 else 1
-    return make_plan(model, nodes=nodes, gpus_per_node=gpn, tp=tp, ep=ep, **_plan_options(sc))
+    plan = make_plan(model, nodes=nodes, gpus_per_node=gpn, tp=tp, ep=ep, **_plan_options(sc))
+    return with_implied_fusions(plan, model, profile.plan_options)
 
 
 def _node_split(sc: Scenario) -> tuple[int, int]:
@@ -157,7 +169,8 @@ class StepCache:
 
     def get(self, model: ModelConfig, plan: ParallelPlan, profile: HardwareProfile,
             sc: Scenario) -> StepTimeModel:
-        key = (model.name, plan, profile.name, sc.eplb, sc.loads, sc.step_mode, sc.workload.seed)
+        key = (model.name, plan, profile.fingerprint, sc.eplb, sc.loads, sc.step_mode,
+               sc.workload.seed)
         if key not in self.models:
             self.models[key] = self.factory(model, plan, profile, sc)
         return self.models[key]
@@ -174,7 +187,7 @@ def _with_prefill_side(config: ServingConfig, model: ModelConfig, profile: Hardw
     """Disaggregated serving: the decode side's ``config`` with the prefill side added, the
     prefill side's step model, and the keys that echo it in the result."""
     p_nodes, d_nodes = nodes
-    pplan = _prefill_plan(model, sc, p_nodes, gpn)
+    pplan = _prefill_plan(model, sc, p_nodes, gpn, profile)
     pbudget = accounting.memory_budget(model, pplan, profile.hbm_bytes)
     prefill_model = cache.get(model, pplan, profile, sc)
     per_token = accounting.kv_bytes_per_token(model, sc.kv_dtype, pplan.tp)
@@ -196,7 +209,9 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
             "nodes": total, "gpus_per_node": gpn, "gpus": total * gpn,
             "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
             "dbo": sc.dbo, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
-            "disagg": f"{nodes[0]}:{nodes[1]}" if sc.disagg else None}
+            "disagg": f"{nodes[0]}:{nodes[1]}" if sc.disagg else None,
+            "kernels": profile.kernel_set,
+            "shared_expert_in_moe": plan.fusion.shared_expert_in_moe}
 
 
 def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int) -> dict[str, Any]:
@@ -215,11 +230,12 @@ def check_scenario(sc: Scenario) -> None:
     model's context (searches and sweeps check every point first)."""
     model = load_model(sc.model)
     check_context(sc.workload, model)
-    gpn = sc.gpus_per_node or load_profile(sc.hardware).gpus_per_node
+    profile = scenario_profile(sc)
+    gpn = sc.gpus_per_node or profile.gpus_per_node
     p_nodes, d_nodes = _node_split(sc)
-    _decode_plan(model, sc, d_nodes, gpn)
+    _decode_plan(model, sc, d_nodes, gpn, profile)
     if p_nodes:
-        _prefill_plan(model, sc, p_nodes, gpn)
+        _prefill_plan(model, sc, p_nodes, gpn, profile)
 
 
 def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
@@ -234,10 +250,10 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     t0 = time.perf_counter()
     cache = cache or StepCache()
     model = load_model(sc.model)
-    profile = load_profile(sc.hardware)
+    profile = scenario_profile(sc)
     gpn = sc.gpus_per_node or profile.gpus_per_node
     nodes = _node_split(sc)
-    plan = _decode_plan(model, sc, nodes[1], gpn)
+    plan = _decode_plan(model, sc, nodes[1], gpn, profile)
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
     step_models = [cache.get(model, plan, profile, sc)]
     config = ServingConfig(dp=plan.dp, kv_capacity_tokens=budget.kv_capacity_tokens,

@@ -10,7 +10,7 @@ from epsim.model import Batch, accounting, load_model, make_plan
 from epsim.model.config import check_context_length
 from epsim.model.errors import EpsimError
 from epsim.model.loads import read_loads
-from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES
+from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
 from epsim.sim.hardware import load_profile
 from epsim.sim.step import MODES, simulate_step
@@ -18,6 +18,7 @@ from epsim.sim.step import MODES, simulate_step
 from ..common import (
     add_hardware_arg,
     add_json_arg,
+    add_kernels_arg,
     add_model_arg,
     add_plan_args,
     emit_json,
@@ -59,6 +60,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="uniform routing instead of the synthetic skewed loads")
     add_flag(p, "--mode", default=MODES[0],
                    help="fast (vectorised) or exact (simpy, every op of every rank)")
+    add_kernels_arg(p)
+    p.add_argument("--explain", action="store_true",
+                   help="show where each op kind's time comes from: the kernel-table points "
+                   "(and their sources) or the roofline used, and the shapes outside every table")
     add_flag(p, "--seed", default=0, help="routing sample seed (default 0)")
     add_flag(p, "--trace", metavar="OUT", help="write a Chrome trace JSON of every rank")
     add_json_arg(p)
@@ -68,12 +73,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     model = load_model(args.model)
     check_context_length(model, args.context, f"--context {args.context}")
-    profile = load_profile(args.hardware)
+    profile = load_profile(args.hardware, kernels=args.kernels)
     plan = make_plan(model, nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
                      dp=args.dp, tp=args.tp, ep=args.ep,
                      microbatches=1 if args.no_dbo else 2, kv_dtype=args.kv_dtype,
                      graph_mode=not args.no_graph, mem_fraction=args.mem_fraction)
+    plan = with_implied_fusions(plan, model, profile.plan_options)
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
@@ -87,14 +93,17 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     started = time.perf_counter()
     result = simulate_step(model, plan, batch, profile, loads=loads, eplb=not args.no_eplb,
                            mode=args.mode, seed=args.seed, trace=bool(args.trace),
-                           synthetic="uniform" if args.uniform else "skewed")
+                           synthetic="uniform" if args.uniform else "skewed",
+                           explain=args.explain)
     wall = time.perf_counter() - started
     out: dict[str, Any] = {
         "model": model.name, "hardware": profile.name,
         "plan": {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "dp": plan.dp,
                  "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
-                 "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype, "eplb": not args.no_eplb,
-                 "mem_fraction": plan.mem_fraction},
+                 "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype,
+                 "eplb": not args.no_eplb, "mem_fraction": plan.mem_fraction,
+                 "kernels": profile.kernel_set,
+                 "shared_expert_in_moe": plan.fusion.shared_expert_in_moe},
         "batch": {"phase": batch.phase, "seqs_per_rank": batch.seqs, "context": batch.context},
         "loads": args.loads or ("uniform" if args.uniform else "synthetic-skewed"),
         "kv_bytes_per_gpu": need, "kv_bytes_available": budget.kv_bytes,
@@ -132,7 +141,36 @@ def run(args: argparse.Namespace) -> int:
         ("expert imbalance", f"{out['expert_imbalance']:.3f} mean, "
                              f"{out['expert_imbalance_max']:.3f} worst layer ({out['loads']})"),
     ]
+    rows.append(("kernels", f"{out['kernels']} (op kinds, ms on the critical rank)"))
+    for kind, ms in sorted(out["op_kinds_ms"].items(), key=lambda kv: -kv[1]):
+        rows.append((f"  {kind}", f"{ms:8.3f} ms"))
     if "trace" in out:
         rows.append(("trace", out["trace"]))
     print_table(rows)
+    if "kernel_sources" in out:
+        print_kernel_sources(out["kernel_sources"])
     return 0
+
+
+def _source_text(source: dict[str, Any]) -> str:
+    if "url" in source:
+        return source["url"]
+    ref = source.get("commit") or (f"PR #{source['pr']}" if "pr" in source else "")
+    return " ".join(filter(None, [source.get("repository"), source.get("path"), ref]))
+
+
+def print_kernel_sources(sources: dict[str, Any]) -> None:
+    """``--explain`` without ``--json``: per op kind the method, the points used and their
+    sources, then the shapes that fell outside every table."""
+    print("where the time comes from (per op kind):")
+    for kind, info in sources.items():
+        methods = ", ".join(f"{m} x{n}" for m, n in info.get("methods", {}).items())
+        print(f"  {kind}: {info.get('method')} ({methods})")
+        for p in info.get("points", [])[:4]:
+            feats = ", ".join(f"{k} {v:g}" for k, v in p["features"].items())
+            print(f"      point {feats}: {p['time']:g} {p['unit']} [{p['source']}]")
+        for sid, src in info.get("sources", {}).items():
+            print(f"      source {sid}: {_source_text(src)}")
+        for o in info.get("outside", [])[:3]:
+            feats = ", ".join(f"{k} {v:g}" for k, v in o["features"].items())
+            print(f"      outside every table ({o['method']}, {o['count']} ops): {feats}")
