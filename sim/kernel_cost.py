@@ -330,7 +330,13 @@ def explain(entries: list[tuple[Op, dict[str, Any]]], profile: HardwareProfile
     out: dict[str, Any] = {}
     for op, how in entries:
         kind = out.setdefault(op.kind, {"kernel_set": profile.kernel_set, "methods": {},
-                                        "points": {}, "sources": {}, "outside": {}})
+                                        "dtypes": {}, "points": {}, "sources": {},
+                                        "outside": {}})
+        # which number format each op of the plan computes in, and the table's quantisation
+        fmt = op.dtype
+        if how.get("table") is not None and how["table"].quant:
+            fmt = f"{op.dtype} ({how['table'].quant})"
+        kind["dtypes"][fmt] = kind["dtypes"].get(fmt, 0) + 1
         method = "scaled-set" if how.get("scaled") else how["method"]
         kind["methods"][method] = kind["methods"].get(method, 0) + 1
         if how.get("scaled"):

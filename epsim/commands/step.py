@@ -165,7 +165,8 @@ def print_kernel_sources(sources: dict[str, Any]) -> None:
     print("where the time comes from (per op kind):")
     for kind, info in sources.items():
         methods = ", ".join(f"{m} x{n}" for m, n in info.get("methods", {}).items())
-        print(f"  {kind}: {info.get('method')} ({methods})")
+        formats = ", ".join(info.get("dtypes", {}))
+        print(f"  {kind}: {info.get('method')} ({methods}); computes in {formats}")
         for p in info.get("points", [])[:4]:
             feats = ", ".join(f"{k} {v:g}" for k, v in p["features"].items())
             print(f"      point {feats}: {p['time']:g} {p['unit']} [{p['source']}]")
