@@ -104,6 +104,33 @@ def dbo_per_microbatch(hardware: str, kernels: str | None) -> None:
               f"{on.exposed_comm_ms:.2f} / {off.exposed_comm_ms:.2f} |")
 
 
+def side_by_side_with_aiconfigurator(hardware: str = "h200") -> None:
+    """epsim's decode step for aiconfigurator's configuration (DeepSeek-V3, DP8 + EP8 on one
+    node, FP8 block-scale GEMMs and MoE, FP8 KV, context 2051 = its midpoint of 2000 in / 100
+    out), with and without DBO, next to the figures aiconfigurator 0.12.0 printed (in
+    docs/reproduce.md, with its commands)."""
+    from epsim.model import accounting
+
+    model = load_model("deepseek-v3")
+    profile = load_profile(hardware)
+    print(f"\n### {hardware} ({profile.kernel_set} kernels): DeepSeek-V3 DP8+EP8 decode step, "
+          "context 2051\n")
+    print("| batch / GPU | KV fits | step, DBO (ms) | step, no DBO (ms) | op kinds, no DBO (ms) |")
+    print("|---|---|---|---|---|")
+    for batch in (64, 128, 256, 512):
+        runs = []
+        for dbo in (True, False):
+            plan = make_plan(model, dp=8, ep=8, microbatches=2 if dbo else 1)
+            plan = with_implied_fusions(plan, model, profile.plan_options)
+            runs.append(simulate_step(model, plan, Batch.decode(batch, 2051), profile, seed=0))
+        budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
+        need = accounting.kv_bytes_for_sequence(model, plan.kv_dtype, 2051, 1) * batch
+        fits = "yes" if need <= budget.kv_bytes else f"no ({need / 1e9:.0f} > " \
+            f"{budget.kv_bytes / 1e9:.0f} GB)"
+        print(f"| {batch} | {fits} | {runs[0].step_ms:.2f} | {runs[1].step_ms:.2f} | "
+              f"{_kinds(runs[1])} |")
+
+
 # --------------------------------------------------------------------------------------------
 # Sensitivity: each documented assumption at its low and high value
 # --------------------------------------------------------------------------------------------
@@ -205,6 +232,8 @@ def main(argv: list[str]) -> None:
     dbo_per_microbatch(hardware, None)
     dbo_per_microbatch(hardware, "none")
     sensitivity(hardware, cache)
+    for gpu in ("h200", "h100"):
+        side_by_side_with_aiconfigurator(gpu)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ from epsim.sim.step import simulate_step
 DATA = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
 RAW = json.loads(DATA.read_text())
 PROF = load_profile(DATA)
-MI = load_profile("mi300x")
+# the shipped mi300x profile without its kernels section (the roofline, bit for bit)
+MI = profile_from_dict({k: v for k, v in load_profile("mi300x").raw.items() if k != "kernels"},
+                       "mi300x")
 R1 = load_model("deepseek-r1")
 BW = 5.3e12 * (4.2 / 5.3)
 FP8 = 2614.9e12 * (1273 / 2614.9)
@@ -209,6 +211,9 @@ def test_a_profile_without_kernels_is_unchanged():
     plan = make_plan(R1, dp=8, ep=8)
     accept = simulate_step(R1, plan, Batch.decode(512, 2100), MI)
     assert accept.step_ms == pytest.approx(121.72302581308695, rel=1e-12)
+    # the shipped profile with its kernel set "none" is the same roofline
+    shipped = simulate_step(R1, plan, Batch.decode(512, 2100), load_profile("mi300x", "none"))
+    assert shipped.step_s == accept.step_s and shipped.kernels == "none"
 
 
 def test_kernel_set_selection():
