@@ -61,7 +61,7 @@ def specs_table(profiles: list[HardwareProfile]) -> list[str]:
 
 
 #: a figure whose source says it is not a measurement
-_ASSUMED = re.compile(r"\b(assum|estimate|as mi3|as h1|taken as)", re.I)
+_ASSUMED = re.compile(r"\b(assum|estimate|as mi3|as h1|taken as|borrowed)", re.I)
 
 
 def _eff(key: str, scale: float = 1.0, digits: int = 4) -> Callable[[HardwareProfile], str]:
