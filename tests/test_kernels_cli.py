@@ -73,3 +73,28 @@ def test_predict_echoes_the_kernel_set(capsys):
     out = run_json(capsys, "predict", "--model", "deepseek-r1", "--hardware", PROFILE,
                    "--isl", "200", "--osl", "8", "--concurrency", "16")
     assert out["kernels"] == "synthetic" and out["shared_expert_in_moe"] is False
+
+
+def test_the_shipped_mi300x_step_names_a_source_for_every_op_kind(capsys):
+    out = run_json(capsys, "step", "--model", "deepseek-r1", "--hardware", "mi300x", "--dp", "8",
+                   "--ep", "8", "--batch", "512", "--context", "2100", "--explain")
+    assert out["kernels"] == "aiter" and out["plan"]["shared_expert_in_moe"] is True
+    assert set(out["kernel_sources"]) == set(out["op_kinds_ms"])
+    for kind, info in out["kernel_sources"].items():
+        assert info["sources"], kind
+    # the fused MoE and the exchanges come from the tables, the DP-attention GEMMs outside them
+    assert out["kernel_sources"]["grouped_gemm"]["methods"].keys() <= {"table-exact",
+                                                                        "table-interpolated"}
+    assert any(o["features"]["n"] == 24576 for o in out["kernel_sources"]["gemm"]["outside"])
+
+
+def test_a_malformed_kernel_table_is_one_line_and_exit_2(tmp_path, capsys):
+    profile = json.loads(Path(PROFILE).read_text())
+    profile["kernels"]["sets"]["synthetic"]["tables"][0]["points"][0][5] = -1.0  # its time
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(profile))
+    argv = ["step", "--model", "deepseek-r1", "--hardware", str(bad), "--batch", "8",
+            "--context", "64"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kernels" in err

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     space = search_space_from_args(args)
     hardware = list(args.hardware or (DEFAULT_SEARCH_HARDWARE,))
     for name in hardware:  # every profile readable before any point is simulated
-        load_profile(name)
+        load_profile(name, kernels=args.kernels)
     layouts: list[tuple[int, int] | None] = [] if args.no_colocated else [None]
     layouts += list(args.disagg_splits or ())
     if args.disagg and args.disagg not in layouts:
