@@ -189,6 +189,13 @@ def _mi325x_rows(factor: float) -> Callable[[dict], None]:
     return edit
 
 
+def _host_per_step(seconds: float) -> Callable[[dict], None]:
+    """A host time per step outside the GPU's work, charged as the graph launch is."""
+    def edit(obj: dict) -> None:
+        obj["efficiency"]["graph_launch_s"] = seconds
+    return edit
+
+
 def _graph_node(seconds: float) -> Callable[[dict], None]:
     def edit(obj: dict) -> None:
         obj["efficiency"]["graph_node_s"] = seconds
@@ -207,6 +214,8 @@ SENSITIVITY: tuple[tuple[str, str, Callable[[dict], None], str, Callable[[dict],
      "x 1.25", _scale_tables(("dispatch", "combine"), 1.25)),
     ("GPU gap between graph kernels (graph_node_s, an estimate: 1 us)",
      "0.5 us", _graph_node(0.5e-6), "2 us", _graph_node(2e-6)),
+    ("host time per step not overlapped (not modelled: 4.5 us, one graph launch)",
+     "2 ms", _host_per_step(2e-3), "5 ms", _host_per_step(5e-3)),
 )
 
 

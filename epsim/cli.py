@@ -11,9 +11,12 @@ on stderr and exit status 2 (docs/design.md section 5); a run ended by SIGTERM e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import OutputSet
@@ -51,10 +54,37 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+class Terminated(EpsimError):
+    """SIGTERM or SIGHUP arrived while a command worked: it ends with one line, its output files
+    discarded (the ``OutputSet`` leaves), exit status 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.exit_status = 128 + signum
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _termination_as_error() -> Iterator[None]:
+    """SIGTERM / SIGHUP raise :class:`Terminated` in the command (the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
-        with OutputSet() as outputs:
+        with _termination_as_error(), OutputSet() as outputs:
             for what, path in output_targets(args):  # before any work
                 outputs.reserve(path, what)
             status = int(args.run(args) or 0)

@@ -56,6 +56,8 @@ def check_output_target(path: str | os.PathLike[str], what: str = "output") -> P
     given = Path(path)
     if str(path) == "":
         raise EpsimError(f"{what}: an empty path")
+    if str(path).endswith(("/", os.sep)):  # a folder was meant, and Path() drops the slash
+        raise EpsimError(f"cannot write {path}: a file path is needed, not a folder")
     real = Path(os.path.realpath(given))  # through symlinks: a link is written through
     try:
         st = os.stat(real)
@@ -65,6 +67,8 @@ def check_output_target(path: str | os.PathLike[str], what: str = "output") -> P
         raise EpsimError(f"cannot write {given}: {exc.strerror}") from None
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise EpsimError(f"cannot write {given}: it is {_kind_of(st.st_mode)}")
+    if st is not None and not os.access(real, os.W_OK):  # as open(path, "w") would refuse it
+        raise EpsimError(f"cannot write {given}: permission denied")
     if not real.parent.is_dir():
         raise EpsimError(f"cannot write {given}: folder {given.parent} does not exist")
     return real

@@ -163,6 +163,12 @@ class KernelSets:
 # --------------------------------------------------------------------------------------------
 
 
+def _member(value: Any, names: Any) -> bool:
+    """``value`` is a string among ``names`` (a list or a number from JSON is not: it would
+    raise TypeError on a dict lookup instead of the one-line error)."""
+    return isinstance(value, str) and value in names
+
+
 def _positive(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value <= 0:
@@ -205,23 +211,23 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
         raise EpsimError(f"{where} must be an object")
     _unknown(obj, _TABLE_KEYS, where)
     kind = obj.get("op")
-    if kind not in FEATURES:
+    if not _member(kind, FEATURES):
         raise EpsimError(f"{where}.op must be one of {', '.join(FEATURES)}, got {kind!r}")
     dtype = _text(obj, "dtype", where)
     unit = obj.get("unit")
-    if unit not in UNITS:
+    if not _member(unit, UNITS):
         raise EpsimError(f"{where}.unit must be one of {', '.join(UNITS)}, got {unit!r}")
     scope = obj.get("scope", "intra")
     if kind not in COLLECTIVE_TABLES and "scope" in obj:
         raise EpsimError(f"{where}.scope is for collectives only ({kind} has none)")
-    if scope not in SCOPES:
+    if not _member(scope, SCOPES):
         raise EpsimError(f"{where}.scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     spec = dict(FEATURES[kind])
     given = obj.get("features")
     if not isinstance(given, list) or not given:
         raise EpsimError(f"{where}.features must be a non-empty list of {kind} features")
     for name in given:
-        if name not in spec:
+        if not _member(name, spec):
             raise EpsimError(f"{where}.features: unknown {kind} feature {name!r} "
                              f"(known: {', '.join(spec)})")
     if len(set(given)) != len(given):
@@ -231,7 +237,7 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
         raise EpsimError(f"{where}.features lacks {', '.join(missing)} (a {kind} table needs "
                          f"{', '.join(n for n, d in spec.items() if d is None)})")
     default_source = obj.get("source")
-    if default_source is not None and default_source not in sources:
+    if default_source is not None and not _member(default_source, sources):
         raise EpsimError(f"{where}.source: unknown source id {default_source!r}")
     points = obj.get("points")
     if not isinstance(points, list) or not points:
@@ -248,7 +254,7 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
         sid = p[len(given) + 1] if len(p) == len(given) + 2 else default_source
         if sid is None:
             raise EpsimError(f"{pw} has no source (give one per point or the table's source)")
-        if sid not in sources:
+        if not _member(sid, sources):
             raise EpsimError(f"{pw}: unknown source id {sid!r}")
         row = tuple(named.get(n, spec[n]) for n in order)
         if row in seen:
@@ -256,9 +262,12 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
         seen[row] = i
         rows.append(row)
         point_sources.append(sid)
+    seconds = np.array([float(Decimal(repr(t)).scaleb(UNITS[unit])) for t in secs])
+    if not (seconds > 0).all() or not np.isfinite(seconds).all():  # under- or overflow
+        raise EpsimError(f"{where}.points[{int(np.argmin(seconds))}] time is not a positive "
+                         f"number of seconds once converted from {unit}")
     return Table(kind, dtype, scope, str(obj.get("quant", "")), tuple(order),
-                 np.array(rows, dtype=np.float64),
-                 np.array([float(Decimal(repr(t)).scaleb(UNITS[unit])) for t in secs]),
+                 np.array(rows, dtype=np.float64), seconds,
                  tuple(point_sources), f"kernels.sets.{set_name}.{where.rsplit('.', 1)[-1]}",
                  unit, tuple(secs), tuple(given))
 
@@ -294,7 +303,7 @@ def _kernel_set(name: str, obj: Any, where: str, sources: Mapping[str, Source]) 
         if not isinstance(entry, Mapping) or set(entry) - {"value", "source", "note"}:
             raise EpsimError(f"{sw} must be an object {{value, source}}")
         sid = entry.get("source")
-        if sid not in sources:
+        if not _member(sid, sources):
             raise EpsimError(f"{sw}.source: unknown source id {sid!r}")
         speedup[kind] = (_positive(entry.get("value"), f"{sw}.value"), sid)
     options = obj.get("plan_options", {})
@@ -344,7 +353,7 @@ def parse_kernels(obj: Any, where: str = "profile") -> KernelSets:
             seen.append(base)
             base = sets[base].relative_to
     default = obj.get("default")
-    if default != NONE and default not in sets:
+    if default != NONE and not _member(default, sets):
         raise EpsimError(f"{w}.default must name a set or 'none' "
                          f"({', '.join([*sets, NONE])}), got {default!r}")
     return KernelSets(default, sets, sources)

@@ -146,3 +146,27 @@ def test_a_bad_value_from_a_fresh_process_is_one_line_without_traceback():
                        capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_sigterm_during_a_command_leaves_no_output_and_no_temp_file(tmp_path):
+    """The reservation's temp file appears before the work: SIGTERM then ends the command in one
+    line (exit 143) and discards it; the target never appears."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "epsim", "sweep", *R1, "--isl", "2000", "--osl",
+                          "100", "--concurrency", "256,512,1024,2048,3072,4096", "--kv-dtype",
+                          "fp8,bf16", "--csv", str(tmp_path / "out.csv")],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".out.csv.*.part")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert list(tmp_path.glob(".out.csv.*.part")), "the output was never reserved"
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 143
+    assert err.splitlines() == ["epsim sweep: error: terminated by SIGTERM"]
+    assert list(tmp_path.iterdir()) == []

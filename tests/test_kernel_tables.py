@@ -187,6 +187,14 @@ MALFORMED = {
     "plan option type": lambda k: k["sets"]["synthetic"]["plan_options"].update(
         shared_expert_in_moe="yes"),
     "empty set": lambda k: k["sets"].update(empty={}),
+    # JSON values of the wrong type where a name is expected (lists are unhashable)
+    "op a list": lambda k: _moe(k).update(op=["gemm"]),
+    "unit a list": lambda k: _moe(k).update(unit=["us"]),
+    "feature a list": lambda k: _moe(k)["features"].__setitem__(0, ["tokens"]),
+    "source id a list": lambda k: _moe(k)["points"][0].append(["synthetic"]),
+    "table source a list": lambda k: _moe(k).update(source=["synthetic"]),
+    "default a list": lambda k: k.update(default=["synthetic"]),
+    "time underflows to 0 s": lambda k: _moe(k)["points"][0].__setitem__(5, 1e-320),
 }
 
 

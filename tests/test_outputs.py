@@ -113,3 +113,9 @@ def test_staged_path_without_a_set_writes_atomically(tmp_path):
     with staged_path(target) as tmp:
         tmp.write_bytes(b"png")
     assert target.read_bytes() == b"png"
+
+
+def test_a_folder_path_with_a_trailing_slash_is_refused(tmp_path):
+    with pytest.raises(EpsimError, match="a file path is needed, not a folder"):
+        check_output_target(f"{tmp_path}/newdir/")
+    assert not (tmp_path / "newdir").exists()

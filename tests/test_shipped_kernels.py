@@ -45,7 +45,7 @@ def _at(table, **features):
 
 def _step(hardware, *, nodes=1, dp=8, ep=8, batch=512, context=2100):
     profile = load_profile(hardware)
-    # the set's plan options (the CLI does not pass them to make_plan yet)
+    # the set's plan options, as the commands apply them (with_implied_fusions)
     plan = make_plan(R1, nodes=nodes, dp=dp, ep=ep, microbatches=1,
                      fusion=Fusion(**profile.plan_options))
     return simulate_step(R1, plan, Batch.decode(batch, context), profile, synthetic="uniform",

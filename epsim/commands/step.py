@@ -153,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _source_text(source: dict[str, Any]) -> str:
+    if "key" in source:  # a profile figure the roofline reads: its own source text
+        return f"{source.get('profile', '')} {source['key']}: {source.get('source', '')}"
     if "url" in source:
         return source["url"]
     ref = source.get("commit") or (f"PR #{source['pr']}" if "pr" in source else "")
