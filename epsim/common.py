@@ -59,6 +59,9 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--tp", default=None, help="tensor-parallel degree")
     add_flag(g, "--ep", default=None,
              help="expert-parallel degree: 1 or the world size (default: world if dp > 1)")
+    add_flag(g, "--redundant-experts", default=Scenario.redundant_experts, metavar="R",
+             help="replica slots per MoE layer for the hottest experts (balanced from the "
+             "loads): experts + R slots, ep must divide them (default 0)")
 
 
 def add_hardware_arg(parser: argparse.ArgumentParser, *, required: bool = True,
@@ -178,6 +181,7 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         chunked_prefill_size=v["chunked_prefill_size"], dp_balance=v["dp_balance"],
         mem_fraction=v["mem_fraction"], percentiles=v["metric_percentiles"],
         percentile_metrics=v["percentile_metrics"], kernels=v["kernels"],
+        redundant_experts=v["redundant_experts"],
     )
 
 

@@ -410,6 +410,7 @@ FLAGS: dict[str, Spec] = {
     # balance
     "--expert-groups": Integer(1, 4096),
     "--redundant": Integer(0, MAX_GPUS),
+    "--redundant-experts": Integer(0, MAX_GPUS),
     "--max-moves": Integer(0, MAX_GPUS),
     # runtime, calibration, validation
     "--steps": Integer(1, 10**5),

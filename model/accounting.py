@@ -171,9 +171,11 @@ def _attention_weight_bytes_per_rank(model: ModelConfig, tp: int) -> float:
 def weight_bytes_per_rank(model: ModelConfig, plan: ParallelPlan) -> dict[str, float]:
     """Weight bytes on one GPU under ``plan``, by component, plus ``total``.
 
-    Experts are split ``num_experts / ep`` per GPU under EP, or each expert's intermediate
-    dimension split by ``tp`` under tensor-parallel MoE; attention is replicated across dp groups
-    and split by heads within one; embeddings and the LM head are split by vocabulary over tp.
+    Experts are split ``slots / ep`` per GPU under EP (slots = experts + the plan's redundant
+    experts: every replica holds a full copy of its expert's weights), or each expert's
+    intermediate dimension split by ``tp`` under tensor-parallel MoE; attention is replicated
+    across dp groups and split by heads within one; embeddings and the LM head are split by
+    vocabulary over tp.
     """
     plan.validate(model)
     h = model.hidden_size
@@ -181,7 +183,7 @@ def weight_bytes_per_rank(model: ModelConfig, plan: ParallelPlan) -> dict[str, f
     edt = bytes_per_element(model.expert_weight_dtype)
     bf16 = bytes_per_element("bf16")
     n_moe, n_dense = len(model.moe_layers), len(model.dense_layers)
-    experts_per_rank = model.moe.num_experts / plan.ep
+    experts_per_rank = plan.expert_slots(model) / plan.ep
     shared_tp = plan.tp if not plan.expert_parallel else 1
     parts = {
         "attention": _attention_weight_bytes_per_rank(model, plan.tp) * model.num_layers,

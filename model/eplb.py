@@ -861,7 +861,9 @@ def balance_report(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_METHO
     ``lower_bound``, ``eval`` on ``eval_loads``, ``moved_experts`` with a previous placement,
     ``wall_ms`` of the balancing alone).
 
-    "Before" is the previous placement when there is one, else the contiguous placement.
+    "Before" is the previous placement when there is one, else the contiguous placement
+    (without replicas when the GPUs divide the experts, else with the redundant slots wrapping
+    round: :func:`~epsim.model.placement.contiguous_placement`).
     """
     from time import perf_counter
 
@@ -876,8 +878,9 @@ def balance_report(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_METHO
                                   expert_groups=expert_groups, previous=previous,
                                   max_moves=max_moves)
     wall_ms = (perf_counter() - start) * 1e3
+    layers, experts = loads.shape
     before = previous if previous is not None else contiguous_placement(
-        loads.shape[0], loads.shape[1], num_gpus)
+        layers, experts, num_gpus, 0 if experts % num_gpus == 0 else redundant)
     out: dict = {
         "layers": int(np.count_nonzero(loads.sum(axis=1) > 0)),
         "experts": loads.shape[1],

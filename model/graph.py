@@ -395,10 +395,13 @@ class _StepBuilder:
             bytes_written=tokens * moe.top_k * 8,  # int32 ids + fp32 weights
             weight_bytes=h * moe.num_experts * self.act,
         )
-        experts_local = moe.num_experts // p.ep
+        # the rank's expert slots (replicas included); expectations below treat a token's top-k
+        # choices as uniform over the slots (the step simulator samples the real split)
+        slots = p.expert_slots(m)
+        experts_local = p.slots_per_gpu(m)
         inter = moe.intermediate_size // p.moe_tp
         if p.expert_parallel:
-            hit = prob_rank_hit(moe.num_experts, experts_local, moe.top_k)
+            hit = prob_rank_hit(slots, experts_local, moe.top_k)
             per_peer_tokens = tokens * hit
             meta = moe.top_k * 8
             disp_row = h * bytes_per_element(p.dispatch_dtype) + meta
@@ -415,7 +418,7 @@ class _StepBuilder:
             expert_inputs = [router, (norm, "h")]
             global_tokens = tokens
         pairs = tokens * moe.top_k  # under EP a rank receives, on average, what it sends
-        untouched = (1.0 - moe.top_k / moe.num_experts) ** global_tokens
+        untouched = (1.0 - moe.top_k / slots) ** global_tokens
         active = experts_local * (1.0 - untouched)
         shared_in_moe = p.fusion.shared_expert_in_moe
         if shared_in_moe and p.expert_parallel:  # the shared expert reads the rank's own rows

@@ -116,32 +116,46 @@ class Placement:
                 "physical_to_logical": self.physical_to_logical.tolist()}
 
 
-def contiguous_placement(num_layers: int, num_experts: int, num_gpus: int) -> Placement:
-    """Experts ``0..E/G-1`` on GPU 0, the next ``E/G`` on GPU 1, ... in every layer."""
-    if num_experts % num_gpus:
-        raise EpsimError(f"{num_gpus} GPUs do not divide {num_experts} experts")
-    table = np.tile(np.arange(num_experts, dtype=np.int64), (num_layers, 1))
+def contiguous_placement(num_layers: int, num_experts: int, num_gpus: int,
+                         redundant: int = 0) -> Placement:
+    """Experts ``0..E/G-1`` on GPU 0, the next ``E/G`` on GPU 1, ... in every layer.
+
+    With ``redundant`` extra slots the numbering wraps round: slot ``s`` holds expert
+    ``s % E``, so experts ``0..R-1`` get a second replica on the last GPUs (the layout
+    ``epsim.model.eplb.balance_placement`` gives dense layers). Example: 4 experts, 2 redundant,
+    3 GPUs: ``[[0, 1], [2, 3], [0, 1]]`` per GPU.
+    """
+    slots = num_experts + redundant
+    if redundant < 0 or slots % num_gpus:
+        extra = f" + {redundant} redundant slots" if redundant else ""
+        raise EpsimError(f"{num_gpus} GPUs do not divide {num_experts} experts{extra}")
+    table = np.tile(np.arange(slots, dtype=np.int64) % num_experts, (num_layers, 1))
     return Placement(table, num_gpus=num_gpus, num_logical=num_experts)
 
 
 def remap(logical_ids: Any, logical_to_physical: Any, replica_counts: Any, token_index: Any) -> Any:
-    """Logical expert ids -> physical slots, choosing among replicas round-robin by token.
+    """Logical expert ids -> physical slots, choosing among replicas by the flattened position.
 
-    Pure indexing arithmetic, so it works on numpy arrays and torch tensors alike (the simulator
-    passes numpy, the runtime torch).
+    The rule is vLLM's EPLB mapping (``vllm/model_executor/layers/fused_moe/router/
+    base_router.py``, ``_eplb_map_and_record_i32_kernel``, commit 03919875d6): the pair at
+    flattened position ``p = t * top_k + j`` of the ``[tokens, top_k]`` choices takes replica
+    ``p % replicas``, so over a batch the replicas share an expert's pairs evenly. Every pair
+    lands on exactly one slot, and that slot holds its expert. Pure indexing arithmetic, so it
+    works on numpy arrays and torch tensors alike (the simulator passes numpy, the runtime torch).
 
     Args:
         logical_ids: ``[tokens, top_k]`` router output for one layer.
         logical_to_physical: ``[num_logical, max_replicas]`` one layer's table (-1 padded).
         replica_counts: ``[num_logical]`` one layer's replica counts.
-        token_index: ``[tokens, 1]`` (or ``[tokens, top_k]``) a global token index; token ``t``'s
-            ``j``-th choice uses replica ``(t + j) % replicas``.
+        token_index: ``[tokens, 1]`` (or ``[tokens, top_k]``) the token's index ``t`` (the
+            runtime passes a rank-global one, so a token's replica does not depend on how the
+            batch is cut into microbatches).
 
     Returns:
         ``[tokens, top_k]`` physical slot ids.
     """
     top_k = logical_ids.shape[-1]
-    offsets = token_index + (token_index * 0 + _arange_like(logical_ids, top_k))
+    offsets = token_index * top_k + (token_index * 0 + _arange_like(logical_ids, top_k))
     replica = offsets % replica_counts[logical_ids]
     return logical_to_physical[logical_ids, replica]
 

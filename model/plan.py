@@ -6,9 +6,12 @@ Glossary:
     tp         tensor parallelism inside a dp group: attention heads (and, with ``ep == 1``, each
                expert's intermediate dimension) are sharded over ``tp`` GPUs, and partial results are
                summed by all-reduce.
-    ep         expert parallelism: ``ep == dp * tp`` puts ``num_experts / ep`` whole experts on each
+    ep         expert parallelism: ``ep == dp * tp`` puts ``slots / ep`` whole experts on each
                GPU and moves tokens to them (dispatch) and back (combine); ``ep == 1`` keeps every
                expert on every GPU of a dp group, tensor-parallel (SGLang's plain ``--tp 8``).
+    slots      expert places per MoE layer: the routed experts plus ``redundant_experts`` replicas
+               of the hottest ones (DeepSeek's and SGLang's EPLB "redundant experts"); ``ep`` must
+               divide the slots, not the experts (SGLang's EP72: 256 + 32 = 288 slots, 4 per GPU).
     microbatches
                1, or 2 for dual-batch overlap (DBO): the step's batch is split in two and the halves
                interleave so one half's dispatch/combine overlaps the other's compute.
@@ -67,6 +70,8 @@ class ParallelPlan:
     placement: name or path of an expert placement (``None``: the contiguous one).
     mem_fraction: share of HBM the engine may use for weights, activations and KV cache
         (vLLM's ``gpu_memory_utilization``).
+    redundant_experts: extra expert slots per MoE layer holding replicas (``0``: none); needs
+        ``ep > 1``. Example: 32 (SGLang's EP72 and DeepSeek's EP144 decode).
     """
 
     nodes: int = 1
@@ -81,6 +86,7 @@ class ParallelPlan:
     dispatch_dtype: str = "fp8_token128"
     placement: str | None = None
     mem_fraction: float = DEFAULT_MEM_FRACTION
+    redundant_experts: int = 0
 
     @property
     def world_size(self) -> int:
@@ -96,6 +102,14 @@ class ParallelPlan:
         """Shards of each expert's intermediate dimension (``tp`` when ``ep == 1``, else 1)."""
         return 1 if self.expert_parallel else self.tp
 
+    def expert_slots(self, model: ModelConfig) -> int:
+        """Expert places per MoE layer: the routed experts plus the redundant ones."""
+        return model.moe.num_experts + self.redundant_experts
+
+    def slots_per_gpu(self, model: ModelConfig) -> int:
+        """Expert weights one GPU holds per MoE layer (every slot on every GPU without EP)."""
+        return self.expert_slots(model) // self.ep
+
     def with_(self, **changes: object) -> ParallelPlan:
         """A copy with some fields changed (and validated by the caller)."""
         return replace(self, **changes)
@@ -106,6 +120,9 @@ class ParallelPlan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EpsimError(f"{name} must be a positive integer, got {value!r}")
+        r = self.redundant_experts
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise EpsimError(f"redundant experts must be a non-negative integer, got {r!r}")
         if self.dp * self.tp != self.world_size:
             raise EpsimError(
                 f"dp {self.dp} x tp {self.tp} = {self.dp * self.tp} does not match the "
@@ -136,10 +153,7 @@ class ParallelPlan:
                 f"tp {self.tp} and the {attn.num_kv_heads} KV heads of {model.name} do not divide "
                 "one another"
             )
-        if moe.num_experts % self.ep:
-            raise EpsimError(
-                f"ep {self.ep} does not divide the {moe.num_experts} experts of {model.name}"
-            )
+        self._check_slots(model)
         if moe.intermediate_size % self.moe_tp:
             raise EpsimError(
                 f"tp {self.tp} does not divide the expert intermediate size "
@@ -156,6 +170,26 @@ class ParallelPlan:
                 f"{moe.shared_intermediate_size} of {model.name}"
             )
         self._check_shared_in_moe(model)
+
+    def _check_slots(self, model: ModelConfig) -> None:
+        """``ep`` divides the expert slots (experts + redundant); replicas need EP."""
+        experts, r = model.moe.num_experts, self.redundant_experts
+        if r and not model.moe_layers:
+            raise EpsimError(f"{model.name} has no MoE layers: no experts to replicate "
+                             f"(redundant experts {r})")
+        if r and not self.expert_parallel:
+            raise EpsimError(f"redundant experts ({r}) replicate experts over EP ranks; "
+                             "with ep 1 every GPU holds every expert")
+        if not r and experts % self.ep:
+            raise EpsimError(
+                f"ep {self.ep} does not divide the {experts} experts of {model.name} "
+                "(redundant experts make experts + R slots: ep must divide those)"
+            )
+        if r and (experts + r) % self.ep:
+            raise EpsimError(
+                f"ep {self.ep} does not divide the {experts} experts + {r} redundant = "
+                f"{experts + r} expert slots of {model.name}"
+            )
 
     def _check_shared_in_moe(self, model: ModelConfig) -> None:
         if self.fusion.shared_expert_in_moe:

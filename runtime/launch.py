@@ -160,8 +160,10 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
     if rank != 0:
         return None
     assert gathered is not None
-    return summarise(opts, model, [s for s, _ in gathered],
-                     [c for _, c in gathered] if opts.check else None)
+    summary = summarise(opts, model, [s for s, _ in gathered],
+                        [c for _, c in gathered] if opts.check else None)
+    summary["redundant_experts"] = plan.redundant_experts
+    return summary
 
 
 def _record(opts: RunOptions, result: Any, phase: str = "decode") -> dict[str, Any]:
@@ -217,7 +219,8 @@ def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
         "kv_dtype": opts.kv_dtype,
         "dtype": opts.dtype,
         "device": opts.device,
-        "placement": opts.placement or "contiguous",
+        "placement": opts.placement or ("table" if opts.placement_table is not None
+                                        else "contiguous"),
         "unfused": opts.unfused,
         "prefill": opts.prefill,
         "step_ms": stats,

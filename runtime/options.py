@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from epsim.model.config import ModelConfig, check_context_length, load_model
 from epsim.model.errors import EpsimError
 from epsim.model.placement import Placement, contiguous_placement, read_placement
@@ -29,6 +31,10 @@ class RunOptions:
     static: static-shape dispatch/combine and MoE (what graph capture needs).
     capture: capture the decode step as a CUDA/HIP graph (needs a GPU; implies static).
     placement: path of a placement file (``epsim.model.placement.read_placement``), None: contiguous.
+    placement_table: a placement given in memory: ``physical_to_logical`` per layer (what
+        ``epsim run --redundant-experts`` balances from load statistics); not with ``placement``.
+    redundant_experts: replica slots per MoE layer; a placement (file or table) sets them, and
+        this must then agree; without one, the contiguous layout with the slots wrapping round.
     kv_dtype: KV-cache storage, ``"fp8"`` (float8_e4m3fn) or ``"bf16"``.
     check: compare every rank's outputs with the dense single-process reference.
     seed: weights, initial tokens and cache contents.
@@ -62,6 +68,8 @@ class RunOptions:
     shared_expert_in_moe: bool = False
     trace: bool = False
     prefill: bool = False
+    placement_table: tuple[tuple[int, ...], ...] | None = None
+    redundant_experts: int = 0
 
     @property
     def static_shapes(self) -> bool:
@@ -118,20 +126,63 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
         raise EpsimError("the shared expert runs inside the fused-MoE op: drop --unfused")
     fusion = (Fusion(False, False, False) if opts.unfused
               else Fusion(shared_expert_in_moe=opts.shared_expert_in_moe))
+    given = _given_placement(opts, model)
     plan = make_plan(model, nodes=1, gpus_per_node=world, dp=dp, tp=1, ep=opts.ep,
                      microbatches=2 if opts.dbo else 1, kv_dtype=opts.kv_dtype,
-                     graph_mode=opts.capture, fusion=fusion, placement=opts.placement)
+                     graph_mode=opts.capture, fusion=fusion, placement=opts.placement,
+                     redundant_experts=_redundant(opts, model, given))
     if opts.prefill and opts.context < 2:
         raise EpsimError("--prefill needs --context >= 2 (a prompt of context - 1 tokens)")
     if opts.dbo and opts.batch < 2:
         raise EpsimError("--dbo splits the batch in two microbatches: it needs --batch >= 2")
+    return model, plan, _placement(opts, model, plan, given)
+
+
+def _given_placement(opts: RunOptions, model: ModelConfig) -> Placement | np.ndarray | None:
+    """The placement file's placement, the table's ``[layers, slots]`` array, or None."""
+    layers, experts = model.num_layers, model.moe.num_experts
+    if opts.placement and opts.placement_table is not None:
+        raise EpsimError("give a placement file or a placement table, not both")
+    if opts.placement:
+        return read_placement(opts.placement, num_layers=layers, num_experts=experts)
+    if opts.placement_table is None:
+        return None
+    table = np.asarray(opts.placement_table, dtype=np.int64)
+    if table.ndim != 2 or table.shape[0] != layers:
+        raise EpsimError(f"placement table of shape {list(table.shape)}: {model.name} has "
+                         f"{layers} layers")
+    return table
+
+
+def _redundant(opts: RunOptions, model: ModelConfig, given: Placement | np.ndarray | None
+               ) -> int:
+    """The run's redundant experts: a given placement's extra slots (``opts.redundant_experts``
+    must then be 0 or agree), else ``opts.redundant_experts``."""
+    r = opts.redundant_experts
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise EpsimError(f"redundant experts must be a non-negative integer, got {r!r}")
+    if given is None:
+        return r
+    slots = given.num_slots if isinstance(given, Placement) else given.shape[1]
+    extra = slots - model.moe.num_experts
+    if r and r != extra:
+        where = opts.placement or "the placement table"
+        raise EpsimError(f"{where}: {slots} slots = {model.moe.num_experts} experts + "
+                         f"{extra} redundant, but redundant experts is {r}")
+    return extra
+
+
+def _placement(opts: RunOptions, model: ModelConfig, plan: ParallelPlan,
+               given: Placement | np.ndarray | None) -> Placement:
+    """The placement the run uses over the plan's EP ranks (without one given: contiguous, the
+    redundant slots wrapping round)."""
     gpus = plan.ep if plan.expert_parallel else 1
     layers, experts = model.num_layers, model.moe.num_experts
-    if opts.placement:
-        placement = read_placement(opts.placement, num_layers=layers, num_experts=experts)
-        if placement.num_gpus != gpus:
-            raise EpsimError(f"{opts.placement}: placement for {placement.num_gpus} GPUs, the run "
-                             f"has {gpus} expert-parallel ranks")
-    else:
-        placement = contiguous_placement(layers, experts, gpus)
-    return model, plan, placement
+    if given is None:
+        return contiguous_placement(layers, experts, gpus, plan.redundant_experts)
+    if isinstance(given, np.ndarray):
+        return Placement(given, num_gpus=gpus, num_logical=experts)
+    if given.num_gpus != gpus:
+        raise EpsimError(f"{opts.placement}: placement for {given.num_gpus} GPUs, the run "
+                         f"has {gpus} expert-parallel ranks")
+    return given

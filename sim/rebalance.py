@@ -327,9 +327,11 @@ def simulate_timed_rebalancing(phases: Sequence[tuple[np.ndarray, int]], initial
 def simulated_step_time(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                         profile: HardwareProfile, mode: str = "fast") -> StepTime:
     """A :data:`StepTime` that runs the per-step simulator (:func:`sim.step.simulate_step`):
-    routing sampled from the given load statistics, mapped through the given placement."""
+    routing sampled from the given load statistics, mapped through the given placement (the
+    plan takes the placement's redundant slots, so the graph holds as many experts per GPU)."""
     def step_seconds(loads: np.ndarray, placement: Placement, seed: int) -> float:
-        return simulate_step(model, plan, batch, profile, loads=loads, placement=placement,
+        slots = plan.with_(redundant_experts=placement.num_slots - placement.num_logical)
+        return simulate_step(model, slots, batch, profile, loads=loads, placement=placement,
                              mode=mode, seed=seed).step_s
     return step_seconds
 

@@ -57,6 +57,8 @@ class Scenario:
     step_mode: the step simulator's mode.
     kernels: the hardware profile's kernel set (``None``: its default; ``"none"``: the roofline
         alone); the fusions the set implies join both sides' plans. Example: ``"aiter"``.
+    redundant_experts: replica slots per MoE layer on both sides' plans (``ep`` must divide
+        experts + R; the replicas are chosen by the balancer from ``loads``). Example: 32.
     """
 
     model: str
@@ -80,6 +82,7 @@ class Scenario:
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
     step_mode: str = "fast"
     kernels: str | None = None
+    redundant_experts: int = 0
 
     def with_(self, **changes: Any) -> Scenario:
         return replace(self, **changes)
@@ -101,7 +104,7 @@ def parse_disagg(text: str) -> tuple[int, int]:
 def _plan_options(sc: Scenario) -> dict[str, Any]:
     """What both sides' plans take from the scenario's execution options."""
     return dict(microbatches=2 if sc.dbo else 1, kv_dtype=sc.kv_dtype, graph_mode=sc.graph,
-                mem_fraction=sc.mem_fraction)
+                mem_fraction=sc.mem_fraction, redundant_experts=sc.redundant_experts)
 
 
 def scenario_profile(sc: Scenario) -> HardwareProfile:
@@ -211,7 +214,9 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
             "dbo": sc.dbo, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
             "disagg": f"{nodes[0]}:{nodes[1]}" if sc.disagg else None,
             "kernels": profile.kernel_set,
-            "shared_expert_in_moe": plan.fusion.shared_expert_in_moe}
+            "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
+            "redundant_experts": plan.redundant_experts,
+            "slots_per_gpu": plan.slots_per_gpu(model)}
 
 
 def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int) -> dict[str, Any]:

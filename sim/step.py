@@ -256,12 +256,14 @@ def _loads_key(loads: np.ndarray) -> tuple:
 
 
 def _default_placement(loads_key: tuple, loads: np.ndarray, gpus: int, eplb: bool,
-                       layers: int, experts: int) -> Placement:
-    key = (loads_key, gpus, eplb)
+                       layers: int, experts: int, redundant: int = 0) -> Placement:
+    """The balancer's placement for ``loads`` (its ``redundant`` replicas chosen from them), or
+    with ``eplb`` off the contiguous one (redundant slots wrapping round)."""
+    key = (loads_key, gpus, eplb, redundant)
     hit = _placements.get(key)
     if hit is None:
-        placement = (balance_placement(loads, gpus) if eplb
-                     else contiguous_placement(layers, experts, gpus))
+        placement = (balance_placement(loads, gpus, redundant=redundant) if eplb
+                     else contiguous_placement(layers, experts, gpus, redundant))
         hit = _remember(_placements, key, placement)
     return hit
 
@@ -370,7 +372,9 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         loads: ``[num_layers, num_experts]`` expert counts (``epsim.model.loads.read_loads``); ``None``:
             the synthetic distribution ``synthetic`` (``"skewed"`` or ``"uniform"``).
         placement: where the experts sit; ``None``: balanced over the EP GPUs for ``loads``
-            (``epsim.model.eplb.balance_placement``), or contiguous when ``eplb=False``.
+            (``epsim.model.eplb.balance_placement``, the plan's ``redundant_experts`` replicas
+            given to the experts with the most load per replica), or contiguous when
+            ``eplb=False``. Its slots must be the plan's (experts + redundant experts).
         mode: ``"fast"`` or ``"exact"``.
         seed: seeds this step's routing sample; same seed, same result.
         trace: also return per-op trace events of every rank.
@@ -401,10 +405,14 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         key = _loads_key(loads)
         if placement is None:
             placement = _default_placement(key, loads, plan.ep, eplb, model.num_layers,
-                                           model.moe.num_experts)
+                                           model.moe.num_experts, plan.redundant_experts)
         elif placement.num_gpus != plan.ep:
             raise EpsimError(f"placement spreads experts over {placement.num_gpus} GPUs, the plan "
                              f"has ep {plan.ep}")
+        elif placement.num_slots != plan.expert_slots(model):
+            raise EpsimError(f"placement has {placement.num_slots} expert slots, the plan "
+                             f"{plan.expert_slots(model)} ({model.moe.num_experts} experts + "
+                             f"{plan.redundant_experts} redundant)")
         p_slot = _slot_frequencies(key, loads, placement, model)
         rng = np.random.default_rng(seed)
         routing = sample_routing(model, loads, placement, comp.mb_tokens, plan.world_size, rng,

@@ -44,7 +44,10 @@ def test_replicas_share_load_and_remap_round_robin():
     assert p.gpu_loads(loads).tolist() == [[35.0, 65.0]]
     ids = np.array([[2, 1], [2, 3]])
     slots = remap(ids, p.logical_to_physical[0], p.replica_counts[0], np.arange(2)[:, None])
-    assert slots.tolist() == [[0, 5], [4, 3]]
+    # vLLM's rule, replica = flattened position t * top_k + j modulo the replicas: positions
+    # 0, 1, 2, 3 -> expert 2 replica 0 (slot 0), expert 1 replica 1 (slot 5), expert 2
+    # replica 0 (slot 0), expert 3 (one replica, slot 3)
+    assert slots.tolist() == [[0, 5], [0, 3]]
     assert (p.physical_to_logical[0][slots] == ids).all()
 
 

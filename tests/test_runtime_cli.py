@@ -29,6 +29,17 @@ def test_json_has_the_promised_keys_and_checks_against_the_reference(epsim, tmp_
     assert any(e["name"] == "L1.moe.dispatch.mb0" and e["tid"] == 1 for e in events)
 
 
+def test_redundant_experts_are_balanced_and_checked_against_the_reference(epsim):
+    pytest.importorskip("torch")
+    out = epsim(*RUN, "--world-size", "2", "--redundant-experts", "2", "--check", "--json",
+                timeout=90)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["redundant_experts"] == 2
+    assert summary["placement"] == "balanced from synthetic loads"
+    assert summary["max_rel_err"] < 1e-4 and summary["token_mismatches"] == 0
+
+
 def test_a_relative_placement_path_is_the_users_not_the_ranks(tmp_path):
     # the ranks run in their own folder: the parent makes the path absolute before they start
     pytest.importorskip("torch")
@@ -49,6 +60,9 @@ def test_a_relative_placement_path_is_the_users_not_the_ranks(tmp_path):
     (["--dbo", "--batch", "1"], "--dbo splits the batch"),
     (["--model", "deepseek-x"], "unknown model"),
     (["--world-size", "3"], "ep 3 does not divide the 16 experts"),
+    (["--world-size", "4", "--redundant-experts", "2"],
+     "ep 4 does not divide the 16 experts + 2 redundant = 18 expert slots"),
+    (["--loads", "decode_in2000out100"], "do not match tiny-deepseek's [3, 16]"),
     (["--trace", "/nonexistent/dir/t.json"], "does not exist"),
     # tiny-deepseek's max_position_embeddings is 4096: the last step would attend 4097 tokens
     (["--context", "4090", "--steps", "8"], "--context 4090 + --steps 8 - 1: 4097 tokens exceed "

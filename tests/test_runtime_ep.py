@@ -47,6 +47,8 @@ def world2(tmp_path_factory):
                                              prefill=True),
         "shared-in-moe+dbo": base.with_(shared_expert_in_moe=True, dbo=True),
         "shared-in-moe+static": base.with_(shared_expert_in_moe=True, static=True),
+        # 16 experts + 2 redundant with no placement given: slots wrap round (experts 0, 1 twice)
+        "redundant-contiguous+dbo": base.with_(redundant_experts=2, dbo=True),
     }
     return grid, dict(zip(grid, launch_local(list(grid.values()), 2), strict=True))
 
@@ -64,6 +66,11 @@ def world4(tmp_path_factory):
         "wide+balanced+dbo": base.with_(model="tiny-deepseek-wide", placement=balanced,
                                         dbo=True),
         "wide+static": base.with_(model="tiny-deepseek-wide", static=True, batch=3),
+        # what `epsim run --redundant-experts 4` passes: 20 slots balanced from loads, 5 a rank
+        "replicated-table+dbo+static": base.with_(
+            dbo=True, static=True, redundant_experts=4, placement_table=tuple(
+                map(tuple, balance_placement(loads[:3, :16], 4, redundant=4)
+                    .physical_to_logical.tolist()))),
     }
     return grid, dict(zip(grid, launch_local(list(grid.values()), 4), strict=True))
 
@@ -84,7 +91,7 @@ def test_configurations_of_one_model_decode_the_same_tokens(world2):
     grid, results = world2
     # same model, seed, inputs and KV storage: placement, DBO, shapes and fusion change nothing
     same = [n for n, o in grid.items() if o.batch == 4 and o.kv_dtype == "fp8"]
-    assert len(same) == 6
+    assert len(same) == 7
     tokens = {name: results[name]["next_tokens"] for name in same}
     first = next(iter(tokens.values()))
     assert all(t == first for t in tokens.values())

@@ -28,8 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--expert-groups", default=None, metavar="K",
                    help="with --nodes: keep the model's K routing groups whole on one node "
                         "(DeepSeek-V3: 8)")
-    add_flag(p, "--redundant", default=0, metavar="R",
-                   help="extra slots per layer for replicas of the hottest experts")
+    add_flag(p, "--redundant-experts", "--redundant", dest="redundant", default=0, metavar="R",
+                   help="extra slots per layer for replicas of the hottest experts "
+                   "(--redundant: the same)")
     add_flag(p, "--previous", metavar="PLACEMENT",
                    help="the placement in use: number GPUs to move the fewest experts")
     add_flag(p, "--max-moves", default=None, metavar="K",

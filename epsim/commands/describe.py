@@ -77,11 +77,14 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
     gpus_per_node = args.gpus_per_node or (profile.gpus_per_node if profile else 8)
     plan = make_plan(model, nodes=args.nodes, gpus_per_node=gpus_per_node, dp=args.dp,
                      tp=args.tp, ep=args.ep, kv_dtype=args.kv_dtype,
-                     mem_fraction=args.mem_fraction)
+                     mem_fraction=args.mem_fraction, redundant_experts=args.redundant_experts)
     weights = accounting.weight_bytes_per_rank(model, plan)
     out["plan"] = {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node,
                    "world_size": plan.world_size, "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
-                   "experts_per_rank": model.moe.num_experts // plan.ep,
+                   "experts_per_rank": plan.slots_per_gpu(model),
+                   "redundant_experts": plan.redundant_experts,
+                   "expert_slots": plan.expert_slots(model),
+                   "slots_per_gpu": plan.slots_per_gpu(model),
                    "kv_dtype": plan.kv_dtype}
     per_rank: dict[str, Any] = {
         "weight_bytes": weights["total"],
@@ -105,6 +108,14 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
         })
     out["per_rank"] = per_rank
     return out
+
+
+def _slots_text(plan: dict[str, Any]) -> str:
+    """``32 experts/GPU``, or with replicas ``4 slots/GPU: 256 experts + 32 redundant``."""
+    if not plan["redundant_experts"]:
+        return f"{plan['experts_per_rank']} experts/GPU"
+    return (f"{plan['slots_per_gpu']} slots/GPU: {plan['expert_slots'] - plan['redundant_experts']}"
+            f" experts + {plan['redundant_experts']} redundant")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         plan, pr = info["plan"], info["per_rank"]
         rows = [
             ("plan", f"{plan['nodes']} node(s) x {plan['gpus_per_node']} GPUs: dp {plan['dp']}, "
-                     f"tp {plan['tp']}, ep {plan['ep']} ({plan['experts_per_rank']} experts/GPU)"),
+                     f"tp {plan['tp']}, ep {plan['ep']} ({_slots_text(plan)})"),
             ("weights / GPU", human_bytes(pr["weight_bytes"])),
         ]
         for name, value in pr["weight_bytes_by_component"].items():

@@ -14,7 +14,7 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.plan import KV_DTYPES
 
-from ..common import add_json_arg, add_model_arg, emit_json, print_table
+from ..common import add_json_arg, add_model_arg, emit_json, loads_help, print_table
 from ..inputs import add_flag
 
 
@@ -43,8 +43,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="static-shape dispatch/combine and MoE (padded to a fixed capacity)")
     p.add_argument("--capture", action="store_true",
                    help="capture the decode step as a CUDA/HIP graph (GPU only; implies --static)")
-    add_flag(p, "--placement", metavar="FILE", help="expert placement file (epsim balance "
-                   "--out); default: contiguous")
+    where = p.add_mutually_exclusive_group()
+    add_flag(where, "--placement", metavar="FILE", help="expert placement file (epsim balance "
+             "--out); default: contiguous, or balanced with --redundant-experts / --loads")
+    add_flag(where, "--loads", metavar="NAME|FILE",
+             help=loads_help("load statistics the placement is balanced from (default with "
+                             "--redundant-experts: the model's synthetic skewed loads)"))
+    add_flag(p, "--redundant-experts", default=0, metavar="R",
+             help="replica slots per MoE layer: without --placement, the balancer places "
+             "experts + R slots from the loads (ep must divide them)")
     add_flag(p, "--kv-dtype", default=KV_DTYPES[0],
                    help=f"KV-cache storage (default {KV_DTYPES[0]}; fp8 = float8_e4m3fn)")
     add_flag(p, "--dtype", default="fp32",
@@ -66,6 +73,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds a collective may wait before the run fails (default 120)")
     add_json_arg(p)
     p.set_defaults(run=run)
+
+
+def _balanced_table(args: argparse.Namespace, world: int) -> tuple[tuple[int, ...], ...] | None:
+    """Without ``--placement``, with ``--redundant-experts`` or ``--loads``: the balancer's
+    placement over the EP ranks (its replicas chosen from the loads, the synthetic ones by
+    default) as a table every rank receives; else None (the file, or contiguous)."""
+    if args.placement or not (args.redundant_experts or args.loads):
+        return None
+    from epsim.model.config import load_model
+    from epsim.model.eplb import balance_placement
+    from epsim.model.loads import read_loads
+    from epsim.model.plan import make_plan
+    from epsim.sim.routing import synthetic_loads
+
+    model = load_model(args.model)
+    loads = read_loads(args.loads) if args.loads else synthetic_loads(model)
+    if loads.shape != (model.num_layers, model.moe.num_experts):
+        raise EpsimError(f"loads {args.loads} of shape {list(loads.shape)} do not match "
+                         f"{model.name}'s [{model.num_layers}, {model.moe.num_experts}] layers x "
+                         "experts")
+    # the plan's own checks first (ep divides the slots, replicas need EP), in its words
+    plan = make_plan(model, nodes=1, gpus_per_node=world, dp=world, tp=1, ep=args.ep,
+                     redundant_experts=args.redundant_experts)
+    gpus = plan.ep if plan.expert_parallel else 1
+    placement = balance_placement(loads, gpus, redundant=args.redundant_experts)
+    return tuple(tuple(row) for row in placement.physical_to_logical.tolist())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         capture=args.capture, placement=args.placement, kv_dtype=args.kv_dtype,
         check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
         unfused=args.unfused, shared_expert_in_moe=args.shared_expert_in_moe,
-        trace=bool(args.trace), prefill=args.prefill)
+        trace=bool(args.trace), prefill=args.prefill,
+        placement_table=_balanced_table(args, world), redundant_experts=args.redundant_experts)
     if torchrun:
         rank = int(os.environ["RANK"])
         try:
@@ -107,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         results = launch_local([opts], world, args.timeout)
     summary: dict[str, Any] = results[0]
+    if opts.placement_table is not None:
+        summary["placement"] = f"balanced from {args.loads or 'synthetic loads'}"
     events = summary.pop("trace_events", None)
     summary.pop("next_tokens", None)
     if args.trace:
@@ -119,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
     st = summary["step_ms"]
     rows = [
         ("plan", f"{world} rank(s): dp {world}, ep {world if world > 1 and args.ep != 1 else 1}, "
-                 f"{summary['batch_per_rank']} seqs/rank, context {summary['context']}"),
+                 + (f"{summary['redundant_experts']} redundant experts, "
+                    if summary.get("redundant_experts") else "")
+                 + f"{summary['batch_per_rank']} seqs/rank, context {summary['context']}"),
         ("mode", ", ".join(filter(None, [
             "DBO" if args.dbo else "no DBO", "static" if summary["static"] else "dynamic",
             "captured" if args.capture else "eager", f"kv {args.kv_dtype}", args.dtype,

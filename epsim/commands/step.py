@@ -78,7 +78,8 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                      gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
                      dp=args.dp, tp=args.tp, ep=args.ep,
                      microbatches=1 if args.no_dbo else 2, kv_dtype=args.kv_dtype,
-                     graph_mode=not args.no_graph, mem_fraction=args.mem_fraction)
+                     graph_mode=not args.no_graph, mem_fraction=args.mem_fraction,
+                     redundant_experts=args.redundant_experts)
     plan = with_implied_fusions(plan, model, profile.plan_options)
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
@@ -103,7 +104,9 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                  "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype,
                  "eplb": not args.no_eplb, "mem_fraction": plan.mem_fraction,
                  "kernels": profile.kernel_set,
-                 "shared_expert_in_moe": plan.fusion.shared_expert_in_moe},
+                 "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
+                 "redundant_experts": plan.redundant_experts,
+                 "slots_per_gpu": plan.slots_per_gpu(model)},
         "batch": {"phase": batch.phase, "seqs_per_rank": batch.seqs, "context": batch.context},
         "loads": args.loads or ("uniform" if args.uniform else "synthetic-skewed"),
         "kv_bytes_per_gpu": need, "kv_bytes_available": budget.kv_bytes,
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     plan, b = out["plan"], out["batch"]
     rows = [
         ("model", f"{out['model']} on {out['hardware']}: dp {plan['dp']}, tp {plan['tp']}, "
-                  f"ep {plan['ep']}, {'DBO' if plan['dbo'] else 'no DBO'}, "
+                  f"ep {plan['ep']}{_slots_text(plan)}, {'DBO' if plan['dbo'] else 'no DBO'}, "
                   f"{'graph' if plan['graph'] else 'eager'}, KV {plan['kv_dtype']}"),
         ("batch", f"{b['phase']}: {b['seqs_per_rank']} seqs/rank, context {b['context']}"),
         ("step", f"{out['step_ms']:.2f} ms ({out['mode']}, seed {out['seed']})"),
@@ -150,6 +153,13 @@ def run(args: argparse.Namespace) -> int:
     if "kernel_sources" in out:
         print_kernel_sources(out["kernel_sources"])
     return 0
+
+
+def _slots_text(plan: dict[str, Any]) -> str:
+    """`` (4 expert slots/GPU, 32 redundant)`` with replicas, else nothing (as before)."""
+    if not plan["redundant_experts"]:
+        return ""
+    return f" ({plan['slots_per_gpu']} expert slots/GPU, {plan['redundant_experts']} redundant)"
 
 
 def _source_text(source: dict[str, Any]) -> str:
