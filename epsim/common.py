@@ -31,6 +31,7 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
+from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
 from epsim.sim.metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, percentile_word
 from epsim.sim.scenario import Scenario
 from epsim.sim.tune import OBJECTIVES, SearchSpace
@@ -120,6 +121,18 @@ def add_kernels_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
              "roofline alone); the fusions the set implies join the plan")
 
 
+def add_mtp_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--mtp N`` and ``--mtp-acceptance P``: MTP speculative decoding (step, predict, sweep,
+    tune, plan, run)."""
+    add_flag(parser, "--mtp", default=0, metavar="N",
+             help="MTP speculative decoding: draft tokens per decode step, verified by the next "
+             "step (1 + N query tokens per sequence) and proposed by the model's MTP draft "
+             "module run N times (default 0: off)")
+    add_flag(parser, "--mtp-acceptance", default=DEFAULT_ACCEPTANCE, metavar="P",
+             help="probability that a draft token is accepted given the one before it was "
+             f"(default {DEFAULT_ACCEPTANCE:g}: {ACCEPTANCE_SOURCE})".replace("%", "%%"))
+
+
 def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> None:
     """How the deployment serves: overlap, placement, graphs, KV, disaggregation, scheduling."""
     many = " (comma list)" if lists else ""
@@ -141,6 +154,7 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False) 
              help=f"how requests are spread over dp ranks (default {sc.dp_balance})")
     add_flag(o, "--mem-fraction", default=sc.mem_fraction,
              help=f"share of HBM for weights + activations + KV (default {sc.mem_fraction})")
+    add_mtp_args(o)
 
 
 def add_scenario_args(parser: argparse.ArgumentParser, *, lists: bool = False,
@@ -182,6 +196,7 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         mem_fraction=v["mem_fraction"], percentiles=v["metric_percentiles"],
         percentile_metrics=v["percentile_metrics"], kernels=v["kernels"],
         redundant_experts=v["redundant_experts"],
+        mtp=v["mtp"], mtp_acceptance=v["mtp_acceptance"],
     )
 
 

@@ -353,7 +353,7 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.model.config import shipped_models
     from epsim.model.eplb import BALANCERS
     from epsim.model.loads import shipped_loads
-    from epsim.model.plan import KV_DTYPES
+    from epsim.model.plan import KV_DTYPES, MAX_MTP
     from epsim.sim.hardware import shipped_profiles
     from epsim.sim.metrics import parse_percentile_metrics, parse_percentiles
     from epsim.sim.scenario import parse_disagg
@@ -366,6 +366,7 @@ def _lazy_flags() -> dict[str, Spec]:
     disagg = Parsed(parse_disagg, "P:D node counts (e.g. 1:2)", max_len=32)
     return {
         "--kv-dtype": Choice(tuple(KV_DTYPES)),
+        "--mtp": Integer(0, MAX_MTP, why="draft tokens per step; 0: off"),
         "--dataset": Choice(tuple(DATASETS)),
         "--dp-balance": Choice(tuple(DP_BALANCE)),
         "--objective": Choice(tuple(OBJECTIVES)),
@@ -405,6 +406,8 @@ FLAGS: dict[str, Spec] = {
     "--random-range-ratio": Real(0.0, 0.999999),  # vLLM: 0 <= r < 1
     "--seed": Integer(0, MAX_SEED),
     "--chunked-prefill-size": Integer(1, MAX_TOKENS),
+    # MTP speculative decoding: each draft token's acceptance probability (--mtp: _lazy_flags)
+    "--mtp-acceptance": Real(0.0, 1.0),
     # search and capacity
     "--target-output-throughput": Real(0.0, 1e10, low_open=True),
     # balance

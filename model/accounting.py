@@ -11,6 +11,9 @@ Conventions (the ones model cards use):
                            (``2 * kv_heads * head_dim``) per layer. Sliding-window layers stop
                            growing at the window, so they are left out of the per-token figure and
                            reported as a fixed per-sequence cost instead.
+    MTP draft layer        a plan with ``mtp > 0`` also holds the draft module's weights (one
+                           decoder layer, its three norms and ``eh_proj``; the embedding and the
+                           output head are the main model's) and caches its layer's KV too.
 """
 
 from __future__ import annotations
@@ -195,8 +198,29 @@ def weight_bytes_per_rank(model: ModelConfig, plan: ParallelPlan) -> dict[str, f
         "embedding": model.vocab_size * h * bf16 / plan.tp,
         "lm_head": (0 if model.tie_word_embeddings else model.vocab_size * h) * bf16 / plan.tp,
     }
+    if plan.mtp:
+        parts["mtp"] = mtp_weight_bytes_per_rank(model, plan)
     parts["total"] = sum(parts.values())
     return parts
+
+
+def mtp_weight_bytes_per_rank(model: ModelConfig, plan: ParallelPlan) -> float:
+    """The MTP draft module's weights on one GPU: one decoder layer sharded as the main model's
+    (an MoE one for DeepSeek-V3), ``enorm``, ``hnorm`` and the head norm, and ``eh_proj``
+    (2h x h); the embedding and the output head are shared with the main model."""
+    h = model.hidden_size
+    wdt = bytes_per_element(model.weight_dtype)
+    edt = bytes_per_element(model.expert_weight_dtype)
+    bf16 = bytes_per_element("bf16")
+    layer = _attention_weight_bytes_per_rank(model, plan.tp) + 2 * h * bf16  # + its two norms
+    if model.mtp_moe:
+        shared_tp = plan.tp if not plan.expert_parallel else 1
+        layer += (expert_params(model) * model.moe.num_experts / plan.ep * edt / plan.moe_tp
+                  + 3 * h * model.moe.shared_intermediate_size * edt / shared_tp
+                  + router_params_per_layer(model) * bf16)
+    else:
+        layer += 3 * h * model.dense_intermediate_size * wdt / plan.tp
+    return layer + 3 * h * bf16 + 2 * h * h * wdt
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,20 +237,29 @@ def kv_values_per_token_layer(model: ModelConfig, tp: int = 1) -> int:
     return 2 * kv_heads_per_rank * a.head_dim
 
 
-def kv_bytes_per_token(model: ModelConfig, kv_dtype: str, tp: int = 1) -> float:
-    """Marginal KV bytes of one more cached token on one GPU (full-attention layers only)."""
-    full_layers = sum(1 for t in model.attention.layer_types if t == "full")
+def kv_bytes_per_token(model: ModelConfig, kv_dtype: str, tp: int = 1,
+                       draft_layers: int = 0) -> float:
+    """Marginal KV bytes of one more cached token on one GPU (full-attention layers only;
+    ``draft_layers``: MTP draft layers caching it too, 1 under MTP)."""
+    full_layers = sum(1 for t in model.attention.layer_types if t == "full") + draft_layers
     return full_layers * kv_values_per_token_layer(model, tp) * bytes_per_element(kv_dtype)
 
 
-def kv_bytes_for_sequence(model: ModelConfig, kv_dtype: str, tokens: int, tp: int = 1) -> float:
-    """KV bytes one sequence of ``tokens`` cached tokens holds on one GPU (windows capped)."""
+def kv_bytes_for_sequence(model: ModelConfig, kv_dtype: str, tokens: int, tp: int = 1,
+                          draft_layers: int = 0) -> float:
+    """KV bytes one sequence of ``tokens`` cached tokens holds on one GPU (windows capped;
+    ``draft_layers`` as :func:`kv_bytes_per_token`)."""
     a = model.attention
     per_layer = kv_values_per_token_layer(model, tp) * bytes_per_element(kv_dtype)
     window = a.sliding_window or tokens
     return sum(
         per_layer * (min(tokens, window) if t == "sliding" else tokens) for t in a.layer_types
-    )
+    ) + draft_layers * per_layer * tokens
+
+
+def draft_kv_layers(plan: ParallelPlan) -> int:
+    """Layers the MTP draft module adds to the KV cache under ``plan`` (1 with MTP, else 0)."""
+    return 1 if plan.mtp else 0
 
 
 def kv_window_bytes_per_sequence(model: ModelConfig, kv_dtype: str, tp: int = 1) -> float:
@@ -277,7 +310,7 @@ def memory_budget(
             f"{usable / 1e9:.1f} GB usable ({plan.mem_fraction:g} of {hbm_bytes / 1e9:.0f} GB); "
             "use more GPUs or a larger ep/tp"
         )
-    per_token = kv_bytes_per_token(model, plan.kv_dtype, plan.tp)
+    per_token = kv_bytes_per_token(model, plan.kv_dtype, plan.tp, draft_kv_layers(plan))
     return MemoryBudget(
         hbm_bytes=hbm_bytes,
         usable_bytes=usable,

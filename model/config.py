@@ -103,6 +103,10 @@ class ModelConfig:
         config.json of another ``model_type`` with a known ``architectures`` entry, e.g. Kimi-K2's
         ``kimi_k2`` / ``DeepseekV3ForCausalLM``, gets its architecture's family).
     num_layers: decoder layers (DeepSeek's MTP layer is not counted: it is a separate draft model).
+    mtp_layers: DeepSeek's multi-token-prediction (draft) modules, ``num_nextn_predict_layers``
+        in config.json. Example: 1 (DeepSeek-V3/R1), 0 (a model without one).
+    mtp_moe: the draft module's decoder layer has an MoE FFN (DeepSeek's rule for layer
+        ``num_layers``: at or past ``first_k_dense_replace`` and on ``moe_layer_freq``).
     dense_intermediate_size: FFN width of the non-MoE layers (0 when every layer is MoE).
     weight_dtype: storage of the attention/dense linear weights (see ``epsim.model.dtypes``).
     expert_weight_dtype: storage of routed and shared expert weights.
@@ -124,6 +128,8 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int | None = None
+    mtp_layers: int = 0
+    mtp_moe: bool = False
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -191,6 +197,9 @@ def _deepseek(cfg: Mapping[str, Any], name: str) -> ModelConfig:
     n_shared = int(cfg.get("n_shared_experts") or 0)
     q_lora = cfg.get("q_lora_rank")
     weight_dtype, expert_dtype = _dtypes(cfg, name)
+    mtp_layers = int(cfg.get("num_nextn_predict_layers") or 0)
+    if mtp_layers < 0:
+        raise EpsimError(f"{name}: num_nextn_predict_layers must be 0 or more, got {mtp_layers}")
     attention = AttentionConfig(
         kind="mla",
         num_heads=heads,
@@ -230,6 +239,10 @@ def _deepseek(cfg: Mapping[str, Any], name: str) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        mtp_layers=mtp_layers,
+        # the MTP layer is numbered after the decoder layers (HF's model.layers.{num_layers}),
+        # and vLLM's DeepseekV2DecoderLayer gives it an MoE FFN by the main layers' rule
+        mtp_moe=layers >= first_dense and layers % freq == 0,
     )
 
 

@@ -17,6 +17,7 @@ import networkx as nx
 from .config import ModelConfig
 from .dtypes import COMPUTE_DTYPE, bytes_per_element
 from .ids import NO_LAYER, op_id
+from .mtp import emit_draft_pass
 from .opgraph import KIND_DIMS, OP_CATEGORIES, Batch, Op, OpGraph
 from .plan import ParallelPlan
 from .schedule import build_schedule
@@ -56,6 +57,8 @@ class _Emitter:
         self.blocks: list[list[str]] = []  # the embedding, each decoder layer, the head
         self.last: str | None = None
         self.results: dict[str, tuple[str, str]] = {}
+        self.draft: int | None = None  # the MTP draft pass being emitted (epsim.model.mtp)
+        self.draft_carry: str | None = None  # that pass's head: it hands the next its hidden
 
     def begin_block(self) -> None:
         self.blocks.append([])
@@ -63,9 +66,9 @@ class _Emitter:
     def emit(self, layer: int, name: str, kind: str, category: str, *,
              deps: Iterable[Read | None] | None = None, outputs: Sequence[str] = ("out",),
              **fields: Any) -> str:
-        ident = op_id(layer, name, self.microbatch)
+        ident = op_id(layer, name, self.microbatch, self.draft)
         op = Op(id=ident, kind=kind, name=name, layer=layer, microbatch=self.microbatch,
-                category=category, outputs=tuple(outputs), **fields)
+                category=category, outputs=tuple(outputs), draft=self.draft, **fields)
         missing = [k for k in KIND_DIMS[kind] if k not in op.dims]
         assert not missing, f"{ident}: dims lack {missing}"
         assert category in OP_CATEGORIES, f"{ident}: unknown category {category!r}"
@@ -87,14 +90,27 @@ class _Emitter:
         return producer, value
 
 
+def query_tokens(plan: ParallelPlan, batch: Batch) -> int:
+    """New tokens per sequence a step computes: a decode step's 1 + ``plan.mtp`` (the last
+    token and the drafts it verifies), a prefill step's prompt chunk."""
+    return 1 + plan.mtp if batch.phase == "decode" else batch.new_tokens_per_seq
+
+
 class _StepBuilder:
-    """Builds one microbatch's ops for a model, plan and batch (see ``build_step_graph``)."""
+    """Builds one microbatch's ops for a model, plan and batch (see ``build_step_graph``).
+
+    ``new_tokens`` / ``context`` override the batch's tokens per sequence and context (an MTP
+    draft pass after the first runs one token per sequence further along, ``epsim.model.mtp``).
+    """
 
     def __init__(self, model: ModelConfig, plan: ParallelPlan, batch: Batch,
-                 seqs: int, emitter: _Emitter) -> None:
+                 seqs: int, emitter: _Emitter, *, new_tokens: int | None = None,
+                 context: int | None = None) -> None:
         self.m, self.p, self.b = model, plan, batch
         self.seqs = seqs
-        self.tokens = seqs * batch.new_tokens_per_seq
+        self.new = query_tokens(plan, batch) if new_tokens is None else new_tokens
+        self.context = batch.context if context is None else context
+        self.tokens = seqs * self.new
         self.e = emitter
         self.act = bytes_per_element(ACT)
         self.wdt = bytes_per_element(model.weight_dtype)
@@ -102,6 +118,12 @@ class _StepBuilder:
         self.compute_dtype = COMPUTE_DTYPE[model.weight_dtype]
         self.expert_compute_dtype = COMPUTE_DTYPE[model.expert_weight_dtype]
         self.residual: str | None = None  # the last fused add+norm: it wrote the residual stream
+
+    @property
+    def kv_len(self) -> int:
+        """Cache entries per sequence once the step's tokens are in: decode's context plus the
+        drafts it verifies, prefill's prompt."""
+        return self.context + self.new - 1 if self.b.phase == "decode" else self.context
 
     # -- generic op shapes ------------------------------------------------------------------
 
@@ -260,15 +282,19 @@ class _StepBuilder:
             # absorbed MLA: queries move into the latent space, attention runs over the latent
             q_lat = self.gemm(layer, "attn.q_absorb", cat, t, a.kv_lora_rank, a.qk_nope_head_dim,
                               batch=heads, out="q_lat", deps=[q])
-            ctx = self.b.context
+            # the step's q = 1 + mtp queries per sequence read its ctx entries once (the
+            # cache and the new tokens); query i attends the ctx - q + 1 + i before it
+            q_len, ctx = self.new, self.kv_len
+            attended = ctx if q_len == 1 else q_len * ctx - q_len * (q_len - 1) / 2
             seqs = self.seqs
             core = self.e.emit(
                 layer, "attn.core", "attention_decode", cat, deps=[q_lat, *cached, q],
                 outputs=("o_lat",),
                 dims={"seqs": seqs, "heads": heads, "context": ctx, "qk_dim": latent,
-                      "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.p.kv_dtype},
+                      "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.p.kv_dtype,
+                      "query_tokens": q_len},
                 dtype=ACT,
-                flops=2.0 * seqs * heads * ctx * (latent + a.kv_lora_rank) + rope_flops,
+                flops=2.0 * seqs * heads * attended * (latent + a.kv_lora_rank) + rope_flops,
                 bytes_read=seqs * ctx * latent * kv_cache_dt + t * heads * latent * self.act,
                 bytes_written=t * heads * a.kv_lora_rank * self.act + t * latent * kv_cache_dt,
             )
@@ -276,8 +302,8 @@ class _StepBuilder:
                              batch=heads, out="attn_v", deps=[core])
         else:
             # prefill: expand the latent into per-head K and V, then causal attention
-            new = self.b.new_tokens_per_seq
-            ctx = self.b.context
+            new = self.new
+            ctx = self.context
             kv_up = self.gemm(layer, "attn.kv_b", cat, t,
                               heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank,
                               out="kv_up", deps=[(latent_norm, "c_kv")])
@@ -318,7 +344,7 @@ class _StepBuilder:
         kv_dt = bytes_per_element(self.p.kv_dtype)
         kv_row = 2 * kv_heads * d
         if self.b.phase == "decode":
-            ctx = min(self.b.context, window) if window else self.b.context
+            ctx = min(self.context, window) if window else self.context
             core = self.e.emit(
                 layer, "attn.core", "attention_decode", cat, deps=[qkv], outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "context": ctx, "qk_dim": d, "v_dim": d,
@@ -329,7 +355,7 @@ class _StepBuilder:
                 bytes_written=t * heads * d * self.act + t * kv_row * kv_dt,
             )
         else:
-            new, pre = self.b.new_tokens_per_seq, self.b.prefix
+            new, pre = self.new, self.b.prefix
             if window:
                 attended = self.seqs * sum(min(pre + i, window) for i in range(1, new + 1))
             else:
@@ -337,7 +363,7 @@ class _StepBuilder:
             core = self.e.emit(
                 layer, "attn.core", "attention_prefill", cat, deps=[qkv], outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "new_tokens": new,
-                      "context": self.b.context, "qk_dim": d, "v_dim": d, "kv_heads": kv_heads,
+                      "context": self.context, "qk_dim": d, "v_dim": d, "kv_heads": kv_heads,
                       "kv_dtype": self.p.kv_dtype, "window": window or 0},
                 dtype=ACT,
                 flops=2.0 * heads * attended * 2 * d + rope_flops,
@@ -576,7 +602,7 @@ def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> Op
     return OpGraph(
         model=model, plan=plan, batch=batch, ops=ops, graph=graph, schedule=schedule,
         captured=plan.graph_mode and batch.phase == "decode",
-        microbatch_tokens=tuple(s * batch.new_tokens_per_seq for s in seq_split),
+        microbatch_tokens=tuple(s * query_tokens(plan, batch) for s in seq_split),
         microbatch_seqs=tuple(seq_split),
         results=tuple(e.results for e in emitters),
     )
@@ -595,3 +621,5 @@ def _build_microbatch(model: ModelConfig, plan: ParallelPlan, batch: Batch, seqs
         else:
             layer_outputs = [b.dense_mlp(layer, attn)]
     b.head(layer_outputs)
+    for k in range(plan.mtp):  # the MTP draft module, once per draft token
+        emit_draft_pass(b, k)

@@ -21,7 +21,10 @@ Glossary:
                a fused add+norm, ``"q"`` for ``attn.q_b``); an edge u -> v carries the names of
                u's values v reads (``values``), so ``OpGraph.inputs`` says what every op consumes
                and from whom. The runtime passes values along exactly these edges.
-    tokens     rows of the activations an op works on; decode: one per sequence.
+    tokens     rows of the activations an op works on; decode: one per sequence, or 1 + ``mtp``
+               under MTP speculative decoding (the last token and the drafts it verifies).
+    draft pass one run of the MTP draft module (``epsim.model.mtp``): ``Op.draft`` is its index
+               (0 .. mtp - 1), ``None`` for the main model's ops.
     pairs      (token, expert) pairs a rank's routed experts process.
 
 Bytes are HBM traffic: ``bytes_read`` (weights + activations in), ``bytes_written``.
@@ -80,10 +83,12 @@ PHASES = ("decode", "prefill")
 class Batch:
     """What one dp group's GPUs process in one step.
 
-    phase: ``"decode"`` (one new token per sequence) or ``"prefill"``.
+    phase: ``"decode"`` (one new token per sequence; 1 + ``ParallelPlan.mtp`` under MTP) or
+        ``"prefill"``.
     seqs: sequences in the step. Example: 512.
     context: decode: cached tokens each sequence attends to, the new one included
-        (example: 2100); prefill: prompt length.
+        (example: 2100; under MTP the first of the 1 + mtp new tokens'); prefill: prompt
+        length.
     prefix: prefill only: prompt tokens already cached (chunked prefill, prefix caching).
     """
 
@@ -142,6 +147,8 @@ class Op:
         figures above assume uniform routing.
     outputs: names of the values it writes, the first its main one. Example: ``("c_kv",
         "k_pe")`` for ``attn.kv_a_norm`` (the normalised latent, the RoPE key passed through).
+    draft: the MTP draft pass the op belongs to (``epsim.model.mtp``), ``None`` for the main
+        model's ops.
     """
 
     id: str
@@ -159,6 +166,7 @@ class Op:
     peer_bytes: tuple[float, ...] | None = None
     routed: bool = False
     outputs: tuple[str, ...] = ("out",)
+    draft: int | None = None
 
     @property
     def is_collective(self) -> bool:
@@ -183,7 +191,8 @@ class OpGraph:
     microbatch_tokens: tokens of each microbatch. Example: ``(256, 256)``.
     microbatch_seqs: sequences of each microbatch. Example: ``(256, 256)``.
     results: per microbatch, where the step's outputs are: ``{"hidden": (final_norm id, "h"),
-        "logits": (op id, "logits"), "next_tokens": (sample id, "next_tokens")}``.
+        "logits": (op id, "logits"), "next_tokens": (sample id, "next_tokens")}``; under MTP
+        also each draft pass's ``"draft_logits{k}"`` and ``"draft_tokens{k}"``.
     """
 
     model: ModelConfig

@@ -17,6 +17,9 @@ Glossary:
                interleave so one half's dispatch/combine overlaps the other's compute.
     graph mode the decode step is captured once (CUDA/HIP graph) and replayed: one launch per step
                instead of one per kernel, at the price of static shapes.
+    mtp        speculative decoding with DeepSeek's multi-token-prediction module: a decode step
+               verifies 1 + ``mtp`` tokens per sequence and runs the draft module ``mtp`` times
+               (``epsim.model.mtp``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from .config import ModelConfig
 from .errors import EpsimError
 
 KV_DTYPES = ("fp8", "bf16")
+#: the most draft tokens per step a plan may verify (vLLM and SGLang take any count; beyond a
+#: few the chain's acceptance makes more drafts pointless: P**16 < 0.2 even at P = 0.9)
+MAX_MTP = 16
 #: share of HBM an engine may use, as vLLM's gpu_memory_utilization default
 DEFAULT_MEM_FRACTION = 0.9
 
@@ -72,6 +78,8 @@ class ParallelPlan:
         (vLLM's ``gpu_memory_utilization``).
     redundant_experts: extra expert slots per MoE layer holding replicas (``0``: none); needs
         ``ep > 1``. Example: 32 (SGLang's EP72 and DeepSeek's EP144 decode).
+    mtp: draft tokens per decode step (MTP speculative decoding; 0: off). Example: 1, as
+        DeepSeek's own decode deployment runs.
     """
 
     nodes: int = 1
@@ -87,6 +95,7 @@ class ParallelPlan:
     placement: str | None = None
     mem_fraction: float = DEFAULT_MEM_FRACTION
     redundant_experts: int = 0
+    mtp: int = 0
 
     @property
     def world_size(self) -> int:
@@ -138,6 +147,10 @@ class ParallelPlan:
             raise EpsimError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise EpsimError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        if isinstance(self.mtp, bool) or not isinstance(self.mtp, int) \
+                or not 0 <= self.mtp <= MAX_MTP:
+            raise EpsimError(f"mtp (draft tokens per step) must be an integer in [0, {MAX_MTP}], "
+                             f"got {self.mtp!r}")
         if model is not None:
             self._validate_for(model)
         return self
@@ -170,6 +183,9 @@ class ParallelPlan:
                 f"{moe.shared_intermediate_size} of {model.name}"
             )
         self._check_shared_in_moe(model)
+        if self.mtp and not model.mtp_layers:
+            raise EpsimError(f"--mtp {self.mtp}: {model.name} has no MTP draft module "
+                             "(num_nextn_predict_layers is 0 in its config.json)")
 
     def _check_slots(self, model: ModelConfig) -> None:
         """``ep`` divides the expert slots (experts + redundant); replicas need EP."""

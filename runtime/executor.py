@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 
 from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
 from epsim.model.graph import build_step_graph
 from epsim.model.ids import weight_key
+from epsim.model.mtp import draft_layer, routing_layer, runtime_accepted
 from epsim.model.opgraph import Batch, Op, OpGraph
 from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
@@ -37,7 +39,7 @@ from . import weights as W
 from .backends import select_moe_backend, select_mori
 from .kv_cache import KV_STORAGE, LatentCache
 from .ops import OP_IMPLS, MicrobatchState, last_token_rows
-from .options import RunOptions
+from .options import RunOptions, cache_positions
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 #: step graphs a rank keeps built (the captured step's, the current one's, a caller's look-back)
@@ -51,6 +53,10 @@ class RankStepOutput:
     logits: ``[B, vocab]`` fp32 of each sequence's last token. next_tokens: ``[B]``.
     hidden: ``[B, h]`` final-norm output. step_us: wall time of the step.
     events: per-op trace events (times from the step start).
+    Under MTP (``mtp = N``) logits, next_tokens and hidden have a row per verified token
+    (``B * (1 + N)``, sequence by sequence), and:
+    draft_logits: per draft pass ``[B, vocab]``; draft_tokens: ``[B, N]`` the drafts proposed;
+    accepted: ``[B]`` the drafts of this step's input accepted (simulated).
     """
 
     logits: torch.Tensor
@@ -58,6 +64,9 @@ class RankStepOutput:
     hidden: torch.Tensor
     step_us: float
     events: list[TraceEvent]
+    draft_logits: list[torch.Tensor] = field(default_factory=list)
+    draft_tokens: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None
 
 
 class Clock:
@@ -110,19 +119,29 @@ class RankRuntime:
         self.slots_per_rank = placement.slots_per_gpu
         self.slot_base = self.ep_rank * self.slots_per_rank
         self.experts = self._load_experts()
-        self.l2p = torch.as_tensor(placement.logical_to_physical, device=self.device)
-        self.replicas = torch.as_tensor(placement.replica_counts, device=self.device)
+        l2p, replicas = placement.logical_to_physical, placement.replica_counts
+        if plan.mtp and model.mtp_moe:  # the draft layer sits like its routing layer
+            row = routing_layer(model)
+            l2p = np.concatenate([l2p, l2p[row:row + 1]])
+            replicas = np.concatenate([replicas, replicas[row:row + 1]])
+        self.l2p = torch.as_tensor(l2p, device=self.device)
+        self.replicas = torch.as_tensor(replicas, device=self.device)
         self.moe_backend = select_moe_backend(self)
         self.mori = select_mori(self)
         # Per-sequence state: cache, lengths (cached tokens before the step), next inputs
         b, ctx = opts.batch, opts.context
-        self.cache = LatentCache(model.num_layers, b, ctx + opts.steps, self.latent, self.rope,
+        self.mtp = plan.mtp
+        cache_layers = model.num_layers + (1 if self.mtp else 0)  # + the draft layer's own
+        capacity = cache_positions(opts) if self.mtp else ctx + opts.steps
+        self.cache = LatentCache(cache_layers, b, capacity, self.latent, self.rope,
                                  KV_STORAGE[opts.kv_dtype], self.device)
+        if self.mtp and opts.check:  # the check replays each step's writes (rejected drafts')
+            self.cache.journal = {}
         if opts.prefill:  # the cache fills in prefill(); its last logits give the tokens
             self.lengths = torch.zeros(b, dtype=torch.int64, device=self.device)
             self.tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
         else:  # cached entries drawn from the seed stand in for a prefill
-            for layer in range(model.num_layers):
+            for layer in range(cache_layers):
                 c, pe = W.initial_cache(model, opts.seed, rank, layer, b, ctx - 1)
                 seqs = torch.arange(b, device=self.device).repeat_interleave(ctx - 1)
                 pos = torch.arange(ctx - 1, device=self.device).repeat(b)
@@ -130,6 +149,8 @@ class RankRuntime:
                                  pe.to(self.device).reshape(-1, self.rope))
             self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
             self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
+        # under MTP the drafts the next step verifies (drawn for the first)
+        self.drafts = W.initial_drafts(model, opts.seed, rank, b, self.mtp).to(self.device)
         self.steps_done = 0
         # each step's graph differs in its sizes (the context grows): keep only the last few
         self._graphs: OrderedDict[int, OpGraph] = OrderedDict()
@@ -140,8 +161,9 @@ class RankRuntime:
     # -- set-up -----------------------------------------------------------------------------
 
     def _load_weights(self) -> dict[str, torch.Tensor]:
-        w = W.dense_weights(self.model, self.opts.seed)
-        for layer in range(self.model.num_layers):
+        w = W.dense_weights(self.model, self.opts.seed, draft=bool(self.plan.mtp))
+        layers = self.model.num_layers + (1 if self.plan.mtp else 0)
+        for layer in range(layers):
             key = partial(weight_key, layer)
             kv_b = w[key("attn.kv_b")]  # [H, nope + v, r]
             w[key("attn.q_absorb")] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
@@ -158,8 +180,12 @@ class RankRuntime:
         """layer -> (gate_up [S, h, 2I], down [S, I, h]) for this rank's slots."""
         out = {}
         lo, hi = self.slot_base, self.slot_base + self.slots_per_rank
-        for layer in self.model.moe_layers:
-            logical = self.placement.physical_to_logical[layer, lo:hi].tolist()
+        p2l = self.placement.physical_to_logical
+        placed = [(layer, layer) for layer in self.model.moe_layers]
+        if self.plan.mtp and self.model.mtp_moe:  # placed as its routing layer
+            placed.append((draft_layer(self.model), routing_layer(self.model)))
+        for layer, row in placed:
+            logical = p2l[row, lo:hi].tolist()
             gu, down = W.expert_weights(self.model, self.opts.seed, layer, logical)
             out[layer] = (gu.to(self.device, self.dtype), down.to(self.device, self.dtype))
         return out
@@ -215,6 +241,8 @@ class RankRuntime:
         if capturing and not self.static:
             raise AssertionError("graph capture needs the static-shape step")
         graph, flow = self._step_graph(0 if capturing else self.steps_done)
+        if self.mtp:
+            return self._verify_step(graph, flow)
         positions = self.lengths.clone()
         states, start = [], 0
         for mb, n in enumerate(graph.microbatch_seqs):
@@ -229,6 +257,52 @@ class RankRuntime:
         self.tokens.copy_(result.next_tokens)
         self.steps_done += 1
         return result
+
+    def _verify_step(self, graph: OpGraph, flow: ValueFlow) -> RankStepOutput:
+        """An MTP step: every sequence's last token and its ``mtp`` drafts through the main
+        model (a causal multi-token decode over its cache), then the draft passes; the accepted
+        drafts are this step's sampled chain (``epsim.model.mtp.runtime_accepted``), and each
+        sequence advances by them plus the main model's token after the last one."""
+        n, q = self.opts.batch, 1 + self.mtp
+        accepted = torch.as_tensor(runtime_accepted(
+            self.opts.seed, self.rank, self.steps_done, n, self.mtp, self.opts.mtp_acceptance),
+            device=self.device)
+        inputs = torch.cat([self.tokens[:, None], self.drafts], dim=1)  # [B, 1 + mtp]
+        states, start = [], 0
+        for mb, seqs_n in enumerate(graph.microbatch_seqs):
+            seqs = slice(start, start + seqs_n)
+            start += seqs_n
+            states.append(self._verify_state(mb, seqs, inputs[seqs], accepted[seqs]))
+        result = self._run(graph, flow, states, False)
+        sampled = result.next_tokens.view(n, q)
+        rows = torch.arange(n, device=self.device)
+        self.tokens.copy_(sampled[rows, accepted])  # the token after the last accepted draft
+        self.drafts.copy_(result.draft_tokens)
+        self.lengths += 1 + accepted
+        self.steps_done += 1
+        return replace(result, accepted=accepted)
+
+    def _verify_state(self, mb: int, seqs: slice, inputs: torch.Tensor,
+                      accepted: torch.Tensor) -> MicrobatchState:
+        """One microbatch's state of an MTP step, its draft passes' within."""
+        n, q = inputs.shape
+        dev = self.device
+        seq_ids = torch.arange(seqs.start, seqs.stop, device=dev)
+        per_token = seq_ids.repeat_interleave(q)
+        offsets = torch.arange(q, device=dev)
+        positions = (self.lengths[seqs][:, None] + offsets[None, :]).reshape(-1)
+        index = ((self.batch_index + per_token) * q + offsets.repeat(n))[:, None]
+        main = self._state(mb, seqs, inputs.reshape(-1), positions, per_token, index)
+        # pass 0: the verified rows; each row's next input is the token after it
+        follow = (offsets[None, :] < accepted[:, None]).reshape(-1)
+        shifted = inputs.roll(-1, dims=1).reshape(-1)
+        last = torch.arange(n, device=dev) * q + accepted
+        passes = [replace(main, last_rows=last, draft_inputs=(shifted, follow))]
+        for k in range(1, self.mtp):  # one row per sequence, k past its last accepted token
+            pos = self.lengths[seqs] + accepted + k
+            passes.append(self._state(mb, seqs, torch.zeros_like(pos), pos, seq_ids,
+                                      ((self.batch_index + seq_ids) * q + k)[:, None]))
+        return replace(main, passes=tuple(passes))
 
     def prefill(self) -> RankStepOutput:
         """Run the prompts (``context - 1`` random tokens per sequence) through the prefill graph,
@@ -273,9 +347,11 @@ class RankRuntime:
         if not capturing:
             clock.start()
         for slot in graph.schedule.slots:
-            state = states[slot.microbatch]
             for op_id in slot.op_ids:
                 op = graph.ops[op_id]
+                state = states[slot.microbatch]
+                if op.draft is not None:  # an MTP draft pass runs on its own rows
+                    state = state.passes[op.draft]
                 reads = flow.reads[op_id]
                 for producer, _ in reads:
                     if producer in pending:
@@ -301,16 +377,26 @@ class RankRuntime:
         events = [] if capturing else [
             TraceEvent(op.id, op.kind, self.rank, stream, clock.us(t0),
                        max(0.0, clock.us(t1) - clock.us(t0)), op.layer, op.microbatch,
-                       {"tokens": states[op.microbatch].num_tokens})
+                       {"tokens": _state_of(states, op).num_tokens})
             for op, stream, t0, t1 in marks]
         outputs = [{name: values[where] for name, where in graph.results[s.microbatch].items()}
                    for s in states]
+        passes = range(self.plan.mtp)
         return RankStepOutput(
             logits=torch.cat([o["logits"] for o in outputs]),
             next_tokens=torch.cat([o["next_tokens"] for o in outputs]),
             hidden=torch.cat([last_token_rows(s, o["hidden"])
                               for s, o in zip(states, outputs, strict=True)]),
-            step_us=step_us, events=events)
+            step_us=step_us, events=events,
+            draft_logits=[torch.cat([o[f"draft_logits{k}"] for o in outputs]) for k in passes],
+            draft_tokens=torch.cat([torch.stack([o[f"draft_tokens{k}"] for k in passes], dim=1)
+                                    for o in outputs]) if self.plan.mtp else None)
+
+
+def _state_of(states: list[MicrobatchState], op: Op) -> MicrobatchState:
+    """The state ``op`` ran on: its microbatch's, or that microbatch's draft pass's."""
+    state = states[op.microbatch]
+    return state if op.draft is None else state.passes[op.draft]
 
 
 def _store(values: dict[tuple[str, str], Any], op: Op, written: dict[str, Any]) -> None:

@@ -34,12 +34,27 @@ class LatentCache:
         self.pe = [torch.zeros(seqs, capacity, rope, dtype=storage, device=device)
                    for _ in range(layers)]
         self.pe_scale = [torch.ones(seqs, capacity, device=device) for _ in range(layers)]
+        # every write of a step as stored (widened), when a check replays a step whose entries
+        # a later step overwrites (MTP's rejected drafts): {(layer, tag): [(seqs, pos, c, pe)]}
+        self.journal: dict[tuple[int, int | None], list[tuple[torch.Tensor, ...]]] | None = None
+
+    def take_journal(self) -> dict[tuple[int, int | None], tuple[torch.Tensor, ...]]:
+        """The writes since the last call, concatenated per ``(layer, tag)``; starts a new one."""
+        out = {key: tuple(torch.cat(parts) for parts in zip(*entries, strict=True))
+               for key, entries in (self.journal or {}).items()}
+        self.journal = {}
+        return out
 
     def write(self, layer: int, seqs: torch.Tensor, positions: torch.Tensor, c: torch.Tensor,
-              pe: torch.Tensor) -> None:
-        """Store ``c [t, r]`` and ``pe [t, p]`` of sequences ``seqs [t]`` at ``positions [t]``."""
+              pe: torch.Tensor, tag: int | None = None) -> None:
+        """Store ``c [t, r]`` and ``pe [t, p]`` of sequences ``seqs [t]`` at ``positions [t]``
+        (``tag``: the MTP draft pass writing, for the journal)."""
         qc, sc = kernels.quantize_rows(c, self.storage)
         qp, sp = kernels.quantize_rows(pe, self.storage)
+        if self.journal is not None:
+            self.journal.setdefault((layer, tag), []).append((
+                seqs.cpu(), positions.cpu(), kernels.dequantize_rows(qc, sc, torch.float32).cpu(),
+                kernels.dequantize_rows(qp, sp, torch.float32).cpu()))
         # write through an integer view of the same bits: index_put is not implemented for
         # float8 on every device
         bits = _BITS[self.c[layer].element_size()]

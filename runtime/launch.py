@@ -152,7 +152,8 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
             result = rt.step()
         else:
             result = captured.first() if step == 0 else captured.replay()
-        steps.append(_record(opts, result))
+        writes = rt.cache.take_journal() if rt.cache.journal is not None else None
+        steps.append(_record(opts, result, writes=writes))
     # --check compares the reference with the cache as stored (runtime.reference's docstring)
     cache = rt.cache.widened() if opts.check else None
     gathered: list[Any] | None = [None] * world if rank == 0 else None
@@ -166,8 +167,9 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
     return summary
 
 
-def _record(opts: RunOptions, result: Any, phase: str = "decode") -> dict[str, Any]:
-    return {
+def _record(opts: RunOptions, result: Any, phase: str = "decode",
+            writes: dict[Any, Any] | None = None) -> dict[str, Any]:
+    record = {
         "phase": phase,
         "step_us": result.step_us,
         "logits": result.logits.cpu() if opts.check else None,
@@ -176,6 +178,12 @@ def _record(opts: RunOptions, result: Any, phase: str = "decode") -> dict[str, A
         "events": result.events if opts.trace else [],
         "op_us": _op_us(result.events),
     }
+    if opts.mtp:  # the verify step's draft passes and its simulated acceptance
+        record.update(
+            accepted=result.accepted.cpu(), draft_tokens=result.draft_tokens.cpu(),
+            draft_logits=[x.cpu() for x in result.draft_logits] if opts.check else None,
+            kv_writes=writes)
+    return record
 
 
 def _op_us(events: list[Any]) -> dict[str, float]:
@@ -225,12 +233,19 @@ def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
         "prefill": opts.prefill,
         "step_ms": stats,
         "step_ms_per_step": step_ms,  # every step, warm-up included (the slowest rank's)
-        "tokens_per_s": world * opts.batch / (stats["mean"] / 1e3),
+        "tokens_per_s": _emitted_per_step(opts, decode, world) / (stats["mean"] / 1e3),
         "op_ms_per_step_by_kind": {
             k: sum(st["op_us"].get(k, 0.0) for rank in decode for st in rank)
             / (world * opts.steps) / 1e3 for k in kinds},
         "next_tokens": [[st["next_tokens"].tolist() for st in rank] for rank in decode],
     }
+    if opts.mtp:
+        accepted = [sum(int(st["accepted"].sum()) for st in (rank[s] for rank in decode))
+                    for s in range(opts.steps)]
+        out["mtp"] = {"draft_tokens": opts.mtp, "acceptance": opts.mtp_acceptance,
+                      "accepted_per_step": accepted,
+                      "tokens_per_request_step": 1 + sum(accepted) / (world * opts.batch
+                                                                      * opts.steps)}
     prefill_ms = 0.0
     if opts.prefill:
         prefill_ms = max(p["step_us"] for p in prefills if p is not None) / 1e3
@@ -246,6 +261,18 @@ def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
         assert caches is not None, "--check needs every rank's KV cache"
         out.update(check_against_reference(opts, model, prefills, decode, caches))
     return out
+
+
+def _emitted_per_step(opts: RunOptions, decode: list[list[dict[str, Any]]],
+                      world: int) -> float:
+    """Tokens the ranks emit per timed step: one per sequence, plus its accepted drafts under
+    MTP (the warm-up step is not timed when there are others)."""
+    if not opts.mtp:
+        return world * opts.batch
+    timed = range(1, opts.steps) if opts.steps > 1 else range(opts.steps)
+    emitted = [world * opts.batch + sum(int(rank[s]["accepted"].sum()) for rank in decode)
+               for s in timed]
+    return sum(emitted) / len(emitted)
 
 
 def _shift(event: Any, step: int, offset_ms: float) -> Any:
@@ -267,22 +294,51 @@ def check_against_reference(opts: RunOptions, model: Any, prefills: list[dict[st
     world, b = len(decode), opts.batch
     stored = StoredCache(torch.cat([c for c, _ in caches], dim=1),
                          torch.cat([pe for _, pe in caches], dim=1))
+    writes = _step_writes(decode, b) if opts.mtp else None
     run = reference_decode(model, opts.seed, world, b, opts.context, opts.steps, opts.kv_dtype,
-                           prefill=opts.prefill, stored=stored)
+                           prefill=opts.prefill, stored=stored, mtp=opts.mtp,
+                           acceptance=opts.mtp_acceptance, writes=writes)
     ref_prefill, ref = run.prefill, run.decode
     errs = {"logits": 0.0, "hidden": 0.0, "kv_cache": run.kv_cache_err}
+    if opts.mtp:
+        errs["draft_logits"] = 0.0
     mismatches = 0
+    q = 1 + opts.mtp  # rows per sequence of a verify step
     for r in range(world):
-        rows = slice(r * b, (r + 1) * b)
+        rows, seqs = slice(r * b * q, (r + 1) * b * q), slice(r * b, (r + 1) * b)
         pairs = list(zip(decode[r], ref, strict=True))
         if ref_prefill is not None:
             pairs.append((prefills[r], ref_prefill))
         for got, want in pairs:
-            errs["logits"] = max(errs["logits"], relative_error(got["logits"], want.logits[rows]))
-            errs["hidden"] = max(errs["hidden"], relative_error(got["hidden"], want.hidden[rows]))
-            mismatches += int((got["next_tokens"] != want.next_tokens[rows]).sum())
+            part = seqs if got["phase"] == "prefill" else rows
+            errs["logits"] = max(errs["logits"], relative_error(got["logits"], want.logits[part]))
+            errs["hidden"] = max(errs["hidden"], relative_error(got["hidden"], want.hidden[part]))
+            mismatches += int((got["next_tokens"] != want.next_tokens[part]).sum())
+        for got, want in zip(decode[r], run.drafts, strict=True) if opts.mtp else ():
+            # MTP: the draft passes
+            for logits, ref_logits in zip(got["draft_logits"], want.logits, strict=True):
+                errs["draft_logits"] = max(errs["draft_logits"],
+                                           relative_error(logits, ref_logits[seqs]))
+            mismatches += int((got["draft_tokens"] != want.tokens[seqs]).sum())
     return {"max_rel_err": max(errs.values()), "max_rel_err_by_output": errs,
             "token_mismatches": mismatches}
+
+
+def _step_writes(decode: list[list[dict[str, Any]]], batch: int) -> list[Any]:
+    """Each step's cache writes of every rank, sequences numbered rank by rank."""
+    import torch
+
+    from .reference import StepWrites
+
+    out = []
+    for s in range(len(decode[0])):
+        merged: dict[Any, list[Any]] = {}
+        for r, rank in enumerate(decode):
+            for key, (seq, pos, c, pe) in rank[s]["kv_writes"].items():
+                merged.setdefault(key, []).append((seq + r * batch, pos, c, pe))
+        out.append(StepWrites({key: tuple(torch.cat(x) for x in zip(*parts, strict=True))
+                               for key, parts in merged.items()}))
+    return out
 
 
 def run_rank(options: list[RunOptions], rank: int, world: int, init_method: str,

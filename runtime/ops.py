@@ -45,7 +45,15 @@ class MicrobatchState:
     seq_ids: ``[t]`` the sequence (row of the rank's cache) of each token.
     token_index: ``[t, 1]`` a rank-global token index (replica round-robin in remap).
     cos / sin: ``[t, rope]`` rotary tables.
-    last_rows: prefill only: ``[seqs]`` row of each sequence's last token (the LM head's input).
+    last_rows: prefill only: ``[seqs]`` row of each sequence's last token (the LM head's input);
+        an MTP draft pass 0: the row of each sequence's last accepted token.
+    passes: under MTP, the states of the microbatch's draft passes (``Op.draft`` picks one):
+        pass 0 over the verified rows, pass ``k`` one row per sequence at its last accepted
+        position + ``k``.
+    draft_inputs: an MTP draft pass 0: ``(shifted [t], accepted [t])``, each row's next input
+        token (the token after it) and whether the row was accepted; a row that was not takes
+        the main model's sampled token instead (vLLM's ``EagleProposer``: the input ids shifted
+        by one, the sampled token at the last accepted row).
     """
 
     microbatch: int
@@ -57,6 +65,8 @@ class MicrobatchState:
     cos: torch.Tensor
     sin: torch.Tensor
     last_rows: torch.Tensor | None = None
+    passes: tuple[MicrobatchState, ...] = ()
+    draft_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +101,25 @@ def _embedding(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dic
     return {op.outputs[0]: rt.weight(op)[st.tokens]}
 
 
+def _draft_embedding(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+                     ) -> dict[str, Any]:
+    """The MTP draft pass's next tokens, embedded: pass 0 each verified row's following token
+    (the sampled one where the row was not accepted), a later pass the previous draft."""
+    sampled = ins["next_tokens"]
+    if st.draft_inputs is not None:
+        shifted, accepted = st.draft_inputs
+        sampled = torch.where(accepted, shifted, sampled)
+    return {op.outputs[0]: rt.weight(op)[sampled]}
+
+
+#: embeddings by op name: the step's input tokens, or the draft module's next tokens
+EMBEDDINGS: dict[str, Impl] = {"embed": _embedding, "mtp.embed": _draft_embedding}
+
+
+def _embed(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    return EMBEDDINGS[op.name](rt, op, ins, st)
+
+
 def _norm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     w, eps = rt.weight(op), rt.model.rms_norm_eps
     if "residual" in op.outputs:
@@ -111,7 +140,9 @@ def _norm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str
 
 
 def _gemm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
-    x, w = _only(ins), rt.weight(op)
+    # several inputs are concatenated in the graph's order (MTP's eh_proj: [embedding; hidden])
+    x = _only(ins) if len(ins) == 1 else torch.cat(list(ins.values()), dim=-1)
+    w = rt.weight(op)
     t, batch = x.shape[0], op.dims["batch"]
     if batch > 1:
         # a batched GEMM over heads (MLA's absorption): per head, the leading k features (the
@@ -154,10 +185,13 @@ def _attention_inputs(rt: RankRuntime, ins: Values, st: MicrobatchState
 def _attention_decode(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
                       ) -> dict[str, Any]:
     q, k_pe = _attention_inputs(rt, ins, st)
-    rt.cache.write(op.layer, st.seq_ids, st.positions, ins["c_kv"], k_pe)
+    rt.cache.write(op.layer, st.seq_ids, st.positions, ins["c_kv"], k_pe, op.draft)
     # eager reads only the filled part; static shapes read the whole buffer, masked
     upto = rt.cache.capacity if rt.static else int(st.positions.max()) + 1
     c, pe = rt.cache.read(op.layer, st.seqs, upto, rt.dtype)
+    if st.num_tokens != c.shape[0]:  # several queries per sequence (MTP): each its cache
+        rows = st.seq_ids - st.seqs.start
+        c, pe = c.index_select(0, rows), pe.index_select(0, rows)
     o_lat = kernels.mla_decode_absorbed(ins["q_lat"], q[..., rt.nope:].contiguous(), c, pe,
                                         st.positions + 1, rt.softmax_scale)
     return {op.outputs[0]: o_lat}
@@ -295,7 +329,10 @@ def _grouped_gemm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> 
 
 def _lm_head(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     rows = last_token_rows(st, ins["h"])
-    return {op.outputs[0]: rows.float() @ rt.weight(op).float()}
+    out = {op.outputs[0]: rows.float() @ rt.weight(op).float()}
+    if "hidden" in op.outputs:  # an MTP draft head hands its rows' hidden state on
+        out["hidden"] = last_token_rows(st, ins["residual"])
+    return out
 
 
 def _sample(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
@@ -304,7 +341,7 @@ def _sample(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[s
 
 #: op kind -> implementation (the runtime's half of the op-graph contract)
 OP_IMPLS: dict[str, Impl] = {
-    "embedding": _embedding,
+    "embedding": _embed,
     "norm": _norm,
     "gemm": _gemm,
     "elementwise": _elementwise,

@@ -11,6 +11,7 @@ import numpy as np
 
 from epsim.model.config import ModelConfig, check_context_length, load_model
 from epsim.model.errors import EpsimError
+from epsim.model.mtp import DEFAULT_ACCEPTANCE, check_acceptance
 from epsim.model.placement import Placement, contiguous_placement, read_placement
 from epsim.model.plan import Fusion, ParallelPlan, make_plan
 
@@ -46,6 +47,10 @@ class RunOptions:
     trace: keep every rank's per-op trace events.
     prefill: fill the KV cache by a real prefill step over random prompts of ``context - 1``
         tokens (timed and checked like the decode steps) instead of drawing the cached entries.
+    mtp: MTP speculative decoding: each decode step verifies 1 + ``mtp`` tokens per sequence
+        and runs the draft module ``mtp`` times (``epsim.model.mtp``); 0: off.
+    mtp_acceptance: the probability a draft is accepted given the one before was; acceptance
+        is simulated (``epsim.model.mtp.runtime_accepted``), the compute is real.
     """
 
     model: str
@@ -70,6 +75,8 @@ class RunOptions:
     prefill: bool = False
     placement_table: tuple[tuple[int, ...], ...] | None = None
     redundant_experts: int = 0
+    mtp: int = 0
+    mtp_acceptance: float = DEFAULT_ACCEPTANCE
 
     @property
     def static_shapes(self) -> bool:
@@ -94,6 +101,12 @@ class RunOptions:
         return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def cache_positions(opts: RunOptions) -> int:
+    """Positions a sequence's KV cache must hold: the drawn ``context - 1``, every step's
+    ``1 + mtp`` at most, and under MTP the drafts written past the last step's start."""
+    return opts.context + opts.steps * (1 + opts.mtp) + 2 * opts.mtp
+
+
 def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
     """Check the options; return the model, the plan and the expert placement they imply."""
     model = load_model(opts.model)
@@ -104,8 +117,18 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
         value = getattr(opts, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise EpsimError(f"{name} must be a positive integer, got {value!r}")
-    # the last decode step attends context + steps - 1 tokens
+    # the last decode step attends context + steps - 1 tokens (under MTP each step may advance
+    # 1 + mtp and verifies mtp past its start, and the draft passes run mtp - 1 further)
     check_context_length(model, opts.context + opts.steps - 1, f"--context {opts.context} + --steps {opts.steps} - 1")
+    if opts.mtp:
+        check_context_length(model, cache_positions(opts),
+                             f"--context {opts.context} + --steps {opts.steps} x (1 + --mtp "
+                             f"{opts.mtp}) + 2 x --mtp")
+        check_acceptance(opts.mtp_acceptance)
+        for flag, on in (("--prefill", opts.prefill), ("--capture", opts.capture)):
+            if on:
+                raise EpsimError(f"--mtp with {flag} is not implemented in the runtime "
+                                 "(the simulator covers it); drop one of them")
     if opts.world_size > 64:
         raise EpsimError(f"world size {opts.world_size} is too large for local ranks (max 64)")
     if opts.dtype not in DTYPES:
@@ -130,7 +153,7 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
     plan = make_plan(model, nodes=1, gpus_per_node=world, dp=dp, tp=1, ep=opts.ep,
                      microbatches=2 if opts.dbo else 1, kv_dtype=opts.kv_dtype,
                      graph_mode=opts.capture, fusion=fusion, placement=opts.placement,
-                     redundant_experts=_redundant(opts, model, given))
+                     redundant_experts=_redundant(opts, model, given), mtp=opts.mtp)
     if opts.prefill and opts.context < 2:
         raise EpsimError("--prefill needs --context >= 2 (a prompt of context - 1 tokens)")
     if opts.dbo and opts.batch < 2:

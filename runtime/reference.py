@@ -18,12 +18,13 @@ then decodes from the entries the runtime stored, so each step is compared from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from epsim.model.config import ModelConfig
 from epsim.model.ids import NO_LAYER, weight_key
+from epsim.model.mtp import draft_layer, runtime_accepted
 
 from . import kernels
 from . import weights as W
@@ -45,13 +46,15 @@ class ReferenceRun:
     """The reference's steps and its check of the runtime's KV cache.
 
     prefill: the prefill step, or None (the cache held drawn entries).
-    decode: the decode steps.
+    decode: the decode steps (under MTP a row per verified token, sequence by sequence).
     kv_cache_err: the largest :func:`rounding_error` of a stored cache entry.
+    drafts: under MTP, each step's draft passes.
     """
 
     prefill: ReferenceStep | None
     decode: list[ReferenceStep]
     kv_cache_err: float
+    drafts: list[DraftStep] = field(default_factory=list)
 
 
 @dataclass
@@ -107,9 +110,180 @@ def route_reference(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_grou
     return ids_out, w_out
 
 
+class StepWrites:
+    """The cache entries the ranks wrote in one step, as stored and widened, every rank's rows
+    in rank order (under MTP a later step overwrites a rejected draft's entries, so the final
+    cache cannot stand in for them): ``{(layer, tag): (seq [n], pos [n], c [n, r], pe [n, p])}``
+    (``tag``: the draft pass writing, None for the main model)."""
+
+    def __init__(self, writes: dict[tuple[int, int | None], tuple[torch.Tensor, ...]]) -> None:
+        self.writes = writes
+
+    def lookup(self, layer: int, tag: int | None, rows: torch.Tensor, cols: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        seq, pos, c, pe = self.writes[(layer, tag)]
+        where = {(int(s), int(q)): i for i, (s, q) in enumerate(zip(seq, pos, strict=True))}
+        index = torch.tensor([where[(int(s), int(q))] for s, q in zip(rows, cols, strict=True)])
+        return c[index], pe[index]
+
+
+@dataclass
+class DraftStep:
+    """An MTP step's draft passes for all ranks: ``logits`` per pass ``[R*B, vocab]`` and the
+    ``tokens [R*B, mtp]`` proposed."""
+
+    logits: list[torch.Tensor]
+    tokens: torch.Tensor
+
+
+class _Dense:
+    """The unsharded model over every rank's sequences, its KV cache as the ranks stored it."""
+
+    def __init__(self, model: ModelConfig, seed: int, seqs: int, cap: int, kv_dtype: str,
+                 stored: StoredCache, draft: bool) -> None:
+        self.m, self.a, moe = model, model.attention, model.moe
+        self.w = W.dense_weights(model, seed, draft=draft)
+        layers = list(model.moe_layers) + ([draft_layer(model)] if draft and model.mtp_moe
+                                           else [])
+        self.experts = {layer: W.expert_weights(model, seed, layer, range(moe.num_experts))
+                        for layer in layers}
+        self.seqs, self.storage, self.stored = seqs, KV_STORAGE[kv_dtype], stored
+        n_layers = model.num_layers + (1 if draft else 0)
+        # the cache as stored (rounded to the storage dtype), kept widened to fp32
+        self.c_cache = torch.zeros(n_layers, seqs, cap, self.a.kv_lora_rank)
+        self.pe_cache = torch.zeros(n_layers, seqs, cap, self.a.qk_rope_head_dim)
+        self.kv_err = 0.0
+        self.writes: StepWrites | None = None  # this step's (MTP), else the final cache
+
+    def weight(self, layer: int, name: str) -> torch.Tensor:
+        return self.w[weight_key(layer, name)]
+
+    def store(self, layer: int, pos: torch.Tensor, c: torch.Tensor, pe: torch.Tensor,
+              tag: int | None = None) -> None:
+        """Entries at ``pos [S, T]`` of every sequence: the runtime's, once checked to be a
+        rounding of the reference's values ``c`` / ``pe`` (``[S * T, .]``)."""
+        rows = torch.arange(pos.shape[0]).repeat_interleave(pos.shape[1])
+        cols = pos.reshape(-1)
+        if self.writes is None:
+            got_c, got_pe = self.stored.c[layer, rows, cols], self.stored.pe[layer, rows, cols]
+        else:
+            got_c, got_pe = self.writes.lookup(layer, tag, rows, cols)
+        self.kv_err = max(self.kv_err, rounding_error(c, got_c, self.storage),
+                          rounding_error(pe, got_pe, self.storage))
+        self.c_cache[layer, rows, cols], self.pe_cache[layer, rows, cols] = got_c, got_pe
+
+    def layer(self, layer: int, x: torch.Tensor, residual: torch.Tensor | None,
+              pos: torch.Tensor, causal_prompt: bool, moe_ffn: bool,
+              tag: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder layer over ``x [S * T, h]`` at positions ``pos [S, T]`` -> (its FFN
+        output, the residual stream); decode attends over the cache up to each token, a prompt
+        causally over its own fresh K/V (it only stores the cache)."""
+        a, eps = self.a, self.m.rms_norm_eps
+        H, n, p, r = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank
+        S, T = pos.shape
+        rows = S * T
+        cos, sin = kernels.rope_cos_sin(pos.reshape(-1), p, self.m.rope_theta, torch.float32)
+        residual = x if residual is None else residual + x
+        h = kernels.rms_norm(residual, self.weight(layer, "attn_norm"), eps)
+        # -- MLA, plain form: per-head K and V expanded from the latent --------------------
+        if a.q_lora_rank:
+            q_a = kernels.rms_norm(h @ self.weight(layer, "attn.q_a"),
+                                   self.weight(layer, "attn.q_a_norm"), eps)
+            q = q_a @ self.weight(layer, "attn.q_b")
+        else:
+            q = h @ self.weight(layer, "attn.q_proj")
+        q = q.view(rows, H, n + p)
+        q_nope, q_pe = q[..., :n], kernels.apply_rope(q[..., n:], cos, sin)
+        kv = h @ self.weight(layer, "attn.kv_a")
+        c_new = kernels.rms_norm(kv[:, :r], self.weight(layer, "attn.kv_a_norm"), eps)
+        pe_new = kernels.apply_rope(kv[:, r:], cos, sin)
+        self.store(layer, pos, c_new, pe_new, tag)
+        if causal_prompt:
+            c_all, pe_all = c_new.view(S, T, r), pe_new.view(S, T, p)
+        else:
+            upto = int(pos.max()) + 1
+            c_all, pe_all = self.c_cache[layer, :, :upto], self.pe_cache[layer, :, :upto]
+        kv_b = self.weight(layer, "attn.kv_b")  # [H, n + v, r]
+        k_nope = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, :n])
+        values = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, n:])
+        qn, qp = q_nope.view(S, T, H, n), q_pe.view(S, T, H, p)
+        scores = (torch.einsum("sqhd,slhd->shql", qn, k_nope)
+                  + torch.einsum("sqhd,sld->shql", qp, pe_all)) * (n + p) ** -0.5
+        if causal_prompt:
+            mask = torch.ones(T, T, dtype=torch.bool).tril()
+        else:  # each token sees the cache up to its own position
+            mask = (torch.arange(c_all.shape[1])[None, None, :] <= pos[:, :, None])[:, None]
+        scores = scores.masked_fill(~mask, float("-inf"))
+        attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
+        residual = residual + attn.reshape(rows, -1) @ self.weight(layer, "attn.o_proj")
+        h = kernels.rms_norm(residual, self.weight(layer, "ffn_norm"), eps)
+        return self.ffn(layer, h, moe_ffn), residual
+
+    def ffn(self, layer: int, h: torch.Tensor, moe_ffn: bool) -> torch.Tensor:
+        moe = self.m.moe
+        if not moe_ffn:
+            act = kernels.silu_and_mul(h @ self.weight(layer, "mlp.gate_up"))
+            return act @ self.weight(layer, "mlp.down")
+        ids, weights = route_reference(
+            h @ self.weight(layer, "moe.router"), self.weight(layer, "moe.router.bias"),
+            moe.top_k, moe.n_group, moe.topk_group, moe.routed_scaling_factor,
+            moe.norm_topk_prob)
+        gate_up, down = self.experts[layer]
+        x = kernels.moe_per_token(h, torch.tensor(ids), torch.tensor(weights), gate_up, down)
+        if moe.num_shared_experts:
+            shared = kernels.silu_and_mul(h @ self.weight(layer, "moe.shared.gate_up"))
+            x = x + shared @ self.weight(layer, "moe.shared.down")
+        return x
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor, causal_prompt: bool,
+                every_row: bool) -> ReferenceStep:
+        """The main model over ``tokens [S, T]`` at ``pos [S, T]``: the LM head over each
+        sequence's last token, or (``every_row``, an MTP verify step) over every token."""
+        m = self.m
+        x = self.weight(NO_LAYER, "embed")[tokens.reshape(-1)]
+        residual = None
+        for layer in range(m.num_layers):
+            x, residual = self.layer(layer, x, residual, pos, causal_prompt,
+                                     m.is_moe_layer(layer))
+        out = (residual + x).view(*tokens.shape, -1)
+        rows = out.reshape(-1, out.shape[-1]) if every_row else out[:, -1]
+        hidden = kernels.rms_norm(rows, self.weight(NO_LAYER, "final_norm"), m.rms_norm_eps)
+        logits = hidden @ self.weight(NO_LAYER, "lm_head")
+        return ReferenceStep(logits, logits.argmax(-1), hidden)
+
+    def drafts(self, inputs: torch.Tensor, pos: torch.Tensor, accepted: torch.Tensor,
+               main: ReferenceStep) -> DraftStep:
+        """The MTP draft passes after a verify step of ``inputs [S, 1 + N]`` at ``pos`` with
+        ``accepted [S]`` drafts: pass 0 over every verified position (each one's next token,
+        the main model's where it was not accepted), pass k at the last accepted + k."""
+        m, eps = self.m, self.m.rms_norm_eps
+        S, q = inputs.shape
+        d = draft_layer(m)
+        sampled = main.next_tokens.view(S, q)
+        follow = torch.arange(q)[None, :] < accepted[:, None]
+        tokens = torch.where(follow, inputs.roll(-1, dims=1), sampled).reshape(-1)
+        hidden, at, logits, proposed = main.hidden, pos, [], []
+        for k in range(q - 1):
+            e = kernels.rms_norm(self.weight(d, "mtp.embed")[tokens],
+                                 self.weight(d, "mtp.enorm"), eps)
+            hh = kernels.rms_norm(hidden, self.weight(d, "mtp.hnorm"), eps)
+            x = torch.cat([e, hh], dim=-1) @ self.weight(d, "mtp.eh_proj")
+            x, residual = self.layer(d, x, None, at, False, m.mtp_moe, tag=k)
+            out = residual + x
+            if k == 0:  # each sequence's last accepted row goes on
+                out = out.view(S, q, -1)[torch.arange(S), accepted]
+            head = kernels.rms_norm(out, self.weight(d, "mtp.head_norm"), eps)
+            logits.append(head @ self.weight(d, "mtp.lm_head"))
+            tokens = logits[-1].argmax(-1)
+            proposed.append(tokens)
+            hidden, at = out, (pos[:, 0] + accepted + k + 1)[:, None]
+        return DraftStep(logits, torch.stack(proposed, dim=1))
+
+
 def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, context: int,
                      steps: int, kv_dtype: str, prefill: bool = False,
-                     *, stored: StoredCache) -> ReferenceRun:
+                     *, stored: StoredCache, mtp: int = 0, acceptance: float = 0.0,
+                     writes: list[StepWrites] | None = None) -> ReferenceRun:
     """Decode ``steps`` steps of ``world * batch`` sequences in fp32, one process, no sharding.
 
     With ``prefill`` the cache is filled by running each sequence's prompt (``context - 1``
@@ -118,119 +292,57 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
     checked against the runtime's (:func:`rounding_error`) and the runtime's is kept, so each
     step is compared from the same cache.
 
+    With ``mtp`` each step verifies every sequence's last token and its ``mtp`` drafts (a
+    causal multi-token decode step over the cached context), accepts the drafts the runtime's
+    sampled chain accepts (``epsim.model.mtp.runtime_accepted``, per rank and step), runs the
+    draft passes and advances each sequence by its accepted drafts plus one; ``writes`` are the
+    entries the ranks wrote in each step (a later step overwrites rejected ones), and
+    :attr:`ReferenceRun.drafts` the draft passes' outputs.
+
     Returns:
         A :class:`ReferenceRun`.
     """
-    a, moe = model.attention, model.moe
-    H, n, p, r, v = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
-    eps = model.rms_norm_eps
-    w = W.dense_weights(model, seed)
-    experts = {layer: W.expert_weights(model, seed, layer, range(moe.num_experts))
-               for layer in model.moe_layers}
     seqs = world * batch
-    storage = KV_STORAGE[kv_dtype]
-
-    def weight(layer: int, name: str) -> torch.Tensor:
-        return w[weight_key(layer, name)]
-
-    cap = context - 1 + steps
-    # the cache as stored (rounded to the storage dtype), kept widened to fp32
-    c_cache = torch.zeros(model.num_layers, seqs, cap, r)
-    pe_cache = torch.zeros(model.num_layers, seqs, cap, p)
-
-    kv_err = 0.0
-
-    def store(layer: int, pos: slice, c: torch.Tensor, pe: torch.Tensor) -> None:
-        nonlocal kv_err
-        # the runtime's entries, once checked to be a rounding of the reference's values
-        got_c, got_pe = stored.c[layer, :, pos], stored.pe[layer, :, pos]
-        kv_err = max(kv_err, rounding_error(c, got_c, storage),
-                     rounding_error(pe, got_pe, storage))
-        c_cache[layer, :, pos], pe_cache[layer, :, pos] = got_c, got_pe
-
-    def forward(tokens: torch.Tensor, start: int, causal_prompt: bool) -> ReferenceStep:
-        """``tokens [S, T]`` at positions ``start ..``; decode (T = 1) attends over the stored
-        cache, a prompt attends causally over its own fresh K/V and only stores the cache."""
-        T = tokens.shape[1]
-        rows = seqs * T
-        positions = torch.arange(start, start + T).repeat(seqs)
-        cos, sin = kernels.rope_cos_sin(positions, p, model.rope_theta, torch.float32)
-        x = weight(NO_LAYER, "embed")[tokens.reshape(-1)]
-        residual = None
-        for layer in range(model.num_layers):
-            residual = x if residual is None else residual + x
-            h = kernels.rms_norm(residual, weight(layer, "attn_norm"), eps)
-            # -- MLA, plain form: per-head K and V expanded from the latent ----------------
-            if a.q_lora_rank:
-                q_a = kernels.rms_norm(h @ weight(layer, "attn.q_a"),
-                                       weight(layer, "attn.q_a_norm"), eps)
-                q = q_a @ weight(layer, "attn.q_b")
-            else:
-                q = h @ weight(layer, "attn.q_proj")
-            q = q.view(rows, H, n + p)
-            q_nope, q_pe = q[..., :n], kernels.apply_rope(q[..., n:], cos, sin)
-            kv = h @ weight(layer, "attn.kv_a")
-            c_new = kernels.rms_norm(kv[:, :r], weight(layer, "attn.kv_a_norm"), eps)
-            pe_new = kernels.apply_rope(kv[:, r:], cos, sin)
-            store(layer, slice(start, start + T), c_new.view(seqs, T, r), pe_new.view(seqs, T, p))
-            if causal_prompt:
-                c_all, pe_all = c_new.view(seqs, T, r), pe_new.view(seqs, T, p)
-            else:
-                c_all = c_cache[layer, :, :start + T]
-                pe_all = pe_cache[layer, :, :start + T]
-            kv_b = weight(layer, "attn.kv_b")  # [H, n + v, r]
-            k_nope = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, :n])
-            values = torch.einsum("slr,hdr->slhd", c_all, kv_b[:, n:])
-            qn, qp = q_nope.view(seqs, T, H, n), q_pe.view(seqs, T, H, p)
-            scores = (torch.einsum("sqhd,slhd->shql", qn, k_nope)
-                      + torch.einsum("sqhd,sld->shql", qp, pe_all)) * (n + p) ** -0.5
-            if causal_prompt:
-                mask = torch.ones(T, T, dtype=torch.bool).tril()
-                scores = scores.masked_fill(~mask, float("-inf"))
-            attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
-            attn_out = attn.reshape(rows, H * v) @ weight(layer, "attn.o_proj")
-            residual = residual + attn_out
-            h = kernels.rms_norm(residual, weight(layer, "ffn_norm"), eps)
-            # -- FFN ---------------------------------------------------------------------
-            if model.is_moe_layer(layer):
-                ids, weights = route_reference(
-                    h @ weight(layer, "moe.router"), weight(layer, "moe.router.bias"), moe.top_k,
-                    moe.n_group, moe.topk_group, moe.routed_scaling_factor, moe.norm_topk_prob)
-                gate_up, down = experts[layer]
-                routed = kernels.moe_per_token(h, torch.tensor(ids), torch.tensor(weights),
-                                               gate_up, down)
-                x = routed
-                if moe.num_shared_experts:
-                    shared = kernels.silu_and_mul(h @ weight(layer, "moe.shared.gate_up"))
-                    x = routed + shared @ weight(layer, "moe.shared.down")
-            else:
-                act = kernels.silu_and_mul(h @ weight(layer, "mlp.gate_up"))
-                x = act @ weight(layer, "mlp.down")
-        # each sequence's last token feeds the LM head
-        last = (residual + x).view(seqs, T, -1)[:, -1]
-        hidden = kernels.rms_norm(last, weight(NO_LAYER, "final_norm"), eps)
-        logits = hidden @ weight(NO_LAYER, "lm_head")
-        return ReferenceStep(logits, logits.argmax(-1), hidden)
-
+    cap = stored.c.shape[2]
+    ref = _Dense(model, seed, seqs, cap, kv_dtype, stored, draft=bool(mtp))
     first: ReferenceStep | None = None
     if prefill:
         prompts = torch.cat([W.initial_prompt(model, seed, rk, batch, context - 1)
                              for rk in range(world)])
-        first = forward(prompts, 0, causal_prompt=True)
+        first = ref.forward(prompts, torch.arange(context - 1).repeat(seqs, 1),
+                            causal_prompt=True, every_row=False)
         tokens = first.next_tokens
     else:
         tokens = torch.cat([W.initial_tokens(model, seed, rk, batch) for rk in range(world)])
-        for layer in range(model.num_layers):
+        drawn_pos = torch.arange(context - 1).repeat(seqs, 1)
+        for layer in range(ref.c_cache.shape[0]):
             drawn = [W.initial_cache(model, seed, rk, layer, batch, context - 1)
                      for rk in range(world)]
-            store(layer, slice(0, context - 1), torch.cat([c for c, _ in drawn]),
-                  torch.cat([pe for _, pe in drawn]))
+            ref.store(layer, drawn_pos, torch.cat([c for c, _ in drawn]).reshape(seqs * (
+                context - 1), -1), torch.cat([pe for _, pe in drawn]).reshape(
+                seqs * (context - 1), -1))
     out: list[ReferenceStep] = []
+    drafts_out: list[DraftStep] = []
+    drafts = torch.cat([W.initial_drafts(model, seed, rk, batch, mtp) for rk in range(world)])
+    starts = torch.full((seqs,), context - 1)
     for step in range(steps):
-        result = forward(tokens[:, None], context - 1 + step, causal_prompt=False)
-        tokens = result.next_tokens
+        inputs = torch.cat([tokens[:, None], drafts], dim=1)
+        pos = starts[:, None] + torch.arange(1 + mtp)[None, :]
+        if writes is not None:
+            ref.writes = writes[step]
+        result = ref.forward(inputs, pos, causal_prompt=False, every_row=bool(mtp))
         out.append(result)
-    return ReferenceRun(first, out, kv_err)
+        if not mtp:
+            tokens, starts = result.next_tokens, starts + 1
+            continue
+        accepted = torch.cat([torch.as_tensor(runtime_accepted(seed, rk, step, batch, mtp,
+                                                               acceptance))
+                              for rk in range(world)])
+        step_drafts = ref.drafts(inputs, pos, accepted, result)
+        drafts_out.append(step_drafts)
+        tokens = result.next_tokens.view(seqs, 1 + mtp)[torch.arange(seqs), accepted]
+        drafts, starts = step_drafts.tokens, starts + 1 + accepted
+    return ReferenceRun(first, out, ref.kv_err, drafts_out)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

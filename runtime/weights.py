@@ -20,6 +20,11 @@ Layout (``x @ W`` everywhere, i.e. ``[in, out]``):
     L{l}.moe.shared.gate_up [hidden, 2*shared_inter]  L{l}.moe.shared.down [shared_inter, hidden]
     L{l}.expert{e}.gate_up  [hidden, 2*inter]         L{l}.expert{e}.down  [inter, hidden]
     lm_head           [hidden, vocab]
+  with the MTP draft module (``draft=True``), its layer ``D = num_layers`` has a decoder layer's
+  weights (MoE ones when the model's draft layer is MoE) plus
+    L{D}.mtp.enorm / L{D}.mtp.hnorm / L{D}.mtp.head_norm  [hidden]
+    L{D}.mtp.eh_proj  [2*hidden, hidden]            (input: [enorm(embedding); hnorm(hidden)])
+    L{D}.mtp.embed / L{D}.mtp.lm_head               the main ``embed`` / ``lm_head`` (shared)
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 
 from epsim.model.config import ModelConfig
 from epsim.model.ids import NO_LAYER, expert_weight_key, weight_key
+from epsim.model.mtp import draft_layer
 
 
 def _generator(seed: int, key: str) -> torch.Generator:
@@ -45,8 +51,9 @@ def randn(seed: int, key: str, shape: Sequence[int], std: float = 1.0,
     return torch.randn(tuple(shape), generator=_generator(seed, key)) * std + mean
 
 
-def dense_weights(model: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Every weight except the routed experts' (see :func:`expert_weights`), fp32 on the CPU."""
+def dense_weights(model: ModelConfig, seed: int, draft: bool = False) -> dict[str, torch.Tensor]:
+    """Every weight except the routed experts' (see :func:`expert_weights`), fp32 on the CPU;
+    ``draft``: the MTP draft module's too (layer ``num_layers``)."""
     a, h = model.attention, model.hidden_size
     if a.kind != "mla":
         raise NotImplementedError("the runtime implements MLA (DeepSeek-shaped) models only")
@@ -64,7 +71,10 @@ def dense_weights(model: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
     embed = weight_key(NO_LAYER, "embed")
     w[embed] = randn(seed, embed, (model.vocab_size, h))
-    for layer in range(model.num_layers):
+    layers = [(layer, model.is_moe_layer(layer)) for layer in range(model.num_layers)]
+    if draft:
+        layers.append((draft_layer(model), model.mtp_moe))
+    for layer, is_moe in layers:
         norm(layer, "attn_norm", h)
         norm(layer, "ffn_norm", h)
         if a.q_lora_rank:
@@ -77,7 +87,7 @@ def dense_weights(model: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
         norm(layer, "attn.kv_a_norm", r)
         lin(layer, "attn.kv_b", r, heads, nope + v, r)
         lin(layer, "attn.o_proj", heads * v, heads * v, h)
-        if model.is_moe_layer(layer):
+        if is_moe:
             moe = model.moe
             # a wider router spread makes the top-k choice far from ties
             lin(layer, "moe.router", h // 16 or 1, h, moe.num_experts)
@@ -93,6 +103,14 @@ def dense_weights(model: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
             lin(layer, "mlp.down", inter, inter, h)
     norm(NO_LAYER, "final_norm", h)
     lin(NO_LAYER, "lm_head", h, h, model.vocab_size)
+    if draft:
+        d = draft_layer(model)
+        for name in ("mtp.enorm", "mtp.hnorm", "mtp.head_norm"):
+            norm(d, name, h)
+        lin(d, "mtp.eh_proj", 2 * h, 2 * h, h)
+        # the report's shared embedding and output head: the same tensors
+        w[weight_key(d, "mtp.embed")] = w[embed]
+        w[weight_key(d, "mtp.lm_head")] = w[weight_key(NO_LAYER, "lm_head")]
     return w
 
 
@@ -117,6 +135,14 @@ def initial_tokens(model: ModelConfig, seed: int, rank: int, seqs: int) -> torch
     """``[seqs]`` int64: the token each of a rank's sequences feeds into the first decode step."""
     g = _generator(seed, f"tokens/rank{rank}")
     return torch.randint(0, model.vocab_size, (seqs,), generator=g)
+
+
+def initial_drafts(model: ModelConfig, seed: int, rank: int, seqs: int,
+                   drafts: int) -> torch.Tensor:
+    """``[seqs, drafts]`` int64: the draft tokens the first MTP verify step checks (standing in
+    for the drafts a prefill's draft pass would have proposed)."""
+    g = _generator(seed, f"drafts/rank{rank}")
+    return torch.randint(0, model.vocab_size, (seqs, drafts), generator=g)
 
 
 def initial_prompt(model: ModelConfig, seed: int, rank: int, seqs: int,

@@ -4,13 +4,20 @@ Per request (vLLM's ``calculate_metrics``):
     ttft    first token's arrival - send time (queueing for a KV slot and prefill included)
     e2el    last token's arrival - send time
     tpot    (e2el - ttft) / (output tokens - 1), for requests with more than one output token
-    itl     every gap between consecutive tokens of a request, all requests pooled
+    itl     every gap between consecutive outputs of a request, all requests pooled
 For each: ``mean_X_ms``, ``median_X_ms``, ``std_X_ms`` and ``pP_X_ms`` for each selected
 percentile ``P`` (``--metric-percentiles``) of each selected metric (``--percentile-metrics``);
 ``P`` is written as vLLM writes it (``p99``, ``p99.9``). Percentiles are numpy's linear ones.
 
 Throughputs divide by the benchmark's duration (first send to last token):
 ``request_throughput``, ``output_throughput`` and ``total_token_throughput`` (input + output).
+
+Under speculative decoding (MTP) a step may emit several tokens of a request at once, as one
+output: ``itl`` has one gap per output after the first (vLLM's client appends one per streamed
+chunk: vllm-project/vllm vllm/benchmarks/lib/endpoint_request_func.py at 02cfb534), while
+``tpot`` divides by the output tokens (``calculate_metrics`` counts them, "since multiple output
+tokens may be bundled together": vllm/benchmarks/serve.py at 009e6d4a). vLLM's ``spec_decode_*``
+counters join the result then (``epsim.sim.speculation``).
 
 epsim's own (docs/design.md section 3):
     decode_throughput     tokens produced by pure decode steps / the time those steps took:
@@ -134,4 +141,5 @@ def compute_metrics(run: ServingRun, percentiles: Sequence[float] = DEFAULT_PERC
     m["num_steps"] = len(run.steps)
     m["max_running_per_rank"] = run.max_running_per_rank
     m["step_sim_calls"] = run.sim_calls
+    m.update(run.speculation)  # MTP: vLLM's spec_decode_* keys (none without it, as vLLM)
     return m

@@ -188,7 +188,16 @@ def sample_routing(model: ModelConfig, loads: np.ndarray, placement: Placement,
                          f"experts does not match {model.name}")
     if p_slot is None:
         p_slot = placed_frequencies(loads, placement, rows)  # [L, S]
-    k = model.moe.top_k
+    return sample_rows(rows, p_slot, model.moe.top_k, placement, microbatch_tokens, ranks, rng)
+
+
+def sample_rows(rows: np.ndarray, p_slot: np.ndarray, k: int, placement: Placement,
+                microbatch_tokens: tuple[int, ...], ranks: int, rng: np.random.Generator
+                ) -> RoutingSample:
+    """The routing of the rows of ``p_slot`` (``[L, slots]`` per-slot pair probabilities, the
+    model layer of each in ``rows``), ``microbatch_tokens`` tokens per rank in each microbatch
+    and ``k`` experts per token (:func:`sample_routing`'s draw; an MTP draft pass's MoE layer is
+    sampled on its own, with its own tokens)."""
     num_gpus = placement.num_gpus
     per_gpu = placement.slots_per_gpu
     mbs = len(microbatch_tokens)
@@ -210,5 +219,17 @@ def sample_routing(model: ModelConfig, loads: np.ndarray, placement: Placement,
         slot_pairs[:, mb] = _split_counts(total, p_within, rng).reshape(layers, -1)
         # Step 3: a token goes once to each GPU holding any of its experts
         tokens[:, mb] = t * (1.0 - (1.0 - n / (t * k)) ** k)
-    return RoutingSample(layers=rows, slot_pairs=slot_pairs, pairs=pairs, tokens=tokens,
-                         slots_per_gpu=per_gpu)
+    return RoutingSample(layers=np.asarray(rows, dtype=np.int64), slot_pairs=slot_pairs,
+                         pairs=pairs, tokens=tokens, slots_per_gpu=per_gpu)
+
+
+def stack_routing(samples: list[RoutingSample]) -> RoutingSample:
+    """Several samples' rows one after another (the main layers', then each draft pass's)."""
+    if len(samples) == 1:
+        return samples[0]
+    return RoutingSample(
+        layers=np.concatenate([s.layers for s in samples]),
+        slot_pairs=np.concatenate([s.slot_pairs for s in samples]),
+        pairs=np.concatenate([s.pairs for s in samples]),
+        tokens=np.concatenate([s.tokens for s in samples]),
+        slots_per_gpu=samples[0].slots_per_gpu)

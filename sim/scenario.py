@@ -24,6 +24,7 @@ from typing import Any
 from epsim.model import accounting
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError
+from epsim.model.mtp import DEFAULT_ACCEPTANCE, expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, ParallelPlan, make_plan, with_implied_fusions
 
 from .hardware import HardwareProfile, load_profile
@@ -59,6 +60,8 @@ class Scenario:
         alone); the fusions the set implies join both sides' plans. Example: ``"aiter"``.
     redundant_experts: replica slots per MoE layer on both sides' plans (``ep`` must divide
         experts + R; the replicas are chosen by the balancer from ``loads``). Example: 32.
+    mtp / mtp_acceptance: MTP speculative decoding: draft tokens per decode step (0: off; both
+        sides' plans run the draft module) and each draft's acceptance probability.
     """
 
     model: str
@@ -83,6 +86,8 @@ class Scenario:
     step_mode: str = "fast"
     kernels: str | None = None
     redundant_experts: int = 0
+    mtp: int = 0
+    mtp_acceptance: float = DEFAULT_ACCEPTANCE
 
     def with_(self, **changes: Any) -> Scenario:
         return replace(self, **changes)
@@ -104,7 +109,8 @@ def parse_disagg(text: str) -> tuple[int, int]:
 def _plan_options(sc: Scenario) -> dict[str, Any]:
     """What both sides' plans take from the scenario's execution options."""
     return dict(microbatches=2 if sc.dbo else 1, kv_dtype=sc.kv_dtype, graph_mode=sc.graph,
-                mem_fraction=sc.mem_fraction, redundant_experts=sc.redundant_experts)
+                mem_fraction=sc.mem_fraction, redundant_experts=sc.redundant_experts,
+                mtp=sc.mtp)
 
 
 def scenario_profile(sc: Scenario) -> HardwareProfile:
@@ -193,7 +199,8 @@ def _with_prefill_side(config: ServingConfig, model: ModelConfig, profile: Hardw
     pplan = _prefill_plan(model, sc, p_nodes, gpn, profile)
     pbudget = accounting.memory_budget(model, pplan, profile.hbm_bytes)
     prefill_model = cache.get(model, pplan, profile, sc)
-    per_token = accounting.kv_bytes_per_token(model, sc.kv_dtype, pplan.tp)
+    per_token = accounting.kv_bytes_per_token(model, sc.kv_dtype, pplan.tp,
+                                              accounting.draft_kv_layers(pplan))
     config = replace(config, prefill_dp=pplan.dp,
                      prefill_kv_capacity_tokens=pbudget.kv_capacity_tokens,
                      kv_transfer_s_per_token=per_token / profile.nic_bandwidth_per_gpu)
@@ -216,7 +223,9 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
             "kernels": profile.kernel_set,
             "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
             "redundant_experts": plan.redundant_experts,
-            "slots_per_gpu": plan.slots_per_gpu(model)}
+            "slots_per_gpu": plan.slots_per_gpu(model),
+            "mtp": plan.mtp, "mtp_acceptance": sc.mtp_acceptance,
+            "tokens_per_request_step": expected_tokens(plan.mtp, sc.mtp_acceptance)}
 
 
 def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int) -> dict[str, Any]:
@@ -263,7 +272,8 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     step_models = [cache.get(model, plan, profile, sc)]
     config = ServingConfig(dp=plan.dp, kv_capacity_tokens=budget.kv_capacity_tokens,
                            chunked_prefill_size=sc.chunked_prefill_size,
-                           dp_balance=sc.dp_balance)
+                           dp_balance=sc.dp_balance, mtp=plan.mtp,
+                           mtp_acceptance=sc.mtp_acceptance, seed=sc.workload.seed)
     disagg_echo: dict[str, Any] = {}
     if sc.disagg:
         config, prefill_model, disagg_echo = _with_prefill_side(config, model, profile, sc,

@@ -37,7 +37,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from epsim.model.errors import EpsimError
+from epsim.model.mtp import DEFAULT_ACCEPTANCE, check_acceptance
 
+from .speculation import DraftAcceptance
 from .workload import Requests
 
 DP_BALANCE = ("round_robin", "least_loaded")
@@ -224,6 +226,9 @@ class ServingConfig:
     prefill_kv_capacity_tokens: disaggregated: KV tokens one prefill rank holds.
     kv_transfer_s_per_token: disaggregated: seconds to ship one prompt token's KV over the NIC.
     kv_transfer_latency_s: disaggregated: fixed cost per transfer (handshake).
+    mtp / mtp_acceptance: MTP speculative decoding: draft tokens verified per decode step and
+        each one's acceptance probability (``epsim.sim.speculation``); 0: off.
+    seed: seeds the acceptance draws.
     """
 
     dp: int
@@ -234,6 +239,9 @@ class ServingConfig:
     prefill_kv_capacity_tokens: int | None = None
     kv_transfer_s_per_token: float = 0.0
     kv_transfer_latency_s: float = 0.0
+    mtp: int = 0
+    mtp_acceptance: float = DEFAULT_ACCEPTANCE
+    seed: int = 0
 
     @property
     def disaggregated(self) -> bool:
@@ -254,6 +262,9 @@ class ServingConfig:
             if self.prefill_dp < 1 or not self.prefill_kv_capacity_tokens \
                     or self.prefill_kv_capacity_tokens < 1:
                 raise EpsimError("disaggregated serving needs prefill ranks with a KV cache")
+        if self.mtp < 0:
+            raise EpsimError(f"mtp must be 0 or more draft tokens, got {self.mtp}")
+        check_acceptance(self.mtp_acceptance)
         return self
 
 
@@ -265,7 +276,8 @@ class StepRecord:
     start_s / seconds: when it started and how long it took.
     kind: ``"decode"`` (every active rank decodes), ``"prefill"`` (every active rank prefills)
         or ``"mixed"`` (some ranks prefill while the others decode).
-    decode_tokens / prefill_tokens: tokens produced / prompt tokens processed, all ranks.
+    decode_tokens / prefill_tokens: tokens produced (under MTP, every accepted draft and the
+        token after them) / prompt tokens processed, all ranks.
     max_seqs / context: the decode batch the step was costed for (busiest rank).
     cost: the decode part's :class:`StepCost` (``None`` without decode).
     kv_usage: reserved KV share of the step's ranks at its start, after admission, in [0, 1]
@@ -298,9 +310,13 @@ class ServingRun:
 
     requests: what was sent.
     send_s / first_token_s / done_s: per request, in seconds from the start.
-    itls_s: every inter-token gap of every request, pooled (vLLM's ITL population).
+    itls_s: every inter-token gap of every request, pooled (vLLM's ITL population): one per
+        output a request receives after its first, an output holding every token a step
+        emitted for it (several under MTP).
     steps: every engine step.
     sim_calls: exact step-time evaluations this run made (memo misses).
+    speculation: under MTP, vLLM's ``spec_decode_*`` counters (``epsim.sim.speculation``);
+        empty otherwise.
     """
 
     requests: Requests
@@ -312,6 +328,7 @@ class ServingRun:
     config: ServingConfig
     sim_calls: int = 0
     max_running_per_rank: int = 0
+    speculation: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,11 +508,12 @@ class _Occupancy:
         return {"running": self.admitted - (sent - in_flight), "queued": sent - self.admitted}
 
 
-def _emit_tokens(st: _State, ids: np.ndarray, t: float) -> np.ndarray:
-    """One more token for each request in ``ids`` at time ``t``; returns the finished ones."""
+def _emit_tokens(st: _State, ids: np.ndarray, t: float, counts: np.ndarray) -> np.ndarray:
+    """``counts`` more tokens for each request in ``ids`` at time ``t``, as one output each (one
+    inter-token gap, as vLLM's client times a streamed chunk); returns the finished ones."""
     st.itls.append(t - st.last[ids])
     st.last[ids] = t
-    st.generated[ids] += 1
+    st.generated[ids] += counts
     return ids[st.generated[ids] >= st.osl[ids]]
 
 
@@ -546,7 +564,10 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
     """
     config.validate()
     st = _State(requests)
-    need = st.isl + st.osl
+    # a request holds its prompt, every output token, and the drafts a verify step writes
+    # past its last token (their KV is computed before they are accepted or rejected)
+    need = st.isl + st.osl + config.mtp
+    spec = DraftAcceptance(config.mtp, config.mtp_acceptance, config.seed)
     too_big = np.flatnonzero(need > config.kv_capacity_tokens)
     if len(too_big):
         i = int(too_big[0])
@@ -616,20 +637,23 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             pre = max((_prefill_cost(prefill_model, st, c) for c in chunks.values()),
                       key=lambda c: c.seconds, default=None)
             dec, max_seqs, ctx, seqs = None, 0, 0, np.zeros(dp, dtype=np.int64)
+            counts = np.zeros(0, dtype=np.int64)
             if len(ids):
                 max_seqs, ctx, seqs = _decode_batch(st, ids, dp)
                 peak[0] = max(peak[0], max_seqs)
                 dec = decode_model.decode(max_seqs, ctx)
+                counts = spec.tokens(st.osl[ids] - st.generated[ids])
             dt = max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0)
             kind = "mixed" if (pre and dec) else ("prefill" if pre else "decode")
             prompt = _chunk_tokens(chunks, dp)
-            steps.append(StepRecord("colocated", t, dt, kind, len(ids), int(prompt.sum()),
-                                    max_seqs, ctx, dec, dkv.usage(), prompt, seqs,
-                                    **occ.counts()))
-            loop.at(t + dt, lambda t_end: end_step(t_end, chunks, ids))
+            steps.append(StepRecord("colocated", t, dt, kind, int(counts.sum()),
+                                    int(prompt.sum()), max_seqs, ctx, dec, dkv.usage(), prompt,
+                                    seqs, **occ.counts()))
+            loop.at(t + dt, lambda t_end: end_step(t_end, chunks, ids, counts))
 
-        def end_step(t: float, chunks: dict[int, list[tuple[int, int]]], ids: np.ndarray) -> None:
-            done = _emit_tokens(st, ids, t) if len(ids) else ids
+        def end_step(t: float, chunks: dict[int, list[tuple[int, int]]], ids: np.ndarray,
+                     counts: np.ndarray) -> None:
+            done = _emit_tokens(st, ids, t, counts) if len(ids) else ids
             if len(done):
                 running.ids = running.ids[~np.isin(running.ids, done)]
             first_done = []
@@ -743,13 +767,14 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
             max_seqs, ctx, seqs = _decode_batch(st, ids, dp)
             peak[0] = max(peak[0], max_seqs)
             dec = decode_model.decode(max_seqs, ctx)
-            steps.append(StepRecord("decode", t, dec.seconds, "decode", len(ids), 0, max_seqs,
-                                    ctx, dec, dkv.usage(), np.zeros(dp, dtype=np.int64), seqs,
-                                    **occ.counts()))
-            loop.at(t + dec.seconds, lambda t_end: end_decode(t_end, ids))
+            counts = spec.tokens(st.osl[ids] - st.generated[ids])
+            steps.append(StepRecord("decode", t, dec.seconds, "decode", int(counts.sum()), 0,
+                                    max_seqs, ctx, dec, dkv.usage(),
+                                    np.zeros(dp, dtype=np.int64), seqs, **occ.counts()))
+            loop.at(t + dec.seconds, lambda t_end: end_decode(t_end, ids, counts))
 
-        def end_decode(t: float, ids: np.ndarray) -> None:
-            done = _emit_tokens(st, ids, t)
+        def end_decode(t: float, ids: np.ndarray, counts: np.ndarray) -> None:
+            done = _emit_tokens(st, ids, t, counts)
             if len(done):
                 running.ids = running.ids[~np.isin(running.ids, done)]
             dbusy[0] = False
@@ -768,5 +793,5 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
     return ServingRun(
         requests=requests, send_s=st.send, first_token_s=st.first, done_s=st.done,
         itls_s=np.concatenate(st.itls) if st.itls else np.zeros(0), steps=steps, config=config,
-        sim_calls=calls, max_running_per_rank=peak[0],
+        sim_calls=calls, max_running_per_rank=peak[0], speculation=spec.metrics(),
     )

@@ -31,6 +31,7 @@ from epsim.model.config import ModelConfig
 from epsim.model.eplb import balance_placement
 from epsim.model.errors import EpsimError
 from epsim.model.graph import build_step_graph
+from epsim.model.mtp import draft_layer, routing_layer
 from epsim.model.opgraph import OP_KINDS, Batch, Op, OpGraph
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
@@ -43,6 +44,8 @@ from epsim.sim.routing import (
     RoutingSample,
     placed_frequencies,
     sample_routing,
+    sample_rows,
+    stack_routing,
     synthetic_loads,
 )
 
@@ -80,6 +83,8 @@ class StepResult:
     kernels: the kernel set the profile had selected (``"none"``: the roofline alone).
     kernel_sources: with ``explain=True``, per op kind how its ops on the critical rank were
         timed (``epsim.sim.kernel_cost.explain``), else None.
+    draft_ms: the critical rank's MTP draft-module ops by the cost model (as ``op_kinds_ms``;
+        0 without MTP).
     """
 
     step_s: float
@@ -98,6 +103,7 @@ class StepResult:
     op_kinds_ms: dict[str, float] = field(default_factory=dict)
     kernels: str = "none"
     kernel_sources: dict[str, Any] | None = field(default=None, repr=False)
+    draft_ms: float = 0.0
 
     @property
     def step_ms(self) -> float:
@@ -120,6 +126,7 @@ class StepResult:
             "seed": self.seed,
             "op_kinds_ms": dict(self.op_kinds_ms),
             "kernels": self.kernels,
+            "draft_module_ms": self.draft_ms,
             **({"kernel_sources": self.kernel_sources} if self.kernel_sources is not None
                else {}),
         }
@@ -136,11 +143,16 @@ class _Compiled:
 
     graph: OpGraph
     program: Program
-    routed: dict[str, np.ndarray]  # "experts" / "dispatch" / "combine": [moe_layers, mb] op index
-    mb_tokens: tuple[int, ...]  # dispatch tokens per rank per microbatch
+    routed: dict[str, np.ndarray]  # "experts" / "dispatch" / "combine": [rows, mb] op index
+    mb_tokens: tuple[int, ...]  # dispatch tokens per rank per microbatch (the main layers')
     share: float = 1.0  # the fused MoE's slowdown when ranks share a node's cores (CPU profiles)
     kind_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     top_k: int | None = None  # the model's (fused-MoE table features)
+    # per routed row (the MoE layers, then each MTP draft pass's MoE layer) and microbatch, the
+    # dispatch tokens per rank: [rows, mb]
+    row_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    draft_tokens: tuple[tuple[int, ...], ...] = ()  # per draft pass, tokens per microbatch
+    draft_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # MTP ops
 
 
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
@@ -222,32 +234,45 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     # the ops whose cost this step's routing sets (sampled routing models the fused MoE under EP)
     routed: dict[str, np.ndarray] = {}
     mb_tokens: tuple[int, ...] = ()
+    row_tokens = np.zeros((0, 0))
+    draft_tokens: tuple[tuple[int, ...], ...] = ()
     if plan.expert_parallel and model.moe_layers and plan.fusion.fused_moe:
-        routed = _routed_indices(ops, model.moe_layers, len(graph.microbatch_tokens))
-        mb_tokens = tuple(int(ops[i].dims["tokens"]) for i in routed["dispatch"][0])
+        rows = [(layer, None) for layer in model.moe_layers]
+        if model.mtp_moe:  # each MTP draft pass's MoE layer is routed on its own
+            rows += [(draft_layer(model), k) for k in range(plan.mtp)]
+        routed = _routed_indices(ops, rows, len(graph.microbatch_tokens))
+        row_tokens = np.array([[ops[i].dims["tokens"] for i in row]
+                               for row in routed["dispatch"]], dtype=np.float64)
+        mb_tokens = tuple(int(t) for t in row_tokens[0])
+        draft_tokens = tuple(tuple(int(t) for t in row)
+                             for row in row_tokens[len(model.moe_layers):])
     share_experts = eff.core_share(ranks_on_node, "grouped_gemm")
     kind_index = np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64)
+    draft_mask = np.array([op.draft is not None for op in ops], dtype=bool)
     return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens,
-                                               share_experts, kind_index, top_k))
+                                               share_experts, kind_index, top_k, row_tokens,
+                                               draft_tokens, draft_mask))
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in ``_apply_routing``
 _ROUTED_ROLES = {"grouped_gemm": "experts", "dispatch": "dispatch", "combine": "combine"}
 
 
-def _routed_indices(ops: list[Op], moe_layers: Sequence[int], microbatches: int
+def _routed_indices(ops: list[Op], rows: Sequence[tuple[int, int | None]], microbatches: int
                     ) -> dict[str, np.ndarray]:
-    """``{role: [moe layer, microbatch] -> issue index}`` of the routed ops of a fused-MoE EP
-    graph (one fused expert op, one dispatch and one combine per MoE layer and microbatch)."""
-    where: dict[str, dict[tuple[int, int], int]] = {role: {} for role in _ROUTED_ROLES.values()}
+    """``{role: [row, microbatch] -> issue index}`` of the routed ops of a fused-MoE EP graph
+    (one fused expert op, one dispatch and one combine per MoE layer and microbatch); a row is
+    ``(layer, draft pass)``: the MoE layers' (pass ``None``), then the MTP draft passes'."""
+    where: dict[str, dict[tuple, int]] = {role: {} for role in _ROUTED_ROLES.values()}
+    known = set(rows)
     for i, op in enumerate(ops):
         if op.routed:
-            if op.kind not in _ROUTED_ROLES:
-                raise AssertionError(f"{op.id}: the simulator samples no routing for a routed "
-                                     f"{op.kind} op")
-            where[_ROUTED_ROLES[op.kind]][(op.layer, op.microbatch)] = i
-    return {role: np.array([[found[(layer, mb)] for mb in range(microbatches)]
-                            for layer in moe_layers])
+            if op.kind not in _ROUTED_ROLES or (op.layer, op.draft) not in known:
+                raise AssertionError(f"{op.id}: the simulator samples no routing for this "
+                                     f"routed {op.kind} op")
+            where[_ROUTED_ROLES[op.kind]][(op.layer, op.draft, op.microbatch)] = i
+    return {role: np.array([[found[(layer, draft, mb)] for mb in range(microbatches)]
+                            for layer, draft in rows])
             for role, found in where.items()}
 
 
@@ -312,7 +337,7 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
     # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
     per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
     ex_op = graph.ops[prog.op_ids[ex_idx[0, 0]]]
-    mb_tokens = np.asarray(comp.mb_tokens, dtype=np.float64)
+    row_tokens = comp.row_tokens  # [rows, mb]: the MoE layers' and the draft passes' own
 
     def expert_tokens() -> np.ndarray:
         # a rank's tokens-equivalent: the pairs it computes over the kernel's top-k (its own
@@ -320,7 +345,7 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
         pairs = per_expert.sum(axis=-1)
         shared = ex_op.dims.get("shared_experts", 0)
         if shared:
-            pairs = pairs + shared * mb_tokens[None, :, None]
+            pairs = pairs + shared * row_tokens[:, :, None]
         return pairs / (kernel_cost.op_top_k(ex_op, comp.top_k) or 1.0)
 
     t_exp = kernel_cost.routed_seconds(
@@ -341,11 +366,9 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
         def tokens(role=role, idx=idx, t_roof=t_roof) -> np.ndarray:
             # the tokens per rank that, uniformly routed, would load the busiest link as much
             lat = cost.collective_latency(role, profile, captured, ranks)
-            nominal = np.array([kernel_cost.nominal_collective(graph.ops[prog.op_ids[i]], profile,
-                                                               nodes, captured)
-                                for i in idx[0]])
+            nominal = _nominal_rows(graph, prog, idx, profile, nodes, captured)
             bw = nominal - lat
-            return mb_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
+            return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
 
         t = kernel_cost.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
                                        nodes=nodes, captured=captured)
@@ -357,6 +380,37 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
     work[di_idx] = (times[0] + node_s)[..., None]
     work[co_idx] = (times[1] + node_s)[..., None]
     return replace(prog, work=work), swept
+
+
+def _nominal_rows(graph: OpGraph, prog: Program, idx: np.ndarray, profile: HardwareProfile,
+                  nodes: np.ndarray, captured: bool) -> np.ndarray:
+    """``[rows, mb]`` each routed collective's time under uniform routing (ops of equal
+    per-peer bytes costed once: the MoE layers' repeat, the draft passes' differ)."""
+    seen: dict[tuple[float, ...] | None, float] = {}
+    out = np.zeros(idx.shape)
+    for pos, i in np.ndenumerate(idx):
+        op = graph.ops[prog.op_ids[i]]
+        if op.peer_bytes not in seen:
+            seen[op.peer_bytes] = kernel_cost.nominal_collective(op, profile, nodes, captured)
+        out[pos] = seen[op.peer_bytes]
+    return out
+
+
+def _sample(comp: _Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.ndarray,
+            placement: Placement, p_slot: np.ndarray, rng: np.random.Generator
+            ) -> RoutingSample:
+    """This step's routing of the MoE layers, then of each MTP draft pass's MoE layer (drawn
+    after the main layers', so a plan without MTP draws exactly as before)."""
+    main = sample_routing(model, loads, placement, comp.mb_tokens, plan.world_size, rng,
+                          p_slot=p_slot)
+    if not comp.draft_tokens:
+        return main
+    # the draft layer routes and sits like the routing layer (epsim.model.mtp.routing_layer)
+    row = model.moe_layers.index(routing_layer(model))
+    drafts = [sample_rows(np.array([draft_layer(model)]), p_slot[row:row + 1], model.moe.top_k,
+                          placement, tokens, plan.world_size, rng)
+              for tokens in comp.draft_tokens]
+    return stack_routing([main, *drafts])
 
 
 def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
@@ -415,8 +469,7 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                              f"{plan.redundant_experts} redundant)")
         p_slot = _slot_frequencies(key, loads, placement, model)
         rng = np.random.default_rng(seed)
-        routing = sample_routing(model, loads, placement, comp.mb_tokens, plan.world_size, rng,
-                                 p_slot=p_slot)
+        routing = _sample(comp, model, plan, loads, placement, p_slot, rng)
         prog, swept = _apply_routing(comp, model, plan, profile, routing, explain)
         imbalance = routing.imbalance()
     timeline = run_exact(prog) if mode == "exact" else run_fast(prog, fold=not trace)
@@ -472,7 +525,16 @@ def _result(comp: _Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray,
         critical_rank=critical, rank_ms=tuple(float(x * 1e3) for x in tl.rank_end),
         mode=mode, seed=seed, events=events,
         op_kinds_ms=_op_kinds_ms(comp, prog, critical), kernels=kernels,
+        draft_ms=_draft_ms(comp, prog, critical),
     )
+
+
+def _draft_ms(comp: _Compiled, prog: Program, rank: int) -> float:
+    """``rank``'s MTP draft-module ops by the cost model, ms (``StepResult.draft_ms``)."""
+    if not comp.draft_mask.any():
+        return 0.0
+    kernel = np.maximum(prog.work[comp.draft_mask, rank] - prog.node_s, 0.0)
+    return float(kernel.sum() * 1e3)
 
 
 def _op_kinds_ms(comp: _Compiled, prog: Program, rank: int) -> dict[str, float]:

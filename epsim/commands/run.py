@@ -14,7 +14,7 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.plan import KV_DTYPES
 
-from ..common import add_json_arg, add_model_arg, emit_json, loads_help, print_table
+from ..common import add_json_arg, add_model_arg, add_mtp_args, emit_json, loads_help, print_table
 from ..inputs import add_flag
 
 
@@ -65,6 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="fill the KV cache with a real prefill step over random prompts of "
                    "context - 1 tokens (timed and checked) instead of drawn cache entries")
+    add_mtp_args(p)
     p.add_argument("--check", action="store_true",
                    help="compare with the dense single-process reference (fp32)")
     add_flag(p, "--trace", metavar="OUT", help="write every rank's per-op Chrome trace")
@@ -126,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         capture=args.capture, placement=args.placement, kv_dtype=args.kv_dtype,
         check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
         unfused=args.unfused, shared_expert_in_moe=args.shared_expert_in_moe,
-        trace=bool(args.trace), prefill=args.prefill,
+        trace=bool(args.trace), prefill=args.prefill, mtp=args.mtp,
+        mtp_acceptance=args.mtp_acceptance,
         placement_table=_balanced_table(args, world), redundant_experts=args.redundant_experts)
     if torchrun:
         rank = int(os.environ["RANK"])
@@ -166,6 +168,11 @@ def run(args: argparse.Namespace) -> int:
                     f"p90 {st['p90']:.2f} ({summary['steps_timed']} timed)"),
         ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
     ]
+    if "mtp" in summary:
+        m = summary["mtp"]
+        rows.append(("MTP", f"{m['draft_tokens']} draft token(s) per step, acceptance "
+                            f"{m['acceptance']:g} (simulated): {m['tokens_per_request_step']:.3f} "
+                            "tokens per sequence per step"))
     if args.prefill:
         rows.append(("prefill ms", f"{summary['prefill_ms']:.2f} "
                                    f"({summary['prefill_tokens_per_s']:.1f} prompt tokens/s)"))

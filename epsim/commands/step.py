@@ -10,6 +10,7 @@ from epsim.model import Batch, accounting, load_model, make_plan
 from epsim.model.config import check_context_length
 from epsim.model.errors import EpsimError
 from epsim.model.loads import read_loads
+from epsim.model.mtp import expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
 from epsim.sim.hardware import load_profile
@@ -20,6 +21,7 @@ from ..common import (
     add_json_arg,
     add_kernels_arg,
     add_model_arg,
+    add_mtp_args,
     add_plan_args,
     emit_json,
     loads_help,
@@ -61,6 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--mode", default=MODES[0],
                    help="fast (vectorised) or exact (simpy, every op of every rank)")
     add_kernels_arg(p)
+    add_mtp_args(p)
     p.add_argument("--explain", action="store_true",
                    help="show where each op kind's time comes from: the kernel-table points "
                    "(and their sources) or the roofline used, and the shapes outside every table")
@@ -72,19 +75,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     model = load_model(args.model)
-    check_context_length(model, args.context, f"--context {args.context}")
+    # a verify step's last draft sits mtp positions past the context
+    check_context_length(model, args.context + args.mtp, f"--context {args.context}"
+                         + (f" + --mtp {args.mtp}" if args.mtp else ""))
     profile = load_profile(args.hardware, kernels=args.kernels)
     plan = make_plan(model, nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
                      dp=args.dp, tp=args.tp, ep=args.ep,
                      microbatches=1 if args.no_dbo else 2, kv_dtype=args.kv_dtype,
                      graph_mode=not args.no_graph, mem_fraction=args.mem_fraction,
-                     redundant_experts=args.redundant_experts)
+                     redundant_experts=args.redundant_experts, mtp=args.mtp)
     plan = with_implied_fusions(plan, model, profile.plan_options)
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
-    need = accounting.kv_bytes_for_sequence(model, plan.kv_dtype, args.context, plan.tp) * args.batch
+    need = accounting.kv_bytes_for_sequence(
+        model, plan.kv_dtype, args.context + plan.mtp, plan.tp,
+        accounting.draft_kv_layers(plan)) * args.batch
     if need > budget.kv_bytes:
         raise EpsimError(
             f"batch {args.batch} x context {args.context} needs {need / 1e9:.1f} GB of KV cache "
@@ -106,8 +113,12 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                  "kernels": profile.kernel_set,
                  "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
                  "redundant_experts": plan.redundant_experts,
-                 "slots_per_gpu": plan.slots_per_gpu(model)},
+                 "slots_per_gpu": plan.slots_per_gpu(model),
+                 "mtp": plan.mtp, "mtp_acceptance": args.mtp_acceptance},
         "batch": {"phase": batch.phase, "seqs_per_rank": batch.seqs, "context": batch.context},
+        # tokens a sequence advances per decode step on average: sum of P**k, k = 0..mtp
+        "tokens_per_request_step": (expected_tokens(plan.mtp, args.mtp_acceptance)
+                                    if batch.phase == "decode" else 1.0),
         "loads": args.loads or ("uniform" if args.uniform else "synthetic-skewed"),
         "kv_bytes_per_gpu": need, "kv_bytes_available": budget.kv_bytes,
         **result.to_json(),
@@ -133,6 +144,11 @@ def run(args: argparse.Namespace) -> int:
         ("batch", f"{b['phase']}: {b['seqs_per_rank']} seqs/rank, context {b['context']}"),
         ("step", f"{out['step_ms']:.2f} ms ({out['mode']}, seed {out['seed']})"),
     ]
+    if plan["mtp"]:
+        rows.append(("MTP", f"{plan['mtp']} draft token(s) verified per sequence, acceptance "
+                            f"{plan['mtp_acceptance']:g}: {out['tokens_per_request_step']:.3f} "
+                            f"tokens per sequence per step; draft module "
+                            f"{out['draft_module_ms']:.2f} ms"))
     for name, ms in out["breakdown_ms"].items():
         share = 100 * ms / out["step_ms"] if out["step_ms"] else 0.0
         rows.append((f"  {name}", f"{ms:8.2f} ms  {share:5.1f}%"))
