@@ -1,0 +1,111 @@
+"""What the serving loop's schedulers look at: requests, and each side's queues and running set.
+
+    RequestState   per-request arrays shared by the client, the KV pools and every side
+    Running        the requests a side is decoding, in the order they started (preemption
+                   takes the newest)
+    SideQueues     one side's dp ranks: a FIFO waiting queue per rank, at most one
+                   part-prefilled request per rank, and the running set
+
+A request that was preempted (its KV freed, vLLM) or retracted (SGLang) waits again and
+recomputes everything it had: its prompt and the tokens it had generated
+(:meth:`RequestState.prefill_target`), then decodes on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from .workload import Requests
+
+
+class RequestState:
+    """Per-request arrays (index = request id), shared by the client and every side.
+
+    isl / osl: input and output tokens. send / first / done / last: send time, first token,
+    last token, latest token so far. generated / prefilled: output tokens emitted, prompt
+    tokens computed toward :meth:`prefill_target`. rank: the dp rank that decodes it.
+    preemptions: times its KV was taken back. itls: the inter-token gaps, one array per step.
+    """
+
+    def __init__(self, req: Requests) -> None:
+        n = len(req)
+        self.isl = req.input_lens.astype(np.int64)
+        self.osl = req.output_lens.astype(np.int64)
+        self.send = np.full(n, np.nan)
+        self.first = np.full(n, np.nan)
+        self.done = np.full(n, np.nan)
+        self.last = np.full(n, np.nan)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.prefilled = np.zeros(n, dtype=np.int64)
+        self.rank = np.full(n, -1, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.itls: list[np.ndarray] = []
+
+    def prefill_target(self, i: int) -> int:
+        """Tokens request ``i`` computes before it decodes: its prompt, plus the tokens it had
+        generated when it was preempted (recompute)."""
+        return int(self.isl[i] + self.generated[i])
+
+    def prefill_left(self, i: int) -> int:
+        return self.prefill_target(i) - int(self.prefilled[i])
+
+    def emit(self, ids: np.ndarray, t: float) -> np.ndarray:
+        """One more token for each request of ``ids`` at ``t``; returns those now finished."""
+        self.itls.append(t - self.last[ids])
+        self.last[ids] = t
+        self.generated[ids] += 1
+        return ids[self.generated[ids] >= self.osl[ids]]
+
+
+class Running:
+    """Requests in decode, one array of ids over all ranks, oldest first.
+
+    Requests whose prefill ends join at the next step's start (:meth:`flush`), so every event
+    of one instant lands before a step is formed.
+    """
+
+    def __init__(self, ranks: int) -> None:
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.ranks = ranks
+        self._incoming: list[int] = []
+
+    def add(self, i: int) -> None:
+        self._incoming.append(i)
+
+    def flush(self) -> None:
+        if self._incoming:
+            self.ids = np.concatenate([self.ids, np.array(self._incoming, dtype=np.int64)])
+            self._incoming = []
+
+    def remove(self, ids: np.ndarray) -> None:
+        if len(ids):
+            self.ids = self.ids[~np.isin(self.ids, ids)]
+
+    def count(self, st: RequestState) -> np.ndarray:
+        """``[ranks]`` requests decoding on each rank (not those joining at the next flush)."""
+        return np.bincount(st.rank[self.ids], minlength=self.ranks)
+
+    def on_rank(self, st: RequestState, r: int) -> np.ndarray:
+        """Rank ``r``'s decoding requests, oldest first."""
+        return self.ids[st.rank[self.ids] == r]
+
+
+class SideQueues:
+    """One side's dp ranks: FIFO waiting queues, one part-prefilled request per rank, the
+    requests decoding. ``chunk``: prompt tokens one rank prefills per step at most."""
+
+    def __init__(self, ranks: int, chunk: int) -> None:
+        self.ranks = ranks
+        self.queues: list[deque[int]] = [deque() for _ in range(ranks)]
+        self.partial: list[int | None] = [None] * ranks
+        self.running = Running(ranks)
+        self.chunk = chunk
+
+    def has_prompts(self, r: int) -> bool:
+        return bool(self.queues[r]) or self.partial[r] is not None
+
+    def pending(self, r: int) -> int:
+        """Requests waiting or part-prefilled on rank ``r``."""
+        return len(self.queues[r]) + (self.partial[r] is not None)
