@@ -354,6 +354,7 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.model.eplb import BALANCERS
     from epsim.model.loads import shipped_loads
     from epsim.model.plan import KV_DTYPES
+    from epsim.sim.engine_presets import ENGINES
     from epsim.sim.hardware import shipped_profiles
     from epsim.sim.metrics import parse_percentile_metrics, parse_percentiles
     from epsim.sim.scenario import parse_disagg
@@ -368,6 +369,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--kv-dtype": Choice(tuple(KV_DTYPES)),
         "--dataset": Choice(tuple(DATASETS)),
         "--dp-balance": Choice(tuple(DP_BALANCE)),
+        "--engine": Choice(tuple(ENGINES)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--method": Choice(tuple(BALANCERS)),
         "--mode": Choice(tuple(MODES)),
@@ -405,6 +407,11 @@ FLAGS: dict[str, Spec] = {
     "--random-range-ratio": Real(0.0, 0.999999),  # vLLM: 0 <= r < 1
     "--seed": Integer(0, MAX_SEED),
     "--chunked-prefill-size": Integer(1, MAX_TOKENS),
+    # serving-engine overrides (per dp rank)
+    "--max-num-seqs": Integer(1, MAX_BATCH),
+    "--max-num-batched-tokens": Integer(1, MAX_TOKENS),
+    "--cuda-graph-max-bs": Integer(1, MAX_BATCH),
+    "--host-ms-per-step": Real(0.0, 1e4),
     # search and capacity
     "--target-output-throughput": Real(0.0, 1e10, low_open=True),
     # balance

@@ -236,6 +236,20 @@ class Sglang(PrefillFirst):
     def mixed(self) -> bool:
         return self.config.mixed_chunk
 
+    def chunks(self) -> dict[int, Chunk]:
+        # the chunk is also bounded by max_prefill_tokens; a mixed batch's decodes take their
+        # share of it (PrefillAdder's num_mixed_decode_tokens)
+        side, count = self.side, self.side.running.count(self.st)
+        top = min(side.chunk, self.config.max_batched_tokens or side.chunk)
+        out = {}
+        for r in range(side.ranks):
+            budget = top - (int(count[r]) if self.mixed() else 0)
+            if side.has_prompts(r) and budget > 0:
+                chunk = self.form_chunk(r, budget, int(count[r]))
+                if chunk:
+                    out[r] = chunk
+        return out
+
     def decodes(self, chunks: dict[int, Chunk]) -> np.ndarray:
         ids = super().decodes(chunks)
         for r in np.unique(self.st.rank[ids]):
@@ -299,7 +313,7 @@ class DecodeFirst(_VllmKV):
             before = self.counters.preemptions
             ids = self.grow_or_preempt(r)
             decode.append(ids)
-            budget = self.budget() - len(ids)
+            budget = min(self.budget() - len(ids), side.chunk)
             if budget <= 0 or not side.has_prompts(r):
                 continue
             if self.counters.preemptions != before:
