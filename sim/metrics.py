@@ -20,8 +20,8 @@ epsim's own (docs/design.md section 3):
     expert_imbalance      max / mean GPU expert load, averaged over them
     kv_cache_usage        reserved share of the decode ranks' KV cache, time-averaged over the
                           decode engine's steps (``max_kv_cache_usage``: its peak)
-    preemptions           requests whose KV was taken back and recomputed (vLLM's preemption,
-                          SGLang's retraction; 0 under ``prefill_first``)
+    preemptions           times a request's KV was taken back to be recomputed (vLLM's
+                          preemption, SGLang's retraction; 0 under ``prefill_first``)
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ What is simulated (event by event, one event per step of each side, not per toke
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from epsim.model.errors import EpsimError
 
 from .kv_admission import SGLANG_CLIP_MAX_NEW_TOKENS, KVPool
 from .schedulers import COLOCATED, SCHEDULERS, Counters, Scheduler, StepPlan, scheduler_class
-from .serving_state import RequestState, SideQueues
+from .serving_state import Client, Dispatcher, EventLoop, RequestState, SideQueues
 from .step_time import (  # noqa: F401  (re-exported: the step-time names' old home)
     GRID_EXACT,
     EngineStepTime,
@@ -175,8 +174,8 @@ class ServingRun:
     steps: every engine step.
     sim_calls: exact step-time evaluations this run made (memo misses).
     max_running_per_rank: the most requests one rank decoded in one step.
-    preemptions: requests whose KV was taken back (vLLM's preemption, SGLang's retraction)
-        and recomputed later.
+    preemptions: times a request's KV was taken back (vLLM's preemption, SGLang's
+        retraction) to be recomputed later.
     """
 
     requests: Requests
@@ -196,71 +195,6 @@ class ServingRun:
 # --------------------------------------------------------------------------------------------
 # The loop
 # --------------------------------------------------------------------------------------------
-
-
-class _Loop:
-    """A min-heap of timed callbacks (ties in insertion order)."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
-        self._n = 0
-
-    def at(self, t: float, fn: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, (t, self._n, fn))
-        self._n += 1
-
-    def run(self) -> None:
-        while self._heap:
-            t, _, fn = heapq.heappop(self._heap)
-            fn(t)
-
-
-class _Dispatcher:
-    """Picks a dp rank for each request."""
-
-    def __init__(self, ranks: int, method: str, load: Callable[[int], int]) -> None:
-        self.ranks, self.method, self.load = ranks, method, load
-        self._next = 0
-
-    def pick(self) -> int:
-        if self.method == "round_robin":
-            r = self._next
-            self._next = (self._next + 1) % self.ranks
-            return r
-        return min(range(self.ranks), key=lambda r: (self.load(r), r))
-
-
-class _Client:
-    """The benchmark client: issues requests, holds at most ``cap`` in flight."""
-
-    def __init__(self, st: RequestState, req: Requests, cap: int | None, loop: _Loop,
-                 send: Callable[[int, float], None]) -> None:
-        self.st, self.req, self.cap, self.loop, self.send_fn = st, req, cap, loop, send
-        self.next = 0
-        self.in_flight = 0
-
-    def start(self) -> None:
-        # one wake-up per distinct issue time; pump() sends whatever is due and has a slot
-        for t in np.unique(self.req.issue_times_s):
-            self.loop.at(float(t), self.pump)
-
-    def pump(self, t: float) -> None:
-        n = len(self.req)
-        while self.next < n and self.req.issue_times_s[self.next] <= t + 1e-12 and (
-                self.cap is None or self.in_flight < self.cap):
-            i = self.next
-            self.next += 1
-            self.in_flight += 1
-            self.st.send[i] = t
-            self.send_fn(i, t)
-
-    def finished(self, ids: np.ndarray, t: float) -> None:
-        if len(ids):
-            self.st.done[ids] = t
-            self.in_flight -= len(ids)
-            self.pump(t)
-
-
 
 
 def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int) -> tuple[int, int]:
@@ -307,11 +241,11 @@ class _Side:
 class _Server:
     """The loop's shared part: starts, costs and ends every side's steps the same way."""
 
-    def __init__(self, st: RequestState, loop: _Loop, counters: Counters) -> None:
+    def __init__(self, st: RequestState, loop: EventLoop, counters: Counters) -> None:
         self.st, self.loop, self.counters = st, loop, counters
         self.steps: list[StepRecord] = []
         self.peak = 0
-        self.client: _Client | None = None
+        self.client: Client | None = None
         self.decode_kv: KVPool | None = None  # where finished requests free their KV
 
     def kick(self, side: _Side, t: float) -> None:
@@ -421,7 +355,7 @@ def _colocated(server: _Server, config: ServingConfig, decode: EngineStepTime,
     side = _Side("colocated", q, kv, cls(q, st, kv, config, server.counters), decode, prefill,
                  server.token_after_prefill)
     server.decode_kv = kv
-    dispatcher = _Dispatcher(dp, config.dp_balance, lambda r: q.pending(r) + int(
+    dispatcher = Dispatcher(dp, config.dp_balance, lambda r: q.pending(r) + int(
         np.count_nonzero(st.rank[q.running.ids] == r)))
 
     def send(i: int, t: float) -> None:
@@ -465,8 +399,8 @@ def _disaggregated(server: _Server, config: ServingConfig, decode: EngineStepTim
                   prefill, prefill, ship)
     dside.kick_after = [pside, dside]  # freed decode KV may admit prefills
     server.decode_kv = dkv
-    pdispatch = _Dispatcher(pdp, config.dp_balance, lambda r: pq.pending(r))
-    ddispatch = _Dispatcher(dp, config.dp_balance, lambda r: int(dkv.used[r]))
+    pdispatch = Dispatcher(pdp, config.dp_balance, lambda r: pq.pending(r))
+    ddispatch = Dispatcher(dp, config.dp_balance, lambda r: int(dkv.used[r]))
 
     def send(i: int, t: float) -> None:
         prank[i] = pdispatch.pick()
@@ -526,10 +460,10 @@ def simulate_serving(requests: Requests, config: ServingConfig,
     prefill = _as_costs(prefill_model) if prefill_model is not None else decode
     for c in (decode, prefill):
         c.touched = {}
-    loop = _Loop()
+    loop = EventLoop()
     server = _Server(st, loop, Counters())
     build = _disaggregated if config.disaggregated else _colocated
-    client = _Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill))
+    client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill))
     server.client = client
     client.start()
     loop.run()

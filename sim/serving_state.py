@@ -5,6 +5,9 @@
                    takes the newest)
     SideQueues     one side's dp ranks: a FIFO waiting queue per rank, at most one
                    part-prefilled request per rank, and the running set
+    Client         the benchmark client: issues requests, holds at most ``cap`` in flight
+    Dispatcher     picks a dp rank for each request (round robin or least loaded)
+    EventLoop      a min-heap of timed callbacks
 
 A request that was preempted (its KV freed, vLLM) or retracted (SGLang) waits again and
 recomputes everything it had: its prompt and the tokens it had generated
@@ -13,7 +16,9 @@ recomputes everything it had: its prompt and the tokens it had generated
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -109,3 +114,66 @@ class SideQueues:
     def pending(self, r: int) -> int:
         """Requests waiting or part-prefilled on rank ``r``."""
         return len(self.queues[r]) + (self.partial[r] is not None)
+
+
+class EventLoop:
+    """A min-heap of timed callbacks (ties in insertion order)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self._n = 0
+
+    def at(self, t: float, fn: Callable[[float], None]) -> None:
+        heapq.heappush(self._heap, (t, self._n, fn))
+        self._n += 1
+
+    def run(self) -> None:
+        while self._heap:
+            t, _, fn = heapq.heappop(self._heap)
+            fn(t)
+
+
+class Dispatcher:
+    """Picks a dp rank for each request."""
+
+    def __init__(self, ranks: int, method: str, load: Callable[[int], int]) -> None:
+        self.ranks, self.method, self.load = ranks, method, load
+        self._next = 0
+
+    def pick(self) -> int:
+        if self.method == "round_robin":
+            r = self._next
+            self._next = (self._next + 1) % self.ranks
+            return r
+        return min(range(self.ranks), key=lambda r: (self.load(r), r))
+
+
+class Client:
+    """The benchmark client: issues requests, holds at most ``cap`` in flight."""
+
+    def __init__(self, st: RequestState, req: Requests, cap: int | None, loop: EventLoop,
+                 send: Callable[[int, float], None]) -> None:
+        self.st, self.req, self.cap, self.loop, self.send_fn = st, req, cap, loop, send
+        self.next = 0
+        self.in_flight = 0
+
+    def start(self) -> None:
+        # one wake-up per distinct issue time; pump() sends whatever is due and has a slot
+        for t in np.unique(self.req.issue_times_s):
+            self.loop.at(float(t), self.pump)
+
+    def pump(self, t: float) -> None:
+        n = len(self.req)
+        while self.next < n and self.req.issue_times_s[self.next] <= t + 1e-12 and (
+                self.cap is None or self.in_flight < self.cap):
+            i = self.next
+            self.next += 1
+            self.in_flight += 1
+            self.st.send[i] = t
+            self.send_fn(i, t)
+
+    def finished(self, ids: np.ndarray, t: float) -> None:
+        if len(ids):
+            self.st.done[ids] = t
+            self.in_flight -= len(ids)
+            self.pump(t)
