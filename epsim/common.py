@@ -11,6 +11,8 @@ defaults, so a help text cannot drift from what runs.
     workload                   the benchmark (``vllm bench serve`` flags): ``add_workload_args``
     execution                  how it is served (DBO, EPLB, KV dtype, disaggregation, ...):
                                ``add_execution_args``
+    engine                     a serving-engine preset and the flags that override it:
+                               ``add_engine_args``
     scenario                   all of the above plus ``--json``: ``add_scenario_args``, read back
                                by ``scenario_from_args`` (predict, sweep)
     search                     a scenario plus the SLO and search space: ``add_search_args``,
@@ -32,6 +34,7 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
+from epsim.sim.engine_presets import EPSIM_CHUNKED_PREFILL
 from epsim.sim.metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, percentile_word
 from epsim.sim.scenario import Scenario
 from epsim.sim.tune import OBJECTIVES, SearchSpace
@@ -133,12 +136,18 @@ def add_mtp_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
              f"(default {DEFAULT_ACCEPTANCE:g}: {ACCEPTANCE_SOURCE})".replace("%", "%%"))
 
 
-def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> None:
-    """How the deployment serves: overlap, placement, graphs, KV, disaggregation, scheduling."""
+def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False,
+                       search: bool = False) -> None:
+    """How the deployment serves: overlap, placement, graphs, KV, disaggregation, scheduling
+    (``search``: tune and plan, whose ``--dbo`` is the list of values to try)."""
     many = " (comma list)" if lists else ""
     sc = Scenario  # its field defaults are the flags' defaults
     o = parser.add_argument_group("execution options")
     add_kernels_arg(o)
+    if not search:
+        o.add_argument("--dbo", action="store_true",
+                       help="two microbatches (dual-batch overlap): the default without --engine "
+                       "and under --engine split; vllm and sglang run without it unless given")
     o.add_argument("--no-dbo", action="store_true", help="one microbatch (no dual-batch overlap)")
     o.add_argument("--no-eplb", action="store_true", help="contiguous expert placement")
     o.add_argument("--no-graph", action="store_true", help="eager launches (no graph replay)")
@@ -148,8 +157,9 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False) 
              help=loads_help("expert load statistics for routing (default: synthetic)"))
     add_flag(o, "--disagg", default=None, metavar="P:D",
              help="prefill on P nodes, decode on D nodes (KV shipped over the NIC)")
-    add_flag(o, "--chunked-prefill-size", default=sc.chunked_prefill_size,
-             help=f"prompt tokens one rank prefills per step (default {sc.chunked_prefill_size})")
+    add_flag(o, "--chunked-prefill-size", default=None,
+             help="prompt tokens one rank prefills per step (default: the engine's; "
+             f"{EPSIM_CHUNKED_PREFILL} without --engine)")
     add_flag(o, "--dp-balance", default=sc.dp_balance,
              help=f"how requests are spread over dp ranks (default {sc.dp_balance})")
     add_flag(o, "--mem-fraction", default=sc.mem_fraction,
@@ -157,8 +167,33 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False) 
     add_mtp_args(o)
 
 
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """A serving engine's scheduling policy and defaults, and the flags that override them."""
+    g = parser.add_argument_group(
+        "serving engine (docs/serving.md: each preset's defaults and their sources)")
+    add_flag(g, "--engine", default=None,
+             help="schedule as this engine does, with its defaults: vllm (V1: decode first, "
+             "prompt chunks in the same step), sglang (prefill first, reservation and "
+             "retraction), split (separate prefill and decode queues); default: epsim's "
+             "prefill_first")
+    add_flag(g, "--max-num-seqs", default=None, metavar="N",
+             help="requests one dp rank runs at most (vLLM max_num_seqs; SGLang "
+             "max_running_requests / dp)")
+    add_flag(g, "--max-num-batched-tokens", default=None, metavar="T",
+             help="tokens in one rank's step at most (vLLM's budget, decodes included; "
+             "SGLang's max_prefill_tokens)")
+    add_flag(g, "--cuda-graph-max-bs", default=None, metavar="B",
+             help="the largest decode batch per rank a captured graph replays; larger steps "
+             "run eagerly")
+    add_flag(g, "--host-ms-per-step", default=None, metavar="MS",
+             help="the engine's host time per step (scheduling, inputs, sampling), overlapped "
+             "with the GPU as both engines do (default: 4 under --engine, an assumption; 0 "
+             "without)")
+
+
 def add_scenario_args(parser: argparse.ArgumentParser, *, lists: bool = False,
-                      hardware_required: bool = True, hardware_lists: bool = False) -> None:
+                      hardware_required: bool = True, hardware_lists: bool = False,
+                      search: bool = False) -> None:
     """Everything a :class:`Scenario` is built from, plus ``--json`` (``lists``: comma lists
     where sweepable)."""
     add_model_arg(parser)
@@ -166,7 +201,8 @@ def add_scenario_args(parser: argparse.ArgumentParser, *, lists: bool = False,
     add_plan_args(parser)
     parser.set_defaults(nodes=None)  # None: 1, or P + D under --disagg
     add_workload_args(parser, lists=lists)
-    add_execution_args(parser, lists=lists)
+    add_execution_args(parser, lists=lists, search=search)
+    add_engine_args(parser)
     add_json_arg(parser)
 
 
@@ -190,14 +226,30 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
     return Scenario(
         model=v["model"], hardware=v["hardware"], workload=workload, nodes=v["nodes"],
         gpus_per_node=v["gpus_per_node"], dp=v["dp"], tp=v["tp"], ep=v["ep"],
-        dbo=not v["no_dbo"], eplb=not v["no_eplb"], graph=not v["no_graph"],
+        dbo=_dbo_from_args(v), eplb=not v["no_eplb"], graph=not v["no_graph"],
         kv_dtype=v["kv_dtype"], loads=v["loads"], disagg=v["disagg"],
         chunked_prefill_size=v["chunked_prefill_size"], dp_balance=v["dp_balance"],
         mem_fraction=v["mem_fraction"], percentiles=v["metric_percentiles"],
         percentile_metrics=v["percentile_metrics"], kernels=v["kernels"],
         redundant_experts=v["redundant_experts"],
         mtp=v["mtp"], mtp_acceptance=v["mtp_acceptance"],
+        engine=v["engine"], max_num_seqs=v["max_num_seqs"],
+        max_num_batched_tokens=v["max_num_batched_tokens"],
+        cuda_graph_max_bs=v["cuda_graph_max_bs"], host_ms_per_step=v["host_ms_per_step"],
     )
+
+
+def _dbo_from_args(v: Mapping[str, Any]) -> bool | None:
+    """``--dbo`` on, ``--no-dbo`` off, neither: the engine's default (``None``; on without an
+    engine). Under tune and plan ``--dbo`` is the list the search tries, set per point."""
+    on = v.get("dbo") is True
+    if on and v["no_dbo"]:
+        raise EpsimError("--dbo and --no-dbo contradict each other")
+    if on:
+        return True
+    if v["no_dbo"]:
+        return False
+    return None if v.get("engine") else True
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,7 +265,8 @@ DEFAULT_SEARCH_HARDWARE = "mi300x"
 def add_search_args(parser: argparse.ArgumentParser, *, hardware_lists: bool = False) -> None:
     """A scenario (comma lists, hardware optional) plus the SLO and the search space
     (``hardware_lists``: several hardware profiles, as plan compares them)."""
-    add_scenario_args(parser, lists=True, hardware_required=False, hardware_lists=hardware_lists)
+    add_scenario_args(parser, lists=True, hardware_required=False, hardware_lists=hardware_lists,
+                      search=True)
     g = parser.add_argument_group("SLO and search space")
     add_flag(g, "--slo", required=True,
              help='bounds on metric keys, e.g. "median_itl_ms<=100,p90_ttft_ms<=5000"')

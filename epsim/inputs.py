@@ -354,6 +354,7 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.model.eplb import BALANCERS
     from epsim.model.loads import shipped_loads
     from epsim.model.plan import KV_DTYPES, MAX_MTP
+    from epsim.sim.engine_presets import ENGINES
     from epsim.sim.hardware import shipped_profiles
     from epsim.sim.metrics import parse_percentile_metrics, parse_percentiles
     from epsim.sim.scenario import parse_disagg
@@ -369,6 +370,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--mtp": Integer(0, MAX_MTP, why="draft tokens per step; 0: off"),
         "--dataset": Choice(tuple(DATASETS)),
         "--dp-balance": Choice(tuple(DP_BALANCE)),
+        "--engine": Choice(tuple(ENGINES)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--method": Choice(tuple(BALANCERS)),
         "--mode": Choice(tuple(MODES)),
@@ -408,6 +410,11 @@ FLAGS: dict[str, Spec] = {
     "--chunked-prefill-size": Integer(1, MAX_TOKENS),
     # MTP speculative decoding: each draft token's acceptance probability (--mtp: _lazy_flags)
     "--mtp-acceptance": Real(0.0, 1.0),
+    # serving-engine overrides (per dp rank)
+    "--max-num-seqs": Integer(1, MAX_BATCH),
+    "--max-num-batched-tokens": Integer(1, MAX_TOKENS),
+    "--cuda-graph-max-bs": Integer(1, MAX_BATCH),
+    "--host-ms-per-step": Real(0.0, 1e4),
     # search and capacity
     "--target-output-throughput": Real(0.0, 1e10, low_open=True),
     # balance

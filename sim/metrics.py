@@ -27,6 +27,8 @@ epsim's own (docs/design.md section 3):
     expert_imbalance      max / mean GPU expert load, averaged over them
     kv_cache_usage        reserved share of the decode ranks' KV cache, time-averaged over the
                           decode engine's steps (``max_kv_cache_usage``: its peak)
+    preemptions           times a request's KV was taken back to be recomputed (vLLM's
+                          preemption, SGLang's retraction; 0 under ``prefill_first``)
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ def compute_metrics(run: ServingRun, percentiles: Sequence[float] = DEFAULT_PERC
     m["num_decode_steps"] = len(dec)
     m["num_steps"] = len(run.steps)
     m["max_running_per_rank"] = run.max_running_per_rank
+    m["preemptions"] = run.preemptions
     m["step_sim_calls"] = run.sim_calls
     m.update(run.speculation)  # MTP: vLLM's spec_decode_* keys (none without it, as vLLM)
     return m

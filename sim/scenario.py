@@ -27,6 +27,13 @@ from epsim.model.errors import EpsimError
 from epsim.model.mtp import DEFAULT_ACCEPTANCE, expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, ParallelPlan, make_plan, with_implied_fusions
 
+from .engine_presets import (
+    Deployment,
+    EngineOverrides,
+    EngineSettings,
+    engine_dbo_default,
+    engine_settings,
+)
 from .hardware import HardwareProfile, load_profile
 from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
 from .serving import (
@@ -36,6 +43,7 @@ from .serving import (
     StepTimeModel,
     simulate_serving,
 )
+from .step_time import EngineStepTime
 from .workload import WorkloadSpec, check_context, sample_requests
 
 #: builds the step-time model of one side of a deployment (tests pass analytic ones)
@@ -52,7 +60,8 @@ class Scenario:
     dbo / eplb / graph / kv_dtype: execution options (DBO = two microbatches).
     loads: a load-statistics file for the step simulator's routing (``None``: synthetic).
     disagg: ``(prefill_nodes, decode_nodes)`` or ``None`` (prefill co-located).
-    chunked_prefill_size / dp_balance / mem_fraction: scheduling and memory options.
+    chunked_prefill_size / dp_balance / mem_fraction: scheduling and memory options
+        (``chunked_prefill_size`` ``None``: the engine's, 8192 per rank without one).
     workload: the benchmark (``WorkloadSpec``).
     percentiles / percentile_metrics: what ``compute_metrics`` reports.
     step_mode: the step simulator's mode.
@@ -62,6 +71,10 @@ class Scenario:
         experts + R; the replicas are chosen by the balancer from ``loads``). Example: 32.
     mtp / mtp_acceptance: MTP speculative decoding: draft tokens per decode step (0: off; both
         sides' plans run the draft module) and each draft's acceptance probability.
+    engine: an engine preset (``"vllm"``, ``"sglang"``, ``"split"``: ``sim/engine_presets.py``)
+        or ``None`` (epsim's own ``prefill_first``); ``dbo`` ``None`` takes the engine's default.
+    max_num_seqs / max_num_batched_tokens / cuda_graph_max_bs / host_ms_per_step: explicit
+        values in place of the engine's (``None``: the engine's).
     """
 
     model: str
@@ -72,13 +85,13 @@ class Scenario:
     dp: int | None = None
     tp: int | None = None
     ep: int | None = None
-    dbo: bool = True
+    dbo: bool | None = True
     eplb: bool = True
     graph: bool = True
     kv_dtype: str = "fp8"
     loads: str | None = None
     disagg: tuple[int, int] | None = None
-    chunked_prefill_size: int = 8192
+    chunked_prefill_size: int | None = None
     dp_balance: str = "round_robin"
     mem_fraction: float = DEFAULT_MEM_FRACTION
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
@@ -88,6 +101,16 @@ class Scenario:
     redundant_experts: int = 0
     mtp: int = 0
     mtp_acceptance: float = DEFAULT_ACCEPTANCE
+    engine: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    cuda_graph_max_bs: int | None = None
+    host_ms_per_step: float | None = None
+
+    @property
+    def use_dbo(self) -> bool:
+        """DBO as run: ``dbo``, or the engine's default when it is ``None``."""
+        return engine_dbo_default(self.engine) if self.dbo is None else self.dbo
 
     def with_(self, **changes: Any) -> Scenario:
         return replace(self, **changes)
@@ -108,7 +131,7 @@ def parse_disagg(text: str) -> tuple[int, int]:
 
 def _plan_options(sc: Scenario) -> dict[str, Any]:
     """What both sides' plans take from the scenario's execution options."""
-    return dict(microbatches=2 if sc.dbo else 1, kv_dtype=sc.kv_dtype, graph_mode=sc.graph,
+    return dict(microbatches=2 if sc.use_dbo else 1, kv_dtype=sc.kv_dtype, graph_mode=sc.graph,
                 mem_fraction=sc.mem_fraction, redundant_experts=sc.redundant_experts,
                 mtp=sc.mtp)
 
@@ -191,14 +214,13 @@ class StepCache:
 
 
 def _with_prefill_side(config: ServingConfig, model: ModelConfig, profile: HardwareProfile,
-                       sc: Scenario, nodes: tuple[int, int], gpn: int, cache: StepCache
-                       ) -> tuple[ServingConfig, StepTimeModel, dict[str, Any]]:
+                       sc: Scenario, nodes: tuple[int, int], gpn: int
+                       ) -> tuple[ServingConfig, ParallelPlan, dict[str, Any]]:
     """Disaggregated serving: the decode side's ``config`` with the prefill side added, the
-    prefill side's step model, and the keys that echo it in the result."""
+    prefill side's plan, and the keys that echo it in the result."""
     p_nodes, d_nodes = nodes
     pplan = _prefill_plan(model, sc, p_nodes, gpn, profile)
     pbudget = accounting.memory_budget(model, pplan, profile.hbm_bytes)
-    prefill_model = cache.get(model, pplan, profile, sc)
     per_token = accounting.kv_bytes_per_token(model, sc.kv_dtype, pplan.tp,
                                               accounting.draft_kv_layers(pplan))
     config = replace(config, prefill_dp=pplan.dp,
@@ -208,7 +230,7 @@ def _with_prefill_side(config: ServingConfig, model: ModelConfig, profile: Hardw
     echo = {"prefill_nodes": p_nodes, "decode_nodes": d_nodes, "prefill_dp": pplan.dp,
             "kv_transfer_ms_per_request": per_token / profile.nic_bandwidth_per_gpu
             * float(isl or 0) * 1e3 if isl else None}
-    return config, prefill_model, echo
+    return config, pplan, echo
 
 
 def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
@@ -218,7 +240,7 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
     return {"model": model.name, "hardware": profile.name,
             "nodes": total, "gpus_per_node": gpn, "gpus": total * gpn,
             "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
-            "dbo": sc.dbo, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
+            "dbo": sc.use_dbo, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
             "disagg": f"{nodes[0]}:{nodes[1]}" if sc.disagg else None,
             "kernels": profile.kernel_set,
             "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
@@ -228,14 +250,40 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
             "tokens_per_request_step": expected_tokens(plan.mtp, sc.mtp_acceptance)}
 
 
-def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int) -> dict[str, Any]:
-    """The benchmark as the result reports it."""
+def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int, settings: EngineSettings
+                    ) -> dict[str, Any]:
+    """The benchmark as the result reports it, with the engine's settings."""
     w = sc.workload
     return {"dataset": w.dataset, "isl": w.isl, "osl": w.osl,
             "max_concurrency": w.max_concurrency,
             "request_rate": "inf" if math.isinf(w.request_rate) else w.request_rate,
-            "seed": w.seed, "chunked_prefill_size": sc.chunked_prefill_size,
+            "seed": w.seed, **settings.echo(),
             "kv_capacity_tokens_per_rank": kv_capacity_tokens}
+
+
+def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
+                    plan: ParallelPlan, kv_capacity_tokens: int) -> EngineSettings:
+    """The engine's settings for this deployment, the scenario's explicit values in place."""
+    deployment = Deployment(hbm_bytes=profile.hbm_bytes, dp=plan.dp, tp=plan.tp,
+                            kv_capacity_tokens=kv_capacity_tokens,
+                            context_len=model.max_position_embeddings)
+    overrides = EngineOverrides(
+        max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
+        chunked_prefill_size=sc.chunked_prefill_size, cuda_graph_max_bs=sc.cuda_graph_max_bs,
+        dbo=sc.dbo, host_ms_per_step=sc.host_ms_per_step)
+    return engine_settings(sc.engine, deployment, overrides)
+
+
+def engine_step_time(cache: StepCache, model: ModelConfig, plan: ParallelPlan,
+                     profile: HardwareProfile, sc: Scenario, settings: EngineSettings
+                     ) -> EngineStepTime:
+    """One side's step costs: each (graph, DBO) variant of ``plan`` a cached step model (a
+    variant no step meets is never simulated), run under the engine's step policy."""
+    def variant(graph: bool, dbo: bool) -> StepTimeModel:
+        return cache.get(model, plan.with_(graph_mode=graph, microbatches=2 if dbo else 1),
+                         profile, sc)
+
+    return EngineStepTime(variant, settings.step_policy(sc.graph))
 
 
 def check_scenario(sc: Scenario) -> None:
@@ -247,7 +295,10 @@ def check_scenario(sc: Scenario) -> None:
     profile = scenario_profile(sc)
     gpn = sc.gpus_per_node or profile.gpus_per_node
     p_nodes, d_nodes = _node_split(sc)
-    _decode_plan(model, sc, d_nodes, gpn, profile)
+    plan = _decode_plan(model, sc, d_nodes, gpn, profile)
+    # the engine's caps must agree (e.g. vLLM's max_num_batched_tokens >= max_num_seqs); the
+    # KV capacity only sizes SGLang's default running cap, so any stands in here
+    scenario_engine(sc, model, profile, plan, 1 << 20)
     if p_nodes:
         _prefill_plan(model, sc, p_nodes, gpn, profile)
 
@@ -269,16 +320,19 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     nodes = _node_split(sc)
     plan = _decode_plan(model, sc, nodes[1], gpn, profile)
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
-    step_models = [cache.get(model, plan, profile, sc)]
+    settings = scenario_engine(sc, model, profile, plan, budget.kv_capacity_tokens)
+    step_models = [engine_step_time(cache, model, plan, profile, sc, settings)]
     config = ServingConfig(dp=plan.dp, kv_capacity_tokens=budget.kv_capacity_tokens,
-                           chunked_prefill_size=sc.chunked_prefill_size,
-                           dp_balance=sc.dp_balance, mtp=plan.mtp,
+                           chunked_prefill_size=settings.chunked_prefill_size,
+                           dp_balance=sc.dp_balance, scheduler=settings.scheduler,
+                           max_running_per_rank=settings.max_running_per_rank,
+                           max_batched_tokens=settings.max_batched_tokens,
+                           mixed_chunk=settings.mixed_chunk, mtp=plan.mtp,
                            mtp_acceptance=sc.mtp_acceptance, seed=sc.workload.seed)
     disagg_echo: dict[str, Any] = {}
     if sc.disagg:
-        config, prefill_model, disagg_echo = _with_prefill_side(config, model, profile, sc,
-                                                                nodes, gpn, cache)
-        step_models.append(prefill_model)
+        config, pplan, disagg_echo = _with_prefill_side(config, model, profile, sc, nodes, gpn)
+        step_models.append(engine_step_time(cache, model, pplan, profile, sc, settings))
     requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
     run = simulate_serving(requests, config, *step_models,
                            max_concurrency=sc.workload.max_concurrency)
@@ -286,6 +340,6 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
         run_out.append(run)
     metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics)
     out = {**_deployment_echo(sc, model, profile, plan, nodes, gpn), **disagg_echo,
-           **_benchmark_echo(sc, budget.kv_capacity_tokens), **metrics}
+           **_benchmark_echo(sc, budget.kv_capacity_tokens, settings), **metrics}
     out["sim_wall_s"] = time.perf_counter() - t0
     return out

@@ -1,211 +1,58 @@
 """The serving simulation: a benchmark client against continuous-batching DP ranks.
 
-What is simulated (event by event, one event per step of each engine, not per token):
+What is simulated (event by event, one event per step of each side, not per token):
 
     client       sends each request at ``max(issue time, a free concurrency slot)``; a request's
                  clock (TTFT, E2E latency) starts when it is sent, as in ``vllm bench serve``.
     dispatch     a sent request goes to one dp rank, round robin (SGLang's DP-attention default)
                  or to the least loaded one; it waits in that rank's FIFO queue.
-    admission    a request is admitted when the rank's KV cache can hold its whole sequence
-                 (prompt + every output token; output lengths are exact): requests wait while the
-                 cache is full and are never dropped; one that could never fit is an error.
-    co-located   every rank holding queued or part-prefilled prompts runs a prefill step of at
-                 most ``chunked_prefill_size`` tokens (prefill first, as SGLang's scheduler does);
-                 the other ranks run a decode step for their running requests in the same step.
-                 With DP attention and EP every rank steps together (the MoE all-to-all
-                 synchronises them), so a step lasts as long as its busiest rank needs.
-    disaggregated prefill ranks (their own nodes) prefill, then ship the prompt's KV cache to a
-                 decode rank over the NIC; the decode rank's KV is reserved before the prefill
-                 starts (as SGLang/Mooncake pre-allocate) and the prefill rank's is released when
-                 the transfer ends. The first token reaches the client when the KV has arrived.
-
-Step times come from a :class:`StepTimeModel`: :class:`SimulatedStepTime` asks the step simulator
-(``epsim.sim.step.simulate_step``) for each point of a geometric (batch, context) grid once and
-interpolates between grid points, so a several-thousand-request benchmark costs a few dozen step
-simulations.
+    sides        a co-located deployment has one side (its ranks prefill and decode); a
+                 disaggregated one a prefill side (its own nodes) and a decode side. Every rank
+                 of a side steps together (the MoE all-to-all synchronises them), so a step
+                 lasts as long as its busiest rank needs.
+    scheduler    each side's scheduler (``sim/schedulers.py``, a registry of policies) answers
+                 what runs in the next step: which prompt chunks, which decodes, which requests
+                 are admitted into the KV cache (``sim/kv_admission.py``) or preempted.
+    steps        the loop costs the plan (``sim/step_time.py``), and when the step ends
+                 advances the chunks and emits the tokens, the same for every policy. A prompt
+                 whose prefill ends gives its first token (co-located), or ships its KV cache
+                 over the NIC to its decode rank (disaggregated: the decode rank's KV was
+                 reserved before the prefill started, as SGLang/Mooncake pre-allocate; the first
+                 token reaches the client when the KV has arrived). A preempted request's
+                 recompute ends with its next token instead.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from epsim.model.errors import EpsimError
 from epsim.model.mtp import DEFAULT_ACCEPTANCE, check_acceptance
 
+from .kv_admission import SGLANG_CLIP_MAX_NEW_TOKENS, KVPool
+from .schedulers import COLOCATED, SCHEDULERS, Counters, Scheduler, StepPlan, scheduler_class
+from .serving_state import Client, Dispatcher, EventLoop, RequestState, SideQueues
 from .speculation import DraftAcceptance
+from .step_time import (  # noqa: F401  (re-exported: the step-time names' old home)
+    GRID_EXACT,
+    EngineStepTime,
+    MemoStepTime,
+    SimulatedStepTime,
+    StepCost,
+    StepPolicy,
+    StepTimeModel,
+    grid_bracket,
+    grid_nearest,
+    mix_costs,
+)
 from .workload import Requests
 
 DP_BALANCE = ("round_robin", "least_loaded")
-
-
-# --------------------------------------------------------------------------------------------
-# Step times
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """What one step of every rank costs.
-
-    seconds: the step's wall time (the busiest rank's). Example: 0.19.
-    breakdown_ms: milliseconds by category (attention, moe_experts, dispatch, ...), as the step
-        simulator reports them. Example: ``{"attention": 60.1, "dispatch": 20.3, ...}``.
-    expert_imbalance: max GPU expert load / mean (1.0 = perfectly balanced). Example: 1.04.
-    exposed_comm_ms: communication time not hidden behind compute.
-    """
-
-    seconds: float
-    breakdown_ms: Mapping[str, float] = field(default_factory=dict)
-    expert_imbalance: float = 1.0
-    exposed_comm_ms: float = 0.0
-
-
-class StepTimeModel(Protocol):
-    """Step times of one engine (one dp rank's batch; every rank steps together)."""
-
-    def decode(self, seqs: int, context: int) -> StepCost:
-        """A decode step: ``seqs`` sequences per rank, each attending to ``context`` tokens."""
-        ...
-
-    def prefill(self, seqs: int, prompt: int, prefix: int) -> StepCost:
-        """A prefill step: ``seqs`` sequences per rank of ``prompt - prefix`` new tokens each,
-        after ``prefix`` tokens already cached (chunked prefill)."""
-        ...
-
-
-def mix_costs(a: StepCost, b: StepCost, w: float) -> StepCost:
-    """``(1 - w) * a + w * b``, field by field (breakdown keys united)."""
-    if w <= 0.0:
-        return a
-    if w >= 1.0:
-        return b
-    keys = list(dict.fromkeys([*a.breakdown_ms, *b.breakdown_ms]))
-    return StepCost(
-        seconds=(1 - w) * a.seconds + w * b.seconds,
-        breakdown_ms={k: (1 - w) * a.breakdown_ms.get(k, 0.0) + w * b.breakdown_ms.get(k, 0.0)
-                      for k in keys},
-        expert_imbalance=(1 - w) * a.expert_imbalance + w * b.expert_imbalance,
-        exposed_comm_ms=(1 - w) * a.exposed_comm_ms + w * b.exposed_comm_ms,
-    )
-
-
-#: values up to this are their own grid points; above it the grid is geometric
-GRID_EXACT = 16
-
-
-def grid_bracket(x: int, per_octave: int = 8) -> tuple[int, int]:
-    """The grid points just below and above ``x`` (equal when ``x`` is one) -> (lo, hi).
-
-    The grid: every integer up to ``GRID_EXACT``, then ``round(GRID_EXACT * 2**(k/per_octave))``.
-    """
-    if x <= GRID_EXACT:
-        return x, x
-    k = per_octave * math.log2(x / GRID_EXACT)
-    lo = round(GRID_EXACT * 2 ** (math.floor(k + 1e-9) / per_octave))
-    hi = round(GRID_EXACT * 2 ** (math.ceil(k - 1e-9) / per_octave))
-    lo, hi = min(lo, x), max(hi, x)
-    return lo, hi
-
-
-def grid_nearest(x: int, per_octave: int = 8) -> int:
-    """The grid point nearest to ``x`` in log space (``x`` itself up to ``GRID_EXACT``)."""
-    lo, hi = grid_bracket(x, per_octave)
-    if lo == hi:
-        return lo
-    return lo if math.log(x / lo) <= math.log(hi / x) else hi
-
-
-class MemoStepTime:
-    """Memoise and interpolate any exact step-time function on the (batch, context) grid.
-
-    ``decode(seqs, context)`` is bilinear between the four surrounding grid points (the step
-    time is smooth in both); ``prefill`` rounds seqs and new tokens to the nearest grid point and
-    the prefix to a coarser one. ``calls`` counts the exact evaluations made.
-    """
-
-    def __init__(self, decode_exact: Callable[[int, int], StepCost],
-                 prefill_exact: Callable[[int, int, int], StepCost], per_octave: int = 8) -> None:
-        self._decode_exact = decode_exact
-        self._prefill_exact = prefill_exact
-        self.per_octave = per_octave
-        self._memo: dict[tuple[Any, ...], StepCost] = {}
-        self.calls = 0
-
-    def _get(self, key: tuple[Any, ...], fn: Callable[[], StepCost]) -> StepCost:
-        cost = self._memo.get(key)
-        if cost is None:
-            cost = fn()
-            self.calls += 1
-            self._memo[key] = cost
-        return cost
-
-    def decode(self, seqs: int, context: int) -> StepCost:
-        s0, s1 = grid_bracket(seqs, self.per_octave)
-        c0, c1 = grid_bracket(context, self.per_octave)
-
-        def at(s: int, c: int) -> StepCost:
-            return self._get(("d", s, c), lambda: self._decode_exact(s, c))
-
-        ws = 0.0 if s1 == s0 else (seqs - s0) / (s1 - s0)
-        wc = 0.0 if c1 == c0 else (context - c0) / (c1 - c0)
-        low = mix_costs(at(s0, c0), at(s0, c1), wc) if wc else at(s0, c0)
-        if not ws:
-            return low
-        high = mix_costs(at(s1, c0), at(s1, c1), wc) if wc else at(s1, c0)
-        return mix_costs(low, high, ws)
-
-    def prefill(self, seqs: int, prompt: int, prefix: int) -> StepCost:
-        s = grid_nearest(seqs, self.per_octave)
-        new = grid_nearest(prompt - prefix, self.per_octave)
-        # a chunk's mean prefix matters through attention only, next to the new tokens' own
-        # attention: under 1/16 of them it is dropped, above it a coarse grid (2 per octave)
-        pre = grid_nearest(prefix, 2) if prefix * 16 >= new else 0
-        return self._get(("p", s, new, pre), lambda: self._prefill_exact(s, pre + new, pre))
-
-
-def _cost_from_step_result(result: Any) -> StepCost:
-    """A :class:`StepCost` from the step simulator's ``StepResult`` (ms or s fields alike)."""
-    if hasattr(result, "step_s"):
-        seconds = float(result.step_s)
-    else:
-        seconds = float(result.step_ms) / 1e3
-    return StepCost(
-        seconds=seconds,
-        breakdown_ms={str(k): float(v) for k, v in dict(getattr(result, "breakdown_ms", {})).items()},
-        expert_imbalance=float(getattr(result, "expert_imbalance", 1.0) or 1.0),
-        exposed_comm_ms=float(getattr(result, "exposed_comm_ms", 0.0) or 0.0),
-    )
-
-
-class SimulatedStepTime(MemoStepTime):
-    """Step times from the step simulator, memoised on the (batch, context) grid.
-
-    model / plan / profile: what ``epsim.sim.step.simulate_step`` simulates.
-    loads / placement / eplb / mode / seed: passed through (expert loads, placement, whether
-        EPLB re-places experts, the simulator's mode, the routing seed).
-    """
-
-    def __init__(self, model: Any, plan: Any, profile: Any, *, loads: Any = None,
-                 placement: Any = None, eplb: bool = True, mode: str = "fast", seed: int = 0,
-                 per_octave: int = 8) -> None:
-        from epsim.model.opgraph import Batch
-
-        from .step import simulate_step  # the step simulator (sim/step.py)
-
-        def run(batch: Batch) -> StepCost:
-            return _cost_from_step_result(simulate_step(
-                model, plan, batch, profile, loads=loads, placement=placement, eplb=eplb,
-                mode=mode, seed=seed))
-
-        super().__init__(lambda s, c: run(Batch.decode(s, c)),
-                         lambda s, p, pre: run(Batch.prefill(s, p, pre)), per_octave)
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,7 +62,7 @@ class SimulatedStepTime(MemoStepTime):
 
 @dataclass(frozen=True)
 class ServingConfig:
-    """The serving deployment's scheduling parameters.
+    """One deployment's (one instance's) scheduling parameters.
 
     dp: decode-side dp ranks (co-located: all ranks). Example: 8.
     kv_capacity_tokens: KV-cache tokens one decode rank holds (``memory_budget``). Example:
@@ -226,8 +73,20 @@ class ServingConfig:
     prefill_kv_capacity_tokens: disaggregated: KV tokens one prefill rank holds.
     kv_transfer_s_per_token: disaggregated: seconds to ship one prompt token's KV over the NIC.
     kv_transfer_latency_s: disaggregated: fixed cost per transfer (handshake).
+    scheduler: the co-located policy (``sim/schedulers.py``: ``prefill_first``, ``sglang``,
+        ``decode_first``, ``split``); a disaggregated deployment runs ``disagg_prefill`` and
+        ``disagg_decode``. Example: ``"decode_first"``.
+    max_running_per_rank: requests one rank holds in its running batch at most (vLLM's
+        ``max_num_seqs``, SGLang's ``max_running_requests`` per DP rank; ``None``: no cap).
+    max_batched_tokens: tokens one rank's step holds at most, decodes included (vLLM's
+        ``max_num_batched_tokens``; ``None``: ``chunked_prefill_size``).
+    mixed_chunk: ``sglang``: a prefilling rank's running requests decode in the same batch
+        (SGLang's ``enable_mixed_chunk``).
+    reserve_clip_tokens: ``sglang``: output tokens a request is expected to need at most
+        (SGLang's ``CLIP_MAX_NEW_TOKENS``).
     mtp / mtp_acceptance: MTP speculative decoding: draft tokens verified per decode step and
-        each one's acceptance probability (``epsim.sim.speculation``); 0: off.
+        each one's acceptance probability (``epsim.sim.speculation``); 0: off. The KV pools hold
+        ``mtp`` draft slots per decoding request beyond its tokens.
     seed: seeds the acceptance draws.
     """
 
@@ -239,9 +98,14 @@ class ServingConfig:
     prefill_kv_capacity_tokens: int | None = None
     kv_transfer_s_per_token: float = 0.0
     kv_transfer_latency_s: float = 0.0
+    scheduler: str = "prefill_first"
     mtp: int = 0
     mtp_acceptance: float = DEFAULT_ACCEPTANCE
     seed: int = 0
+    max_running_per_rank: int | None = None
+    max_batched_tokens: int | None = None
+    mixed_chunk: bool = False
+    reserve_clip_tokens: int = SGLANG_CLIP_MAX_NEW_TOKENS
 
     @property
     def disaggregated(self) -> bool:
@@ -258,13 +122,20 @@ class ServingConfig:
         if self.dp_balance not in DP_BALANCE:
             raise EpsimError(f"dp balance must be one of {', '.join(DP_BALANCE)}, "
                              f"got {self.dp_balance!r}")
+        if self.scheduler not in COLOCATED:
+            raise EpsimError(f"scheduler must be one of {', '.join(COLOCATED)}, "
+                             f"got {self.scheduler!r}")
+        if self.mtp < 0:
+            raise EpsimError(f"mtp must be 0 or more draft tokens, got {self.mtp}")
+        check_acceptance(self.mtp_acceptance)
+        for name in ("max_running_per_rank", "max_batched_tokens", "reserve_clip_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise EpsimError(f"{name.replace('_', '-')} must be positive, got {value}")
         if self.disaggregated:
             if self.prefill_dp < 1 or not self.prefill_kv_capacity_tokens \
                     or self.prefill_kv_capacity_tokens < 1:
                 raise EpsimError("disaggregated serving needs prefill ranks with a KV cache")
-        if self.mtp < 0:
-            raise EpsimError(f"mtp must be 0 or more draft tokens, got {self.mtp}")
-        check_acceptance(self.mtp_acceptance)
         return self
 
 
@@ -275,15 +146,16 @@ class StepRecord:
     engine: ``"colocated"``, ``"prefill"`` or ``"decode"``.
     start_s / seconds: when it started and how long it took.
     kind: ``"decode"`` (every active rank decodes), ``"prefill"`` (every active rank prefills)
-        or ``"mixed"`` (some ranks prefill while the others decode).
-    decode_tokens / prefill_tokens: tokens produced (under MTP, every accepted draft and the
-        token after them) / prompt tokens processed, all ranks.
+        or ``"mixed"`` (some ranks prefill while the others decode, or, under ``decode_first``,
+        a rank's batch holds both).
+    decode_tokens / prefill_tokens: tokens produced / prompt tokens processed, all ranks.
     max_seqs / context: the decode batch the step was costed for (busiest rank).
     cost: the decode part's :class:`StepCost` (``None`` without decode).
     kv_usage: reserved KV share of the step's ranks at its start, after admission, in [0, 1]
         (the decode ranks', or the prefill ranks' for a disaggregated prefill step).
     rank_prefill_tokens / rank_decode_seqs: ``[ranks]`` of the engine, the prompt tokens each
-        rank prefilled / the sequences it decoded in this step (a rank does one or the other).
+        rank prefilled / the sequences it decoded in this step (one or the other, except in a
+        mixed batch).
     running / queued: requests admitted and not finished (holding KV) / sent and waiting for
         admission, all engines, at the step's start after admission.
     """
@@ -310,13 +182,14 @@ class ServingRun:
 
     requests: what was sent.
     send_s / first_token_s / done_s: per request, in seconds from the start.
-    itls_s: every inter-token gap of every request, pooled (vLLM's ITL population): one per
-        output a request receives after its first, an output holding every token a step
-        emitted for it (several under MTP).
+    itls_s: every inter-token gap of every request, pooled (vLLM's ITL population).
     steps: every engine step.
     sim_calls: exact step-time evaluations this run made (memo misses).
+    max_running_per_rank: the most requests one rank decoded in one step.
     speculation: under MTP, vLLM's ``spec_decode_*`` counters (``epsim.sim.speculation``);
         empty otherwise.
+    preemptions: times a request's KV was taken back (vLLM's preemption, SGLang's
+        retraction) to be recomputed later.
     """
 
     requests: Requests
@@ -328,152 +201,19 @@ class ServingRun:
     config: ServingConfig
     sim_calls: int = 0
     max_running_per_rank: int = 0
+    preemptions: int = 0
     speculation: dict[str, Any] = field(default_factory=dict)
 
 
+
+
 # --------------------------------------------------------------------------------------------
-# The engines
+# The loop
 # --------------------------------------------------------------------------------------------
 
 
-class _Loop:
-    """A min-heap of timed callbacks (ties in insertion order)."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
-        self._n = 0
-
-    def at(self, t: float, fn: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, (t, self._n, fn))
-        self._n += 1
-
-    def run(self) -> None:
-        while self._heap:
-            t, _, fn = heapq.heappop(self._heap)
-            fn(t)
-
-
-class _State:
-    """Per-request arrays shared by the client and the engines."""
-
-    def __init__(self, req: Requests) -> None:
-        n = len(req)
-        self.isl = req.input_lens.astype(np.int64)
-        self.osl = req.output_lens.astype(np.int64)
-        self.send = np.full(n, np.nan)
-        self.first = np.full(n, np.nan)
-        self.done = np.full(n, np.nan)
-        self.last = np.full(n, np.nan)
-        self.generated = np.zeros(n, dtype=np.int64)
-        self.prefilled = np.zeros(n, dtype=np.int64)
-        self.rank = np.full(n, -1, dtype=np.int64)
-        self.itls: list[np.ndarray] = []
-
-
-class _KV:
-    """Reserved KV tokens per rank."""
-
-    def __init__(self, ranks: int, capacity: int) -> None:
-        self.capacity = capacity
-        self.used = np.zeros(ranks, dtype=np.int64)
-
-    def fits(self, rank: int, tokens: int) -> bool:
-        return self.used[rank] + tokens <= self.capacity
-
-    def usage(self) -> float:
-        return float(self.used.sum()) / (self.capacity * len(self.used))
-
-
-class _Ranks:
-    """Prefill side of a set of dp ranks: FIFO queues, one part-prefilled request per rank."""
-
-    def __init__(self, ranks: int, chunk: int) -> None:
-        self.queues: list[deque[int]] = [deque() for _ in range(ranks)]
-        self.partial: list[int | None] = [None] * ranks
-        self.chunk = chunk
-
-    def has_work(self, r: int) -> bool:
-        return bool(self.queues[r]) or self.partial[r] is not None
-
-    def pending(self, r: int) -> int:
-        return len(self.queues[r]) + (self.partial[r] is not None)
-
-
-class _Dispatcher:
-    """Picks a dp rank for each request."""
-
-    def __init__(self, ranks: int, method: str, load: Callable[[int], int]) -> None:
-        self.ranks, self.method, self.load = ranks, method, load
-        self._next = 0
-
-    def pick(self) -> int:
-        if self.method == "round_robin":
-            r = self._next
-            self._next = (self._next + 1) % self.ranks
-            return r
-        return min(range(self.ranks), key=lambda r: (self.load(r), r))
-
-
-def _form_chunk(st: _State, ranks: _Ranks, r: int, admit: Callable[[int, int], bool]
-                ) -> list[tuple[int, int]]:
-    """Rank ``r``'s next prefill chunk: ``[(request, tokens)]`` within the chunk budget.
-
-    The part-prefilled request continues first; then queued requests in FIFO order while
-    ``admit(rank, request)`` reserves their KV (head-of-line: the first that does not fit stops
-    the admission, so no request overtakes another).
-    """
-    items: list[tuple[int, int]] = []
-    budget = ranks.chunk
-    p = ranks.partial[r]
-    if p is not None:
-        take = int(min(st.isl[p] - st.prefilled[p], budget))
-        items.append((p, take))
-        budget -= take
-    q = ranks.queues[r]
-    while budget > 0 and q:
-        head = q[0]
-        if not admit(r, head):
-            break
-        q.popleft()
-        take = int(min(st.isl[head], budget))
-        items.append((head, take))
-        budget -= take
-    return items
-
-
-def _prefill_cost(model: StepTimeModel, st: _State, items: list[tuple[int, int]]) -> StepCost:
-    """Cost a rank's chunk as ``seqs`` uniform sequences of the mean new tokens and prefix."""
-    seqs = len(items)
-    new = sum(t for _, t in items)
-    prefix = sum(int(st.prefilled[i]) for i, _ in items)
-    new_per = max(1, round(new / seqs))
-    pre_per = round(prefix / seqs)
-    return model.prefill(seqs, pre_per + new_per, pre_per)
-
-
-class _Running:
-    """Requests in decode, as one array of ids (all ranks)."""
-
-    def __init__(self, ranks: int) -> None:
-        self.ids = np.zeros(0, dtype=np.int64)
-        self.ranks = ranks
-        self._incoming: list[int] = []
-
-    def add(self, i: int) -> None:
-        self._incoming.append(i)
-
-    def flush(self) -> None:
-        if self._incoming:
-            self.ids = np.concatenate([self.ids, np.array(self._incoming, dtype=np.int64)])
-            self._incoming = []
-
-    def count(self, st: _State) -> np.ndarray:
-        return np.bincount(st.rank[self.ids], minlength=self.ranks)
-
-
-def _decode_batch(st: _State, ids: np.ndarray, ranks: int) -> tuple[int, int, np.ndarray]:
-    """The decode batch a step is costed for: (max seqs on a rank, effective context, and the
-    ``[ranks]`` sequences each rank decodes).
+def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int) -> tuple[int, int]:
+    """The decode batch a step is costed for: (max seqs on a rank, effective context).
 
     The context is the busiest rank's summed context spread over the max seqs, so both the
     per-sequence work (GEMMs, which scale with seqs) and the attention work (which scales with
@@ -484,90 +224,218 @@ def _decode_batch(st: _State, ids: np.ndarray, ranks: int) -> tuple[int, int, np
     ctx = np.bincount(r, weights=(st.isl[ids] + st.generated[ids]).astype(np.float64),
                       minlength=ranks)
     max_seqs = int(seqs.max())
-    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs)), seqs
+    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs))
 
 
-def _chunk_tokens(chunks: Mapping[int, list[tuple[int, int]]], ranks: int) -> np.ndarray:
-    """``[ranks]`` prompt tokens each rank prefills in a step (its chunk's summed pieces)."""
-    out = np.zeros(ranks, dtype=np.int64)
-    for r, chunk in chunks.items():
-        out[r] = sum(n for _, n in chunk)
-    return out
+def _chunk_shape(st: RequestState, items: list[tuple[int, int]]) -> tuple[int, int, int]:
+    """A rank's chunk as ``seqs`` uniform sequences: (seqs, prompt, prefix) of the mean new
+    tokens and prefix."""
+    seqs = len(items)
+    new = sum(t for _, t in items)
+    prefix = sum(int(st.prefilled[i]) for i, _ in items)
+    new_per = max(1, round(new / seqs))
+    pre_per = round(prefix / seqs)
+    return seqs, pre_per + new_per, pre_per
 
 
-class _Occupancy:
-    """Requests admitted (KV reserved) so far; with the client's counts, the steps' running
-    (admitted, not finished) and queued (sent, not admitted) requests."""
+class _Side:
+    """One side's ranks: its queues, KV pool, scheduler and step costs (``decode`` for its
+    decode batches, ``prefill`` for its chunks). ``on_prefilled(i, t)`` says what a finished
+    prefill does and whether the request is done; ``kick_after`` are the sides to wake when
+    one of its steps ends."""
 
-    def __init__(self, client: _Client) -> None:
-        self.client = client
-        self.admitted = 0
+    def __init__(self, name: str, queues: SideQueues, kv: KVPool, scheduler: Scheduler,
+                 decode: EngineStepTime, prefill: EngineStepTime,
+                 on_prefilled: Callable[[_Side, int, float], bool]) -> None:
+        self.name, self.queues, self.kv, self.scheduler = name, queues, kv, scheduler
+        self.decode, self.prefill, self.on_prefilled = decode, prefill, on_prefilled
+        self.busy = self.pending = False
+        self.kick_after: list[_Side] = [self]
+
+
+class _Server:
+    """The loop's shared part: starts, costs and ends every side's steps the same way."""
+
+    def __init__(self, st: RequestState, loop: EventLoop, counters: Counters,
+                 spec: DraftAcceptance) -> None:
+        self.st, self.loop, self.counters, self.spec = st, loop, counters, spec
+        self.steps: list[StepRecord] = []
+        self.peak = 0
+        self.client: Client | None = None
+        self.decode_kv: KVPool | None = None  # where finished requests free their KV
+
+    def kick(self, side: _Side, t: float) -> None:
+        # start on a later callback at the same time, once every event at ``t`` has landed
+        if not side.busy and not side.pending:
+            side.pending = True
+            self.loop.at(t, lambda t_now: self.start(side, t_now))
+
+    def start(self, side: _Side, t: float) -> None:
+        side.pending = False
+        if side.busy:
+            return
+        plan = side.scheduler.next_step()
+        if plan is None:
+            return
+        side.busy = True
+        # tokens each decoding request emits this step: 1, plus its accepted drafts under MTP
+        counts = self.spec.tokens(self.st.osl[plan.decode] - self.st.generated[plan.decode])
+        record = self.record(side, plan, t, counts)
+        self.steps.append(record)
+        self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
+
+    def record(self, side: _Side, plan: StepPlan, t: float, counts: np.ndarray) -> StepRecord:
+        """Cost ``plan``: every prefilling rank's chunk (with its decodes in a mixed batch) and
+        the busiest decode-only rank; the step lasts as long as the slowest."""
+        st, ranks, ids = self.st, side.queues.ranks, plan.decode
+        dec_only = ids
+        if plan.mixed and plan.prefill and len(ids):
+            dec_only = ids[~np.isin(st.rank[ids], list(plan.prefill))]
+        pre = max((self._chunk_cost(side, plan, r, c) for r, c in plan.prefill.items()),
+                  key=lambda c: c.seconds, default=None)
+        dec, max_seqs, ctx = None, 0, 0
+        if len(dec_only):
+            max_seqs, ctx = _decode_batch(st, dec_only, ranks)
+            dec = side.decode.decode(max_seqs, ctx, any_prefill=bool(plan.prefill))
+        seqs = np.bincount(st.rank[ids], minlength=ranks) if len(ids) \
+            else np.zeros(ranks, dtype=np.int64)
+        if len(ids):
+            self.peak = max(self.peak, int(seqs.max()))
+        dt = side.decode.wall(max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0))
+        kind = "mixed" if (pre and len(ids)) else ("prefill" if pre else "decode")
+        prompt = np.zeros(ranks, dtype=np.int64)
+        for r, chunk in plan.prefill.items():
+            prompt[r] = sum(n for _, n in chunk)
+        return StepRecord(side.name, t, dt, kind, int(counts.sum()), int(prompt.sum()),
+                          max_seqs, ctx, dec, side.kv.usage(), prompt, seqs, **self.counts())
+
+    def _chunk_cost(self, side: _Side, plan: StepPlan, r: int, chunk: list[tuple[int, int]]
+                    ) -> StepCost:
+        shape = _chunk_shape(self.st, chunk)
+        if plan.mixed and len(plan.decode):
+            mine = plan.decode[self.st.rank[plan.decode] == r]
+            if len(mine):
+                _, ctx = _decode_batch(self.st, mine, side.queues.ranks)
+                return side.prefill.mixed(*shape, len(mine), ctx)
+        return side.prefill.prefill(*shape)
+
+    def end(self, side: _Side, plan: StepPlan, t: float, counts: np.ndarray) -> None:
+        st, q = self.st, side.queues
+        done = st.emit(plan.decode, t, counts) if len(plan.decode) else plan.decode
+        side.kv.settle(plan.decode, counts)  # rejected drafts give their slots back
+        q.running.remove(done)
+        also_done = []
+        for r, items in plan.prefill.items():
+            q.partial[r] = None
+            for i, n in items:
+                st.prefilled[i] += n
+                if st.prefilled[i] < st.prefill_target(i):
+                    q.partial[r] = i
+                elif side.on_prefilled(side, i, t):
+                    also_done.append(i)
+        side.busy = False
+        self.finish(np.concatenate([done, np.array(also_done, dtype=np.int64)]), t)
+        for other in side.kick_after:
+            self.kick(other, t)
+
+    def token_after_prefill(self, side: _Side, i: int, t: float) -> bool:
+        """A prefill (or a preempted request's recompute) ended: its first token, or its next
+        one; True when that was its last."""
+        st = self.st
+        if st.generated[i] == 0:
+            st.first[i] = st.last[i] = t
+            st.generated[i] = 1
+        else:
+            st.emit(np.array([i], dtype=np.int64), t)
+        if st.generated[i] >= st.osl[i]:
+            return True
+        side.queues.running.add(i)
+        return False
+
+    def finish(self, ids: np.ndarray, t: float) -> None:
+        if len(ids):
+            self.decode_kv.release(ids)
+            self.client.finished(ids, t)
 
     def counts(self) -> dict[str, int]:
+        """Requests holding KV (admitted, not finished) and sent but not admitted."""
         sent, in_flight = self.client.next, self.client.in_flight
-        return {"running": self.admitted - (sent - in_flight), "queued": sent - self.admitted}
+        admitted = self.counters.admitted
+        return {"running": admitted - (sent - in_flight), "queued": sent - admitted}
 
 
-def _emit_tokens(st: _State, ids: np.ndarray, t: float, counts: np.ndarray) -> np.ndarray:
-    """``counts`` more tokens for each request in ``ids`` at time ``t``, as one output each (one
-    inter-token gap, as vLLM's client times a streamed chunk); returns the finished ones."""
-    st.itls.append(t - st.last[ids])
-    st.last[ids] = t
-    st.generated[ids] += counts
-    return ids[st.generated[ids] >= st.osl[ids]]
+def _colocated(server: _Server, config: ServingConfig, decode: EngineStepTime,
+               prefill: EngineStepTime) -> Callable[[int, float], None]:
+    """One side that prefills and decodes under ``config.scheduler`` -> the client's send."""
+    st, dp = server.st, config.dp
+    cls = scheduler_class(config.scheduler)
+    q = SideQueues(dp, config.chunked_prefill_size)
+    kv = cls.make_kv(dp, config.kv_capacity_tokens, st, st.rank, config)
+    kv.lookahead = config.mtp
+    side = _Side("colocated", q, kv, cls(q, st, kv, config, server.counters), decode, prefill,
+                 server.token_after_prefill)
+    server.decode_kv = kv
+    dispatcher = Dispatcher(dp, config.dp_balance, lambda r: q.pending(r) + int(
+        np.count_nonzero(st.rank[q.running.ids] == r)))
+
+    def send(i: int, t: float) -> None:
+        r = dispatcher.pick()
+        st.rank[i] = r
+        q.queues[r].append(i)
+        server.kick(side, t)
+
+    return send
 
 
-class _Client:
-    """The benchmark client: issues requests, holds at most ``cap`` in flight."""
+def _disaggregated(server: _Server, config: ServingConfig, decode: EngineStepTime,
+                   prefill: EngineStepTime) -> Callable[[int, float], None]:
+    """A prefill side that ships each prompt's KV to a decode side -> the client's send."""
+    st, dp, pdp = server.st, config.dp, config.prefill_dp
+    prank = np.full(len(st.isl), -1, dtype=np.int64)
+    dcls, pcls = scheduler_class("disagg_decode"), scheduler_class("disagg_prefill")
+    dq, pq = SideQueues(dp, config.chunked_prefill_size), SideQueues(pdp,
+                                                                      config.chunked_prefill_size)
+    dkv = dcls.make_kv(dp, config.kv_capacity_tokens, st, st.rank, config)
+    dkv.lookahead = config.mtp
+    pkv = pcls.make_kv(pdp, config.prefill_kv_capacity_tokens, st, prank, config)
+    counters = server.counters
 
-    def __init__(self, st: _State, req: Requests, cap: int | None, loop: _Loop,
-                 send: Callable[[int, float], None]) -> None:
-        self.st, self.req, self.cap, self.loop, self.send_fn = st, req, cap, loop, send
-        self.next = 0
-        self.in_flight = 0
+    def transferred(t: float, i: int) -> None:
+        pkv.release(np.array([i], dtype=np.int64))
+        if server.token_after_prefill(dside, i, t):
+            server.finish(np.array([i], dtype=np.int64), t)
+        else:
+            server.kick(dside, t)
+        server.kick(pside, t)
 
-    def start(self) -> None:
-        # one wake-up per distinct issue time; pump() sends whatever is due and has a slot
-        for t in np.unique(self.req.issue_times_s):
-            self.loop.at(float(t), self.pump)
+    def ship(side: _Side, i: int, t: float) -> bool:
+        arrive = t + config.kv_transfer_latency_s \
+            + config.kv_transfer_s_per_token * float(st.isl[i])
+        server.loop.at(arrive, lambda t_arr: transferred(t_arr, i))
+        return False
 
-    def pump(self, t: float) -> None:
-        n = len(self.req)
-        while self.next < n and self.req.issue_times_s[self.next] <= t + 1e-12 and (
-                self.cap is None or self.in_flight < self.cap):
-            i = self.next
-            self.next += 1
-            self.in_flight += 1
-            self.st.send[i] = t
-            self.send_fn(i, t)
+    dside = _Side("decode", dq, dkv, dcls(dq, st, dkv, config, counters), decode, decode,
+                  server.token_after_prefill)
+    pside = _Side("prefill", pq, pkv, pcls(pq, st, pkv, config, counters, decode_kv=dkv),
+                  prefill, prefill, ship)
+    dside.kick_after = [pside, dside]  # freed decode KV may admit prefills
+    server.decode_kv = dkv
+    pdispatch = Dispatcher(pdp, config.dp_balance, lambda r: pq.pending(r))
+    ddispatch = Dispatcher(dp, config.dp_balance, lambda r: int(dkv.used[r]))
 
-    def finished(self, ids: np.ndarray, t: float) -> None:
-        if len(ids):
-            self.st.done[ids] = t
-            self.in_flight -= len(ids)
-            self.pump(t)
+    def send(i: int, t: float) -> None:
+        prank[i] = pdispatch.pick()
+        st.rank[i] = ddispatch.pick()
+        pq.queues[prank[i]].append(i)
+        server.kick(pside, t)
 
-
-def _exact_calls(models: Iterable[StepTimeModel]) -> int:
-    """Exact step evaluations the models made so far (memo misses of a :class:`MemoStepTime`)."""
-    return sum(int(getattr(m, "calls", 0)) for m in models)
+    return send
 
 
-def simulate_serving(requests: Requests, config: ServingConfig, decode_model: StepTimeModel,
-                     prefill_model: StepTimeModel | None = None, *,
-                     max_concurrency: int | None = None) -> ServingRun:
-    """Run the benchmark: every request from send to last token -> :class:`ServingRun`.
-
-    ``decode_model`` costs the decode engine's steps (co-located: prefill steps too, unless
-    ``prefill_model`` is given); ``prefill_model`` costs the prefill ranks' steps when
-    disaggregated (default: ``decode_model``).
-    """
-    config.validate()
-    st = _State(requests)
-    # a request holds its prompt, every output token, and the drafts a verify step writes
-    # past its last token (their KV is computed before they are accepted or rejected)
+def _check_fits(st: RequestState, config: ServingConfig) -> None:
+    # a request holds its prompt, every output token, and the drafts a verify step writes past
+    # its last token (their KV is computed before they are accepted or rejected)
     need = st.isl + st.osl + config.mtp
-    spec = DraftAcceptance(config.mtp, config.mtp_acceptance, config.seed)
     too_big = np.flatnonzero(need > config.kv_capacity_tokens)
     if len(too_big):
         i = int(too_big[0])
@@ -579,219 +447,60 @@ def simulate_serving(requests: Requests, config: ServingConfig, decode_model: St
         raise EpsimError(
             f"a {int(st.isl.max())}-token prompt does not fit a prefill rank's KV cache of "
             f"{config.prefill_kv_capacity_tokens} tokens")
-    prefill_model = prefill_model or decode_model
-    # a step-time model may be shared with earlier runs (a sweep's cache): count this run's calls
-    models = {id(decode_model): decode_model, id(prefill_model): prefill_model}.values()
-    calls_before = _exact_calls(models)
-    loop = _Loop()
-    steps: list[StepRecord] = []
-    dp = config.dp
-    dkv = _KV(dp, config.kv_capacity_tokens)
-    running = _Running(dp)
-    peak = [0]
 
-    def finish(ids: np.ndarray, t: float) -> None:
-        if len(ids):
-            np.subtract.at(dkv.used, st.rank[ids], need[ids])
-            client.finished(ids, t)
 
-    if not config.disaggregated:
-        ranks = _Ranks(dp, config.chunked_prefill_size)
-        dispatcher = _Dispatcher(dp, config.dp_balance, lambda r: ranks.pending(r) + int(
-            np.count_nonzero(st.rank[running.ids] == r)))
-        busy, queued = [False], [False]
+def _as_costs(model: StepTimeModel | EngineStepTime) -> EngineStepTime:
+    return model if isinstance(model, EngineStepTime) else EngineStepTime.of(model)
 
-        def admit(r: int, i: int) -> bool:
-            if not dkv.fits(r, int(need[i])):
-                return False
-            dkv.used[r] += need[i]
-            occ.admitted += 1
-            return True
 
-        def send(i: int, t: float) -> None:
-            r = dispatcher.pick()
-            st.rank[i] = r
-            ranks.queues[r].append(i)
-            kick(t)
+def _calls_made(costs: Iterable[EngineStepTime]) -> int:
+    """Exact step evaluations made since each model's first use in this run (a model may be
+    shared with earlier runs: a sweep's cache)."""
+    first: dict[int, tuple[Any, int]] = {}
+    for c in costs:
+        for key, (model, before) in c.touched.items():
+            if key not in first or before < first[key][1]:
+                first[key] = (model, before)
+    return sum(int(getattr(m, "calls", 0)) - before for m, before in first.values())
 
-        def kick(t: float) -> None:
-            # start on a later callback at the same time, once every event at ``t`` has landed
-            if not busy[0] and not queued[0]:
-                queued[0] = True
-                loop.at(t, start_step)
 
-        def start_step(t: float) -> None:
-            queued[0] = False
-            if busy[0]:
-                return
-            running.flush()
-            chunks = {r: c for r in range(dp) if ranks.has_work(r)
-                      for c in [_form_chunk(st, ranks, r, admit)] if c}
-            ids = running.ids
-            if chunks and len(ids):
-                ids = ids[~np.isin(st.rank[ids], list(chunks))]
-            if not chunks and not len(ids):
-                busy[0] = False
-                return
-            busy[0] = True
-            pre = max((_prefill_cost(prefill_model, st, c) for c in chunks.values()),
-                      key=lambda c: c.seconds, default=None)
-            dec, max_seqs, ctx, seqs = None, 0, 0, np.zeros(dp, dtype=np.int64)
-            counts = np.zeros(0, dtype=np.int64)
-            if len(ids):
-                max_seqs, ctx, seqs = _decode_batch(st, ids, dp)
-                peak[0] = max(peak[0], max_seqs)
-                dec = decode_model.decode(max_seqs, ctx)
-                counts = spec.tokens(st.osl[ids] - st.generated[ids])
-            dt = max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0)
-            kind = "mixed" if (pre and dec) else ("prefill" if pre else "decode")
-            prompt = _chunk_tokens(chunks, dp)
-            steps.append(StepRecord("colocated", t, dt, kind, int(counts.sum()),
-                                    int(prompt.sum()), max_seqs, ctx, dec, dkv.usage(), prompt,
-                                    seqs, **occ.counts()))
-            loop.at(t + dt, lambda t_end: end_step(t_end, chunks, ids, counts))
+def simulate_serving(requests: Requests, config: ServingConfig,
+                     decode_model: StepTimeModel | EngineStepTime,
+                     prefill_model: StepTimeModel | EngineStepTime | None = None, *,
+                     max_concurrency: int | None = None) -> ServingRun:
+    """Run the benchmark: every request from send to last token -> :class:`ServingRun`.
 
-        def end_step(t: float, chunks: dict[int, list[tuple[int, int]]], ids: np.ndarray,
-                     counts: np.ndarray) -> None:
-            done = _emit_tokens(st, ids, t, counts) if len(ids) else ids
-            if len(done):
-                running.ids = running.ids[~np.isin(running.ids, done)]
-            first_done = []
-            for r, items in chunks.items():
-                ranks.partial[r] = None
-                for i, n in items:
-                    st.prefilled[i] += n
-                    if st.prefilled[i] < st.isl[i]:
-                        ranks.partial[r] = i
-                        continue
-                    st.first[i] = st.last[i] = t
-                    st.generated[i] = 1
-                    if st.osl[i] <= 1:
-                        first_done.append(i)
-                    else:
-                        running.add(i)
-            busy[0] = False
-            finish(np.concatenate([done, np.array(first_done, dtype=np.int64)]), t)
-            kick(t)
-
-        client = _Client(st, requests, max_concurrency, loop, send)
-        occ = _Occupancy(client)
-    else:
-        pdp = config.prefill_dp
-        pranks = _Ranks(pdp, config.chunked_prefill_size)
-        pkv = _KV(pdp, config.prefill_kv_capacity_tokens)
-        prank = np.full(len(requests), -1, dtype=np.int64)
-        pdispatch = _Dispatcher(pdp, config.dp_balance, lambda r: pranks.pending(r))
-        ddispatch = _Dispatcher(dp, config.dp_balance, lambda r: int(dkv.used[r]))
-        pbusy, dbusy, pqueued, dqueued = [False], [False], [False], [False]
-
-        def admit_p(r: int, i: int) -> bool:
-            # the decode rank's KV is pre-allocated before the prefill starts
-            d = int(st.rank[i])
-            if not (pkv.fits(r, int(st.isl[i])) and dkv.fits(d, int(need[i]))):
-                return False
-            pkv.used[r] += st.isl[i]
-            dkv.used[d] += need[i]
-            occ.admitted += 1
-            return True
-
-        def send(i: int, t: float) -> None:
-            prank[i] = pdispatch.pick()
-            st.rank[i] = ddispatch.pick()
-            pranks.queues[prank[i]].append(i)
-            kick_p(t)
-
-        def kick_p(t: float) -> None:
-            if not pbusy[0] and not pqueued[0]:
-                pqueued[0] = True
-                loop.at(t, start_prefill)
-
-        def kick_d(t: float) -> None:
-            if not dbusy[0] and not dqueued[0]:
-                dqueued[0] = True
-                loop.at(t, start_decode)
-
-        def start_prefill(t: float) -> None:
-            pqueued[0] = False
-            if pbusy[0]:
-                return
-            chunks = {r: c for r in range(pdp) if pranks.has_work(r)
-                      for c in [_form_chunk(st, pranks, r, admit_p)] if c}
-            if not chunks:
-                pbusy[0] = False
-                return
-            pbusy[0] = True
-            pre = max((_prefill_cost(prefill_model, st, c) for c in chunks.values()),
-                      key=lambda c: c.seconds)
-            prompt = _chunk_tokens(chunks, pdp)
-            steps.append(StepRecord("prefill", t, pre.seconds, "prefill", 0, int(prompt.sum()),
-                                    0, 0, None, pkv.usage(), prompt,
-                                    np.zeros(pdp, dtype=np.int64), **occ.counts()))
-            loop.at(t + pre.seconds, lambda t_end: end_prefill(t_end, chunks))
-
-        def end_prefill(t: float, chunks: dict[int, list[tuple[int, int]]]) -> None:
-            for r, items in chunks.items():
-                pranks.partial[r] = None
-                for i, n in items:
-                    st.prefilled[i] += n
-                    if st.prefilled[i] < st.isl[i]:
-                        pranks.partial[r] = i
-                        continue
-                    arrive = t + config.kv_transfer_latency_s \
-                        + config.kv_transfer_s_per_token * float(st.isl[i])
-                    loop.at(arrive, lambda t_arr, i=i: transferred(t_arr, i))
-            pbusy[0] = False
-            kick_p(t)
-
-        def transferred(t: float, i: int) -> None:
-            pkv.used[prank[i]] -= st.isl[i]
-            st.first[i] = st.last[i] = t
-            st.generated[i] = 1
-            if st.osl[i] <= 1:
-                finish(np.array([i], dtype=np.int64), t)
-            else:
-                running.add(i)
-                kick_d(t)
-            kick_p(t)
-
-        def start_decode(t: float) -> None:
-            dqueued[0] = False
-            if dbusy[0]:
-                return
-            running.flush()
-            ids = running.ids
-            if not len(ids):
-                dbusy[0] = False
-                return
-            dbusy[0] = True
-            max_seqs, ctx, seqs = _decode_batch(st, ids, dp)
-            peak[0] = max(peak[0], max_seqs)
-            dec = decode_model.decode(max_seqs, ctx)
-            counts = spec.tokens(st.osl[ids] - st.generated[ids])
-            steps.append(StepRecord("decode", t, dec.seconds, "decode", int(counts.sum()), 0,
-                                    max_seqs, ctx, dec, dkv.usage(),
-                                    np.zeros(dp, dtype=np.int64), seqs, **occ.counts()))
-            loop.at(t + dec.seconds, lambda t_end: end_decode(t_end, ids, counts))
-
-        def end_decode(t: float, ids: np.ndarray, counts: np.ndarray) -> None:
-            done = _emit_tokens(st, ids, t, counts)
-            if len(done):
-                running.ids = running.ids[~np.isin(running.ids, done)]
-            dbusy[0] = False
-            finish(done, t)
-            kick_p(t)  # freed decode KV may admit prefills
-            kick_d(t)
-
-        client = _Client(st, requests, max_concurrency, loop, send)
-        occ = _Occupancy(client)
-
+    ``decode_model`` costs the decode side's steps (co-located: its prefill chunks too, unless
+    ``prefill_model`` is given); ``prefill_model`` costs the prefill ranks' steps when
+    disaggregated (default: ``decode_model``). Either is a :class:`StepTimeModel` (every step
+    costed as it is) or an :class:`EngineStepTime` (graph, DBO and host time by an engine's
+    :class:`StepPolicy`).
+    """
+    config.validate()
+    st = RequestState(requests)
+    _check_fits(st, config)
+    decode = _as_costs(decode_model)
+    prefill = _as_costs(prefill_model) if prefill_model is not None else decode
+    for c in (decode, prefill):
+        c.touched = {}
+    loop = EventLoop()
+    spec = DraftAcceptance(config.mtp, config.mtp_acceptance, config.seed)
+    server = _Server(st, loop, Counters(), spec)
+    build = _disaggregated if config.disaggregated else _colocated
+    client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill))
+    server.client = client
     client.start()
     loop.run()
     if np.isnan(st.done).any():  # a scheduling bug, never a user error
         raise AssertionError(f"{int(np.isnan(st.done).sum())} requests never finished")
-    calls = _exact_calls(models) - calls_before
     return ServingRun(
         requests=requests, send_s=st.send, first_token_s=st.first, done_s=st.done,
-        itls_s=np.concatenate(st.itls) if st.itls else np.zeros(0), steps=steps, config=config,
-        sim_calls=calls, max_running_per_rank=peak[0], speculation=spec.metrics(),
+        itls_s=np.concatenate(st.itls) if st.itls else np.zeros(0), steps=server.steps,
+        config=config, sim_calls=_calls_made((decode, prefill)),
+        max_running_per_rank=server.peak, preemptions=server.counters.preemptions,
+        speculation=spec.metrics(),
     )
+
+
+#: every registered policy (the CLI's and the docs' list)
+SCHEDULER_NAMES = tuple(SCHEDULERS)

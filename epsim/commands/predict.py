@@ -35,6 +35,11 @@ def print_result(r: Mapping[str, Any]) -> None:
           f"tp {r['tp']}, ep {r['ep']}, DBO {'on' if r['dbo'] else 'off'}, EPLB "
           f"{'on' if r['eplb'] else 'off'}, graph {'on' if r['graph'] else 'off'}, KV "
           f"{r['kv_dtype']}{dis}")
+    engine = r.get("engine")
+    print(f"scheduler {r.get('scheduler')}" + (f" (--engine {engine}: max_num_seqs "
+          f"{r['max_num_seqs']}, max_num_batched_tokens {r['max_num_batched_tokens']}, chunk "
+          f"{r['chunked_prefill_size']}, graphs to batch {r['cuda_graph_max_bs']})" if engine
+          else " (epsim's own; no --engine)"))
     rows = [("Successful requests:", r["completed"]),
             ("Maximum request concurrency:", r["max_concurrency"]),
             ("Request rate (req/s):", r["request_rate"]),
@@ -58,8 +63,8 @@ def print_result(r: Mapping[str, Any]) -> None:
                 print(line.format(f"P{k[1:-len(name) - 4]} {up} (ms):", _fmt(v)))
     print("{s:{c}^{n}}".format(s=" epsim ", n=60, c="-"))
     for k in ("decode_throughput", "mean_decode_step_ms", "expert_imbalance", "kv_cache_usage",
-              "max_kv_cache_usage", "max_running_per_rank", "num_steps", "step_sim_calls",
-              "sim_wall_s"):
+              "max_kv_cache_usage", "max_running_per_rank", "preemptions", "num_steps",
+              "step_sim_calls", "sim_wall_s"):
         print(line.format(f"{k}:", _fmt(r[k])))
     print(line.format("step_breakdown_ms:", _fmt(r["step_breakdown_ms"])))
     print("=" * 60)

@@ -1,0 +1,181 @@
+"""What the serving loop's schedulers look at: requests, and each side's queues and running set.
+
+    RequestState   per-request arrays shared by the client, the KV pools and every side
+    Running        the requests a side is decoding, in the order they started (preemption
+                   takes the newest)
+    SideQueues     one side's dp ranks: a FIFO waiting queue per rank, at most one
+                   part-prefilled request per rank, and the running set
+    Client         the benchmark client: issues requests, holds at most ``cap`` in flight
+    Dispatcher     picks a dp rank for each request (round robin or least loaded)
+    EventLoop      a min-heap of timed callbacks
+
+A request that was preempted (its KV freed, vLLM) or retracted (SGLang) waits again and
+recomputes everything it had: its prompt and the tokens it had generated
+(:meth:`RequestState.prefill_target`), then decodes on.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from .workload import Requests
+
+
+class RequestState:
+    """Per-request arrays (index = request id), shared by the client and every side.
+
+    isl / osl: input and output tokens. send / first / done / last: send time, first token,
+    last token, latest token so far. generated / prefilled: output tokens emitted, prompt
+    tokens computed toward :meth:`prefill_target`. rank: the dp rank that decodes it.
+    preemptions: times its KV was taken back. itls: the inter-token gaps, one array per step.
+    """
+
+    def __init__(self, req: Requests) -> None:
+        n = len(req)
+        self.isl = req.input_lens.astype(np.int64)
+        self.osl = req.output_lens.astype(np.int64)
+        self.send = np.full(n, np.nan)
+        self.first = np.full(n, np.nan)
+        self.done = np.full(n, np.nan)
+        self.last = np.full(n, np.nan)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.prefilled = np.zeros(n, dtype=np.int64)
+        self.rank = np.full(n, -1, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.itls: list[np.ndarray] = []
+
+    def prefill_target(self, i: int) -> int:
+        """Tokens request ``i`` computes before it decodes: its prompt, plus the tokens it had
+        generated when it was preempted (recompute)."""
+        return int(self.isl[i] + self.generated[i])
+
+    def prefill_left(self, i: int) -> int:
+        return self.prefill_target(i) - int(self.prefilled[i])
+
+    def emit(self, ids: np.ndarray, t: float, counts: np.ndarray | None = None) -> np.ndarray:
+        """One more token (``counts`` more under MTP) for each request of ``ids`` at ``t``, as
+        one output each (one inter-token gap, as vLLM's client times a streamed chunk);
+        returns those now finished."""
+        self.itls.append(t - self.last[ids])
+        self.last[ids] = t
+        self.generated[ids] += 1 if counts is None else counts
+        return ids[self.generated[ids] >= self.osl[ids]]
+
+
+class Running:
+    """Requests in decode, one array of ids over all ranks, oldest first.
+
+    Requests whose prefill ends join at the next step's start (:meth:`flush`), so every event
+    of one instant lands before a step is formed.
+    """
+
+    def __init__(self, ranks: int) -> None:
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.ranks = ranks
+        self._incoming: list[int] = []
+
+    def add(self, i: int) -> None:
+        self._incoming.append(i)
+
+    def flush(self) -> None:
+        if self._incoming:
+            self.ids = np.concatenate([self.ids, np.array(self._incoming, dtype=np.int64)])
+            self._incoming = []
+
+    def remove(self, ids: np.ndarray) -> None:
+        if len(ids):
+            self.ids = self.ids[~np.isin(self.ids, ids)]
+
+    def count(self, st: RequestState) -> np.ndarray:
+        """``[ranks]`` requests decoding on each rank (not those joining at the next flush)."""
+        return np.bincount(st.rank[self.ids], minlength=self.ranks)
+
+    def on_rank(self, st: RequestState, r: int) -> np.ndarray:
+        """Rank ``r``'s decoding requests, oldest first."""
+        return self.ids[st.rank[self.ids] == r]
+
+
+class SideQueues:
+    """One side's dp ranks: FIFO waiting queues, one part-prefilled request per rank, the
+    requests decoding. ``chunk``: prompt tokens one rank prefills per step at most."""
+
+    def __init__(self, ranks: int, chunk: int) -> None:
+        self.ranks = ranks
+        self.queues: list[deque[int]] = [deque() for _ in range(ranks)]
+        self.partial: list[int | None] = [None] * ranks
+        self.running = Running(ranks)
+        self.chunk = chunk
+
+    def has_prompts(self, r: int) -> bool:
+        return bool(self.queues[r]) or self.partial[r] is not None
+
+    def pending(self, r: int) -> int:
+        """Requests waiting or part-prefilled on rank ``r``."""
+        return len(self.queues[r]) + (self.partial[r] is not None)
+
+
+class EventLoop:
+    """A min-heap of timed callbacks (ties in insertion order)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[float], None]]] = []
+        self._n = 0
+
+    def at(self, t: float, fn: Callable[[float], None]) -> None:
+        heapq.heappush(self._heap, (t, self._n, fn))
+        self._n += 1
+
+    def run(self) -> None:
+        while self._heap:
+            t, _, fn = heapq.heappop(self._heap)
+            fn(t)
+
+
+class Dispatcher:
+    """Picks a dp rank for each request."""
+
+    def __init__(self, ranks: int, method: str, load: Callable[[int], int]) -> None:
+        self.ranks, self.method, self.load = ranks, method, load
+        self._next = 0
+
+    def pick(self) -> int:
+        if self.method == "round_robin":
+            r = self._next
+            self._next = (self._next + 1) % self.ranks
+            return r
+        return min(range(self.ranks), key=lambda r: (self.load(r), r))
+
+
+class Client:
+    """The benchmark client: issues requests, holds at most ``cap`` in flight."""
+
+    def __init__(self, st: RequestState, req: Requests, cap: int | None, loop: EventLoop,
+                 send: Callable[[int, float], None]) -> None:
+        self.st, self.req, self.cap, self.loop, self.send_fn = st, req, cap, loop, send
+        self.next = 0
+        self.in_flight = 0
+
+    def start(self) -> None:
+        # one wake-up per distinct issue time; pump() sends whatever is due and has a slot
+        for t in np.unique(self.req.issue_times_s):
+            self.loop.at(float(t), self.pump)
+
+    def pump(self, t: float) -> None:
+        n = len(self.req)
+        while self.next < n and self.req.issue_times_s[self.next] <= t + 1e-12 and (
+                self.cap is None or self.in_flight < self.cap):
+            i = self.next
+            self.next += 1
+            self.in_flight += 1
+            self.st.send[i] = t
+            self.send_fn(i, t)
+
+    def finished(self, ids: np.ndarray, t: float) -> None:
+        if len(ids):
+            self.st.done[ids] = t
+            self.in_flight -= len(ids)
+            self.pump(t)
