@@ -43,6 +43,7 @@ from .eplb_pack import (  # noqa: F401
     partition_count,
 )
 from .eplb_replicas import _spread_duplicates, replicate_experts  # noqa: F401
+from .eplb_snapshots import SNAPSHOT_BALANCERS, snapshot_weights
 from .eplb_swaps import refine_swaps  # noqa: F401
 from .errors import EpsimError
 from .placement import Placement
@@ -75,16 +76,23 @@ BALANCERS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
     "greedy-swap": _greedy_swap,
     "greedy-swap2": _greedy_swap2,
     "exact": exact_groups,
+    # fits the worst of several snapshots (SNAPSHOT_BALANCERS); one snapshot: greedy-swap
+    "minmax": _greedy_swap,
 }
 
 #: the start of each refined method (with replicas, the refinement runs once, constrained)
 _STARTS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
     "kk-swap": kk_groups, "greedy-swap": greedy_groups, "greedy-swap2": greedy_groups,
+    "minmax": greedy_groups,
 }
 
 #: epsim's choice: heaviest-first spreads the hottest experts one per GPU (which is what holds
 #: up on loads it was not fitted to), the swaps then close the remaining gap almost exactly
 DEFAULT_METHOD = "greedy-swap"
+
+#: with several snapshots: fit the worst of them (held out far better than their mean on the
+#: shipped files, docs/placement.md; about 4x greedy-swap's time, still under DeepSeek's EPLB)
+DEFAULT_SNAPSHOTS_METHOD = "minmax"
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,39 +244,16 @@ def _to_p2l(packed: _Packed, num_gpus: int) -> np.ndarray:
     return np.take_along_axis(packed.item_log, order, axis=1)
 
 
-def balance_placement(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_METHOD, *,
-                      redundant: int = 0, nodes: int = 1, expert_groups: int | None = None,
-                      previous: Placement | None = None, max_moves: int | None = None
-                      ) -> Placement:
-    """Place each layer's experts on ``num_gpus`` GPUs, the same number of slots each, so that
-    the summed loads per GPU are as equal as possible.
-
-    Args:
-        loads: ``[layers, experts]`` non-negative counts (all-zero rows are dense layers and get
-            the contiguous placement).
-        num_gpus: GPUs ``G``; must divide ``experts + redundant``.
-        method: a key of ``BALANCERS`` (default ``DEFAULT_METHOD``).
-        redundant: extra slots ``R`` per layer for replicas of the hottest experts, so each GPU
-            has ``(experts + R) / G`` slots. Example: 32 (36 slots per GPU for 256 experts).
-        nodes: ``N`` > 1 places hierarchically: experts to nodes, then to the node's GPUs
-            (``N`` must divide ``G``, ``experts`` and ``R``).
-        expert_groups: with ``nodes``, keep the model's routing groups (DeepSeek-V3: 8 groups of
-            32 experts) whole on one node; ``N`` must divide it.
-        previous: the placement in use; the new one's GPU numbers are matched to it so the
-            fewest experts move (see :func:`moved_experts`).
-        max_moves: with ``previous``: start from it and only swap experts, at most this many
-            away from their previous GPU per layer (replica counts are kept).
-
-    Returns:
-        A :class:`Placement` with ``[layers, experts + R]`` slots.
-    """
-    # Step 1: check the inputs
-    loads = np.asarray(loads, dtype=np.float64)
-    if loads.ndim != 2:
-        raise EpsimError(f"loads must be [layers][experts], got shape {list(loads.shape)}")
+def _check_balance_args(loads: np.ndarray, num_gpus: int, method: str, redundant: int,
+                        nodes: int, expert_groups: int | None, previous: Placement | None,
+                        max_moves: int | None) -> None:
+    """Every input error of :func:`balance_placement`, as one-line EpsimErrors."""
+    if loads.ndim not in (2, 3) or (loads.ndim == 3 and loads.shape[0] < 1):
+        raise EpsimError(f"loads must be [layers][experts] (or [snapshots][layers][experts]), "
+                         f"got shape {list(loads.shape)}")
     if not np.all(np.isfinite(loads)) or np.any(loads < 0):
         raise EpsimError("loads must be finite and non-negative")
-    layers, e = loads.shape
+    layers, e = loads.shape[-2:]
     if method not in BALANCERS:
         raise EpsimError(f"unknown balancer {method!r} (known: {', '.join(BALANCERS)})")
     if num_gpus < 1 or redundant < 0 or nodes < 1:
@@ -294,6 +279,56 @@ def balance_placement(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_ME
                              f"max_moves the redundant slots must stay {previous.num_slots - e}")
     if max_moves is not None and (previous is None or max_moves < 0):
         raise EpsimError("max_moves needs a previous placement and must be >= 0")
+    if max_moves is not None and loads.ndim == 3 and loads.shape[0] > 1:
+        raise EpsimError("max_moves re-places for one snapshot of loads, got "
+                         f"{loads.shape[0]} snapshots")
+
+
+def balance_placement(loads: np.ndarray, num_gpus: int, method: str | None = None, *,
+                      redundant: int = 0, nodes: int = 1, expert_groups: int | None = None,
+                      previous: Placement | None = None, max_moves: int | None = None
+                      ) -> Placement:
+    """Place each layer's experts on ``num_gpus`` GPUs, the same number of slots each, so that
+    the summed loads per GPU are as equal as possible.
+
+    Args:
+        loads: ``[layers, experts]`` non-negative counts (all-zero rows are dense layers and get
+            the contiguous placement), or ``[snapshots, layers, experts]``: several measurements
+            (load files, windows) of the workloads to serve. With several snapshots each is
+            scaled to the same total per layer; ``minmax`` (``SNAPSHOT_BALANCERS``) fits the
+            worst of them, every other method their mean.
+        num_gpus: GPUs ``G``; must divide ``experts + redundant``.
+        method: a key of ``BALANCERS``; None: :func:`default_method` (``DEFAULT_METHOD``
+            for one snapshot, ``DEFAULT_SNAPSHOTS_METHOD`` for several).
+        redundant: extra slots ``R`` per layer for replicas of the hottest experts, so each GPU
+            has ``(experts + R) / G`` slots. Example: 32 (36 slots per GPU for 256 experts).
+        nodes: ``N`` > 1 places hierarchically: experts to nodes, then to the node's GPUs
+            (``N`` must divide ``G``, ``experts`` and ``R``).
+        expert_groups: with ``nodes``, keep the model's routing groups (DeepSeek-V3: 8 groups of
+            32 experts) whole on one node; ``N`` must divide it.
+        previous: the placement in use; the new one's GPU numbers are matched to it so the
+            fewest experts move (see :func:`moved_experts`).
+        max_moves: with ``previous``: start from it and only swap experts, at most this many
+            away from their previous GPU per layer (replica counts are kept; one snapshot).
+
+    Returns:
+        A :class:`Placement` with ``[layers, experts + R]`` slots.
+    """
+    # Step 1: check the inputs; one snapshot is the two-dimensional case
+    loads = np.asarray(loads, dtype=np.float64)
+    if method is None:
+        method = default_method(loads.shape[0] if loads.ndim == 3 else 1)
+    _check_balance_args(loads, num_gpus, method, redundant, nodes, expert_groups, previous,
+                        max_moves)
+    snapshots = None
+    if loads.ndim == 3:
+        if loads.shape[0] == 1:
+            loads = loads[0]
+        else:
+            snapshots = snapshot_weights(loads)
+            loads = snapshots.mean(axis=0)
+    layers, e = loads.shape
+    slots = e + redundant
 
     # Step 2: dense rows keep the contiguous layout (replica slots wrap around)
     p2l = np.tile(np.arange(slots, dtype=np.int64) % e, (layers, 1))
@@ -306,24 +341,32 @@ def balance_placement(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_ME
     if max_moves is not None:
         packed = _pack_from_previous(w, previous.physical_to_logical[rows],
                                      previous.replica_counts[rows], num_gpus, max_moves)
+    elif snapshots is not None and method in SNAPSHOT_BALANCERS:
+        packed = _Packed(*SNAPSHOT_BALANCERS[method](snapshots[:, rows], num_gpus, nodes,
+                                                     redundant, expert_groups))
     elif nodes > 1:
         packed = _pack_hierarchical(w, num_gpus, nodes, redundant, method, expert_groups)
     else:
         packed = _pack_flat(w, num_gpus, redundant, method)
     if previous is not None and max_moves is None:
-        # renumber GPUs (within each node, which keeps the node split) to move the fewest
-        inc = gpu_incidence(previous)[rows]
-        per = num_gpus // nodes
-        n_rows, n_items = packed.groups.shape
-        groups = packed.groups.reshape(n_rows, nodes, n_items // nodes).copy()
-        logs = packed.item_log.reshape(n_rows, nodes, n_items // nodes)
-        for node in range(nodes):
-            local = groups[:, node] - node * per  # node-major items (see _pack_hierarchical)
-            block = inc[:, node * per:(node + 1) * per]
-            groups[:, node] = _match_labels(local, logs[:, node], block, per) + node * per
-        packed = _Packed(packed.item_log, groups.reshape(n_rows, n_items))
+        packed = _relabel_for(previous, packed, rows, num_gpus, nodes)
     p2l[rows] = _to_p2l(packed, num_gpus)
     return Placement(p2l, num_gpus=num_gpus, num_logical=e)
+
+
+def _relabel_for(previous: Placement, packed: _Packed, rows: np.ndarray, num_gpus: int,
+                 nodes: int) -> _Packed:
+    """Renumber GPUs (within each node, which keeps the node split) to move the fewest."""
+    inc = gpu_incidence(previous)[rows]
+    per = num_gpus // nodes
+    n_rows, n_items = packed.groups.shape
+    groups = packed.groups.reshape(n_rows, nodes, n_items // nodes).copy()
+    logs = packed.item_log.reshape(n_rows, nodes, n_items // nodes)
+    for node in range(nodes):
+        local = groups[:, node] - node * per  # node-major items (see _pack_hierarchical)
+        block = inc[:, node * per:(node + 1) * per]
+        groups[:, node] = _match_labels(local, logs[:, node], block, per) + node * per
+    return _Packed(packed.item_log, groups.reshape(n_rows, n_items))
 
 
 def _pack_from_previous(loads: np.ndarray, prev_p2l: np.ndarray, prev_counts: np.ndarray,
@@ -343,38 +386,68 @@ def _pack_from_previous(loads: np.ndarray, prev_p2l: np.ndarray, prev_counts: np
 # --------------------------------------------------------------------------------------------
 
 
+def _worst_snapshot(per_layer: Callable[[np.ndarray], np.ndarray], loads: np.ndarray
+                    ) -> np.ndarray:
+    """``[layers]`` per-layer figures of ``[layers, E]`` loads, or, for ``[S, layers, E]``, the
+    worst (largest) over the snapshots that load the layer; NaN where none does."""
+    if loads.ndim == 2:
+        return per_layer(loads)
+    return np.fmax.reduce(np.stack([per_layer(x) for x in loads]), axis=0)
+
+
+def _summary(per_layer: np.ndarray, loads: np.ndarray) -> dict[str, float]:
+    rows = np.flatnonzero(loads.reshape(-1, *loads.shape[-2:]).sum(axis=(0, 2)) > 0)
+    return {"mean": float(np.mean(per_layer[rows])), "max": float(np.max(per_layer[rows]))}
+
+
 def imbalance_summary(placement: Placement, loads: np.ndarray) -> dict[str, float]:
-    """``{"mean", "max"}`` over the loaded layers of max GPU load / mean GPU load."""
-    rows = np.flatnonzero(loads.sum(axis=1) > 0)
-    imb = placement.imbalance(loads)[rows]
-    return {"mean": float(np.mean(imb)), "max": float(np.max(imb))}
+    """``{"mean", "max"}`` over the loaded layers of max GPU load / mean GPU load; for
+    ``[S, layers, E]`` snapshots, of each layer's worst snapshot."""
+    return _summary(_worst_snapshot(placement.imbalance, loads), loads)
 
 
-def lower_bound(loads: np.ndarray, num_gpus: int, redundant: int = 0) -> dict[str, float]:
-    """``{"mean", "max"}`` over loaded layers of an imbalance no placement can beat.
-
-    The busiest GPU carries at least the mean, at least the hottest expert's share (its load
-    over the replicas it can have, one per GPU at most), and, for integer counts without
-    replicas, the mean rounded up."""
-    rows = loads[loads.sum(axis=1) > 0]
+def _layer_bounds(loads: np.ndarray, num_gpus: int, redundant: int) -> np.ndarray:
+    """``[layers]`` the bound of :func:`lower_bound` per layer (NaN where no load)."""
+    out = np.full(loads.shape[0], np.nan)
+    loaded = loads.sum(axis=1) > 0
+    rows = loads[loaded]
     mean = rows.sum(axis=1) / num_gpus
     split = min(num_gpus, redundant + 1)
     bound = np.maximum(mean, rows.max(axis=1) / split)
     if redundant == 0 and np.all(rows == np.round(rows)):
         bound = np.maximum(bound, np.ceil(mean - 1e-9))
-    lb = bound / mean
-    return {"mean": float(np.mean(lb)), "max": float(np.max(lb))}
+    out[loaded] = bound / mean
+    return out
 
 
-def balance_report(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_METHOD, *,
+def lower_bound(loads: np.ndarray, num_gpus: int, redundant: int = 0) -> dict[str, float]:
+    """``{"mean", "max"}`` over loaded layers of an imbalance no placement can beat (for
+    ``[S, layers, E]`` snapshots: on the layer's worst snapshot).
+
+    The busiest GPU carries at least the mean, at least the hottest expert's share (its load
+    over the replicas it can have, one per GPU at most), and, for integer counts without
+    replicas, the mean rounded up."""
+    return _summary(_worst_snapshot(lambda x: _layer_bounds(x, num_gpus, redundant), loads),
+                    loads)
+
+
+def default_method(num_snapshots: int = 1) -> str:
+    """The balancer used when none is named: ``DEFAULT_METHOD`` for one snapshot (the fast
+    path), ``DEFAULT_SNAPSHOTS_METHOD`` for several (held-out balance first)."""
+    return DEFAULT_METHOD if num_snapshots <= 1 else DEFAULT_SNAPSHOTS_METHOD
+
+
+def balance_report(loads: np.ndarray, num_gpus: int, method: str | None = None, *,
                    redundant: int = 0, nodes: int = 1, expert_groups: int | None = None,
                    previous: Placement | None = None, max_moves: int | None = None,
                    eval_loads: np.ndarray | None = None) -> tuple[Placement, dict]:
     """Balance, and measure the result: the placement and the summary ``epsim balance --json``
-    prints (keys ``layers``, ``imbalance_before``/``imbalance_after`` as ``{"mean", "max"}``,
-    ``lower_bound``, ``eval`` on ``eval_loads``, ``moved_experts`` with a previous placement,
-    ``wall_ms`` of the balancing alone).
+    prints (keys ``layers``, ``snapshots``, ``imbalance_before``/``imbalance_after`` as
+    ``{"mean", "max"}`` (with several snapshots: of each layer's worst snapshot, and
+    ``imbalance_after_per_snapshot``), ``lower_bound``, ``eval`` on ``eval_loads``,
+    ``moved_experts`` with a previous placement, ``wall_ms`` of the balancing alone).
 
+    ``loads``: ``[layers, E]`` or ``[S, layers, E]``; ``method`` None: :func:`default_method`.
     "Before" is the previous placement when there is one, else the contiguous placement.
     """
     from time import perf_counter
@@ -382,19 +455,23 @@ def balance_report(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_METHO
     from .placement import contiguous_placement
 
     loads = np.asarray(loads, dtype=np.float64)
-    if eval_loads is not None and eval_loads.shape != loads.shape:
+    snaps = loads.shape[0] if loads.ndim == 3 else 1
+    method = default_method(snaps) if method is None else method
+    if eval_loads is not None and eval_loads.shape != loads.shape[-2:]:
         raise EpsimError(f"evaluation loads of shape {list(eval_loads.shape)} do not match the "
-                         f"fitted loads' {list(loads.shape)}")
+                         f"fitted loads' {list(loads.shape[-2:])}")
     start = perf_counter()
     placement = balance_placement(loads, num_gpus, method, redundant=redundant, nodes=nodes,
                                   expert_groups=expert_groups, previous=previous,
                                   max_moves=max_moves)
     wall_ms = (perf_counter() - start) * 1e3
-    before = previous if previous is not None else contiguous_placement(
-        loads.shape[0], loads.shape[1], num_gpus)
+    layers, experts = loads.shape[-2:]
+    before = previous if previous is not None else contiguous_placement(layers, experts,
+                                                                        num_gpus)
     out: dict = {
-        "layers": int(np.count_nonzero(loads.sum(axis=1) > 0)),
-        "experts": loads.shape[1],
+        "layers": int(np.count_nonzero(loads.reshape(-1, layers, experts).sum(axis=(0, 2)) > 0)),
+        "experts": experts,
+        "snapshots": snaps,
         "gpus": num_gpus,
         "nodes": nodes,
         "redundant": redundant,
@@ -405,6 +482,8 @@ def balance_report(loads: np.ndarray, num_gpus: int, method: str = DEFAULT_METHO
         "imbalance_after": imbalance_summary(placement, loads),
         "lower_bound": lower_bound(loads, num_gpus, redundant),
     }
+    if snaps > 1:
+        out["imbalance_after_per_snapshot"] = [imbalance_summary(placement, x) for x in loads]
     if eval_loads is not None:
         out["eval"] = {"imbalance_before": imbalance_summary(before, eval_loads),
                        "imbalance_after": imbalance_summary(placement, eval_loads)}
