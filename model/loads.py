@@ -30,7 +30,7 @@ from .errors import EpsimError, read_json_file
 from .shipped import shipped_names, shipped_text
 
 
-def _as_loads(obj: Any, where: str) -> np.ndarray:
+def _as_loads(obj: Any, where: str, windows: bool = False) -> np.ndarray:
     if not isinstance(obj, dict) or "logical_count" not in obj:
         raise EpsimError(f"{where}: expected an object with a 'logical_count' [layers][experts] array")
     raw = obj["logical_count"]
@@ -40,7 +40,8 @@ def _as_loads(obj: Any, where: str) -> np.ndarray:
         arr = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError):
         raise EpsimError(f"{where}: logical_count must be a rectangular array of numbers") from None
-    if arr.ndim == 3:  # [steps, layers, experts] windows: sum them
+    steps = arr if arr.ndim == 3 else arr[None]
+    if arr.ndim == 3:  # [steps, layers, experts] windows: summed (or kept apart: windows)
         arr = arr.sum(axis=0)
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
         raise EpsimError(
@@ -51,6 +52,8 @@ def _as_loads(obj: Any, where: str) -> np.ndarray:
         raise EpsimError(f"{where}: logical_count holds negative or non-finite counts")
     if not np.any(arr.sum(axis=1) > 0):
         raise EpsimError(f"{where}: logical_count is all zeros")
+    if windows:  # windows without any load (idle steps) carry no information: dropped
+        return steps[steps.sum(axis=(1, 2)) > 0]
     return arr
 
 
@@ -60,14 +63,17 @@ def shipped_loads() -> list[str]:
     return shipped_names("epsim.model", "data/loads")
 
 
-def read_loads(name_or_path: str | Path) -> np.ndarray:
+def read_loads(name_or_path: str | Path, *, windows: bool = False) -> np.ndarray:
     """Read load statistics by shipped name (``decode_in2000out100``) or from a ``.json``/``.pt``
-    file; returns float64 ``[layers, experts]`` counts (dense layers all zero)."""
+    file; returns float64 ``[layers, experts]`` counts (dense layers all zero).
+
+    ``windows``: return ``[snapshots, layers, experts]`` instead, keeping a dump's leading
+    step/window axis apart (one snapshot when it has none), for balancers that fit each."""
     p = Path(name_or_path)
     if not p.is_file():
         shipped = shipped_text("epsim.model", "data/loads", str(name_or_path))
         if shipped is not None:
-            return _as_loads(json.loads(shipped), str(name_or_path))
+            return _as_loads(json.loads(shipped), str(name_or_path), windows)
         raise EpsimError(f"load file not found: {p} (nor a shipped name: "
                          f"{', '.join(shipped_loads())})")
     if p.suffix == ".pt":
@@ -79,8 +85,8 @@ def read_loads(name_or_path: str | Path) -> np.ndarray:
             obj = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise EpsimError(f"{p}: not a readable torch dump ({type(exc).__name__})") from None
-        return _as_loads(obj, str(p))
-    return _as_loads(read_json_file(p, "load file"), str(p))
+        return _as_loads(obj, str(p), windows)
+    return _as_loads(read_json_file(p, "load file"), str(p), windows)
 
 
 def loads_from_object(obj: Any, where: str = "loads") -> np.ndarray:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from epsim.model.eplb import DEFAULT_METHOD, balance_report
+import numpy as np
+
+from epsim.model.eplb import DEFAULT_METHOD, DEFAULT_SNAPSHOTS_METHOD, balance_report
+from epsim.model.errors import EpsimError
 from epsim.model.loads import read_loads
 from epsim.model.placement import read_placement
 from epsim.model.trace import write_json_atomic
@@ -20,8 +23,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "each, so the GPUs carry equal loads; report the imbalance (max GPU load / mean GPU "
         "load) before and after, and optionally on another load file.",
     )
-    add_flag(p, "--loads", required=True, metavar="NAME|FILE",
-                   help=loads_help("load statistics to balance (SGLang's format)"))
+    add_flag(p, "--loads", required=True, metavar="NAME|FILE[,...]", lists=True,
+                   help=loads_help("load statistics to balance (SGLang's format); several "
+                                   "(comma list, or a dump's windows) are snapshots, each "
+                                   "weighed the same"))
     add_flag(p, "--gpus", required=True, metavar="G", help="GPUs (EP size)")
     add_flag(p, "--nodes", default=1, metavar="N",
                    help="nodes: place experts on nodes first, then on each node's GPUs")
@@ -35,8 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="the placement in use: number GPUs to move the fewest experts")
     add_flag(p, "--max-moves", default=None, metavar="K",
                    help="with --previous: only swap experts, at most K off their GPU per layer")
-    add_flag(p, "--method", default=DEFAULT_METHOD,
-                   help=f"packing algorithm (default {DEFAULT_METHOD})")
+    add_flag(p, "--method", default=None,
+                   help=f"packing algorithm (default {DEFAULT_METHOD} for one snapshot; "
+                        f"{DEFAULT_SNAPSHOTS_METHOD}, which fits the worst snapshot, for "
+                        f"several)")
     add_flag(p, "--eval", metavar="NAME|FILE",
                    help=loads_help("also measure the placement on these loads (held out)"))
     add_flag(p, "--out", metavar="PLACEMENT", help="write the placement JSON here")
@@ -44,18 +51,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def read_snapshots(names: tuple[str, ...]) -> np.ndarray:
+    """``[layers, experts]`` for one snapshot, ``[snapshots, layers, experts]`` for several
+    (every file's windows, in order); files of different shapes are one error."""
+    parts = [read_loads(name, windows=True) for name in names]
+    for name, part in zip(names[1:], parts[1:], strict=True):
+        if part.shape[1:] != parts[0].shape[1:]:
+            raise EpsimError(f"load file {name} is {list(part.shape[1:])} layers x experts, "
+                             f"{names[0]} {list(parts[0].shape[1:])}")
+    loads = np.concatenate(parts)
+    return loads[0] if len(loads) == 1 else loads
+
+
 def run(args: argparse.Namespace) -> int:
-    loads = read_loads(args.loads)
+    loads = read_snapshots(args.loads)
     eval_loads = read_loads(args.eval) if args.eval else None
-    previous = (read_placement(args.previous, num_layers=loads.shape[0],
-                               num_experts=loads.shape[1]) if args.previous else None)
+    previous = (read_placement(args.previous, num_layers=loads.shape[-2],
+                               num_experts=loads.shape[-1]) if args.previous else None)
     placement, report = balance_report(
         loads, args.gpus, args.method, redundant=args.redundant, nodes=args.nodes,
         expert_groups=args.expert_groups, previous=previous, max_moves=args.max_moves,
         eval_loads=eval_loads)
     if args.out:
-        write_json_atomic({**placement.to_json(), "method": args.method,
-                           "loads": str(args.loads)}, args.out)
+        write_json_atomic({**placement.to_json(), "method": report["method"],
+                           "loads": ",".join(args.loads)}, args.out)
         report["out"] = str(args.out)
     if args.json:
         emit_json(report)
@@ -71,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
         (f"imbalance {report['method']}", pair(report["imbalance_after"])),
         ("lower bound", pair(report["lower_bound"])),
     ]
+    if report["snapshots"] > 1:
+        rows[1:] = [(f"{label} (worst snapshot)", value) for label, value in rows[1:]]
+        rows += [(f"snapshot {i} {report['method']}", pair(one))
+                 for i, one in enumerate(report["imbalance_after_per_snapshot"])]
     if "eval" in report:
         rows += [(f"held out {report['before']}", pair(report["eval"]["imbalance_before"])),
                  (f"held out {report['method']}", pair(report["eval"]["imbalance_after"]))]

@@ -1,0 +1,273 @@
+"""Placement for several load snapshots: fit the worst snapshot, not their average.
+
+A placement fitted to one load file meets the next workload's loads, and on the shipped
+DeepSeek-V3 files the shift costs 3-15% imbalance whatever near-optimal partition was chosen
+(docs/placement.md, "Placement for the workload to come"). What carries over is the direction in
+which workloads differ: a placement balanced on *each* of several snapshots at once balances
+every mixture of them and, on the shipped files, the next workload better than a placement
+fitted to their average.
+
+``minmax`` (:data:`SNAPSHOT_BALANCERS`) takes ``[snapshots, layers, experts]`` loads, scales
+every snapshot's layer to the same total (each snapshot counts the same, whatever its token
+count) and minimises, per layer, the heaviest GPU over all snapshots:
+
+1. replicas (redundant slots) go to the experts with the highest *peak* load per replica over
+   the snapshots, so an expert that is hot in one snapshot only gets a replica too
+   (:func:`replicate_experts` on the per-expert maximum);
+2. the items start from the heaviest-first packing of the snapshots' mean;
+3. :func:`refine_minmax` swaps items between GPUs while a swap lowers the pair's heavier GPU
+   load in its worst snapshot (the snapshot-vector version of :func:`refine_swaps`).
+
+With one snapshot there is nothing to hedge: ``minmax`` is ``greedy-swap`` exactly (same code,
+same result, same speed; :mod:`epsim.model.eplb` routes it there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .eplb_pack import EXACT_LIMIT, _all_partitions, greedy_groups, members_of, partition_count
+from .eplb_replicas import _spread_duplicates, replicate_experts
+
+
+def snapshot_weights(loads: np.ndarray) -> np.ndarray:
+    """``[S, layers, E]`` counts -> the same with each snapshot's layer scaled to the snapshots'
+    mean total for that layer, so every snapshot weighs the same. Example: totals 100 and 300
+    in a layer both become 200. Layers without load stay zero."""
+    totals = loads.sum(axis=2, keepdims=True)
+    target = totals.mean(axis=0, keepdims=True)
+    return np.divide(loads * target, totals, out=np.zeros_like(loads), where=totals > 0)
+
+
+@dataclass
+class _MinmaxState:
+    """Mutable state of :func:`refine_minmax` (rows = layers, k groups of s items, S snapshots).
+
+    mem: ``[rows, k, s]`` item ids per group.  w: ``[S, rows, k, s]`` their weights.
+    sums: ``[S, rows, k]`` group loads per snapshot.  eps: ``[rows]`` smallest gain worth a swap.
+    log: ``[rows, k, s]`` each item's logical expert, or None.  inc: ``[rows, k, E]`` replicas
+    of each expert in each group, or None (no two replicas of one expert in a group).
+    """
+
+    mem: np.ndarray
+    w: np.ndarray
+    sums: np.ndarray
+    eps: np.ndarray
+    log: np.ndarray | None = None
+    inc: np.ndarray | None = None
+
+    @classmethod
+    def start(cls, weights: np.ndarray, groups: np.ndarray, k: int,
+              item_log: np.ndarray | None) -> _MinmaxState:
+        snaps, layers, n = weights.shape
+        mem = members_of(groups, k)
+        flat = mem.reshape(layers, n)
+        # snapshots first: the loops below run over them, on contiguous [rows, ...] blocks
+        w = np.stack([np.take_along_axis(weights[i], flat, axis=1) for i in range(snaps)]
+                     ).reshape(snaps, layers, k, n // k)
+        eps = 1e-12 * np.maximum(weights.sum(axis=2).max(axis=0), 1.0)
+        log = inc = None
+        if item_log is not None:
+            log = np.take_along_axis(item_log, flat, axis=1).reshape(layers, k, n // k)
+            inc = np.zeros((layers, k, int(item_log.max()) + 1), dtype=np.int64)
+            np.add.at(inc, (np.arange(layers)[:, None, None], np.arange(k)[None, :, None], log), 1)
+        return cls(mem, w, w.sum(axis=3), eps, log, inc)
+
+    def peaks(self, rows: np.ndarray) -> np.ndarray:
+        """``[R, k]`` each group's load in its worst snapshot."""
+        return self.sums[:, rows].max(axis=0)
+
+    def best_swaps(self, rows: np.ndarray, a: np.ndarray, partners: np.ndarray
+                   ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Best swap of group ``a`` with any group in ``partners`` (``[R, P]``), per row.
+
+        The best swap leaves the pair's heavier peak (worst snapshot of either group) lowest;
+        its gain is how much that peak drops (<= 0 when no swap helps; ``-inf`` where only
+        forbidden swaps are left). Returns it and the positions in ``a`` and in the partner,
+        and the partner group."""
+        R, P = partners.shape
+        s = self.w.shape[3]
+        idx = np.arange(R)
+        # the search runs in float32 (half the memory traffic); the chosen swap's gain is then
+        # recomputed in float64, so only a swap that truly helps is ever taken
+        w32, sums32 = self.w.astype(np.float32), self.sums.astype(np.float32)
+        after = None  # [R, s, P*s]: the pair's heavier load after each swap, worst snapshot
+        for w, sums in zip(w32, sums32, strict=True):
+            diff = w[rows, a][:, :, None] - w[rows[:, None], partners].reshape(R, 1, P * s)
+            sa = sums[rows, a][:, None, None]
+            sb = np.repeat(sums[rows[:, None], partners], s, axis=1)[:, None, :]
+            load = np.maximum(sa - diff, diff + sb, out=diff)
+            after = load if after is None else np.maximum(after, load, out=after)
+        pg = np.repeat(partners, s, axis=1)[:, None, :]
+        after[np.broadcast_to(pg == a[:, None, None], after.shape)] = np.inf
+        if self.log is not None:
+            xa = self.log[rows, a]
+            yb = self.log[rows[:, None], partners].reshape(R, P * s)
+            clash = (self.inc[rows[:, None, None], pg, xa[:, :, None]] > 0) | (
+                self.inc[rows[:, None, None], a[:, None, None], yb[:, None, :]] > 0)
+            after[clash] = np.inf
+        best = np.argmin(after.reshape(R, s * P * s), axis=1)
+        i, jj = best // (P * s), best % (P * s)
+        j, b = jj % s, partners[idx, jj // s]
+        return self.exact_gain(rows, a, i, b, j), (i, j, b)
+
+    def exact_gain(self, rows: np.ndarray, a: np.ndarray, i: np.ndarray, b: np.ndarray,
+                   j: np.ndarray) -> np.ndarray:
+        """``[R]`` drop of the pair's heavier peak if item ``i`` of ``a`` and item ``j`` of
+        ``b`` were exchanged (float64); ``-inf`` where ``a == b``."""
+        d = self.w[:, rows, a, i] - self.w[:, rows, b, j]  # [S, R]
+        sa, sb = self.sums[:, rows, a], self.sums[:, rows, b]
+        before = np.maximum(sa.max(axis=0), sb.max(axis=0))
+        after = np.maximum((sa - d).max(axis=0), (sb + d).max(axis=0))
+        return np.where(a == b, -np.inf, before - after)
+
+    def swap(self, rows: np.ndarray, ga: np.ndarray, i: np.ndarray, gb: np.ndarray,
+             j: np.ndarray) -> None:
+        """Exchange item ``i`` of group ``ga`` with item ``j`` of group ``gb`` in each row."""
+        if len(rows) == 0:
+            return
+        if self.log is not None:
+            x, y = self.log[rows, ga, i], self.log[rows, gb, j]
+            np.add.at(self.inc, (rows, ga, x), -1)
+            np.add.at(self.inc, (rows, gb, x), 1)
+            np.add.at(self.inc, (rows, gb, y), -1)
+            np.add.at(self.inc, (rows, ga, y), 1)
+        for arr in (self.mem,) + (() if self.log is None else (self.log,)):
+            x, y = arr[rows, ga, i].copy(), arr[rows, gb, j].copy()
+            arr[rows, ga, i], arr[rows, gb, j] = y, x
+        wi, wj = self.w[:, rows, ga, i].copy(), self.w[:, rows, gb, j].copy()  # [S, R]
+        self.w[:, rows, ga, i], self.w[:, rows, gb, j] = wj, wi
+        self.sums[:, rows, ga] += wj - wi
+        self.sums[:, rows, gb] += wi - wj
+
+    def groups(self) -> np.ndarray:
+        layers, k, s = self.mem.shape
+        out = np.empty((layers, k * s), dtype=np.int64)
+        np.put_along_axis(out, self.mem.reshape(layers, k * s),
+                          np.broadcast_to(np.repeat(np.arange(k), s), (layers, k * s)), axis=1)
+        return out
+
+
+def refine_minmax(weights: np.ndarray, groups: np.ndarray, num_groups: int,
+                  item_log: np.ndarray | None = None, max_rounds: int = 2000) -> np.ndarray:
+    """Swap refinement against the worst snapshot: lower each layer's heaviest group load over
+    all snapshots by swapping one item of a group with one item of another.
+
+    Each round, in every layer still improving, groups are paired by their peak (load in their
+    worst snapshot), heaviest with lightest, 2nd heaviest with 2nd lightest, ...; each pair
+    takes the swap that lowers its heavier peak most. Where the heaviest group gains nothing
+    from its partner it tries every other group; a layer where no pair gains is done. Every
+    accepted swap lowers the larger of two peaks, so the peaks sorted heaviest first fall in
+    lexicographic order and the loop ends.
+
+    Args:
+        weights: ``[S, layers, n]`` item weights per snapshot (comparable totals).
+        groups: ``[layers, n]`` starting group of each item (exactly ``n / num_groups`` each).
+        num_groups: groups per layer.
+        item_log: ``[layers, n]`` optional logical expert of each item; no swap puts two
+            replicas of one expert in one group.
+        max_rounds: rounds at most.
+
+    Returns:
+        ``[layers, n]`` int64 refined groups (same sizes).
+    """
+    k = num_groups
+    layers = groups.shape[0]
+    st = _MinmaxState.start(weights, groups, k, item_log)
+    active = np.arange(layers)
+    pairs = k // 2
+    for _ in range(max_rounds):
+        if len(active) == 0:
+            break
+        # Step 1: disjoint pairs by peak, heaviest with lightest; best swap of each pair
+        order = np.argsort(-st.peaks(active), axis=1, kind="stable")
+        rows = np.repeat(active, pairs)
+        a = order[:, :pairs].reshape(-1)
+        b = order[:, ::-1][:, :pairs].reshape(-1)
+        gain, (i, j, gb) = st.best_swaps(rows, a, b[:, None])
+        ok = (gain > st.eps[rows]).reshape(len(active), pairs)
+        # Step 2: a heaviest group its partner cannot help tries every other group (alone)
+        stuck = np.flatnonzero(~ok[:, 0])
+        top = order[stuck, 0]
+        gain2, (i2, j2, gb2) = st.best_swaps(
+            active[stuck], top, np.broadcast_to(np.arange(k), (len(stuck), k)))
+        ok2 = gain2 > st.eps[active[stuck]]
+        ok[stuck[ok2]] = False
+        st.swap(active[stuck][ok2], top[ok2], i2[ok2], gb2[ok2], j2[ok2])
+        flat_ok = ok.reshape(-1)
+        st.swap(rows[flat_ok], a[flat_ok], i[flat_ok], gb[flat_ok], j[flat_ok])
+        keep = ok.any(axis=1)
+        keep[stuck[ok2]] = True
+        active = active[keep]
+    return st.groups()
+
+
+def exact_minmax_groups(weights: np.ndarray, num_groups: int) -> np.ndarray:
+    """The partition with the lowest heaviest group over all snapshots, by trying every one
+    (at most ``EXACT_LIMIT``). ``weights``: ``[S, layers, n]``; returns ``[layers, n]``."""
+    n = weights.shape[2]
+    parts = _all_partitions(n, num_groups)  # [P, n]
+    onehot = (parts[:, :, None] == np.arange(num_groups)).astype(np.float64)  # [P, n, k]
+    sums = np.einsum("sln,pnk->lpsk", weights, onehot)  # [layers, P, S, k]
+    return parts[np.argmin(sums.max(axis=(2, 3)), axis=1)]
+
+
+def minmax_groups(weights: np.ndarray, num_groups: int,
+                  item_log: np.ndarray | None = None) -> np.ndarray:
+    """``[S, rows, n]`` item weights -> ``[rows, n]`` groups minimising the heaviest group over
+    all snapshots: exactly when small enough (and no replicas), else heaviest-first on the
+    snapshots' mean, replicas spread, then :func:`refine_minmax`."""
+    n = weights.shape[2]
+    if item_log is None and partition_count(n, num_groups) <= EXACT_LIMIT:
+        return exact_minmax_groups(weights, num_groups)
+    mean = weights.mean(axis=0)
+    groups = greedy_groups(mean, num_groups)
+    if item_log is not None:
+        groups = _spread_duplicates(mean, item_log, groups, num_groups)
+    return refine_minmax(weights, groups, num_groups, item_log=item_log)
+
+
+def pack_flat(weights: np.ndarray, num_gpus: int, redundant: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``[S, rows, E]`` loads -> ``(item_log, groups)``, both ``[rows, E + redundant]``:
+    replicas for the highest peak load per replica, then :func:`minmax_groups`."""
+    peak = weights.max(axis=0)
+    item_log, counts = replicate_experts(peak, redundant, max_replicas=num_gpus)
+    per = np.take_along_axis(counts, item_log, axis=1)
+    item_w = np.stack([np.take_along_axis(w, item_log, axis=1) / per for w in weights])
+    groups = minmax_groups(item_w, num_gpus, item_log if redundant else None)
+    return item_log, groups
+
+
+def pack_hierarchical(weights: np.ndarray, num_gpus: int, nodes: int, redundant: int,
+                      expert_groups: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """As :func:`pack_flat`, experts (or whole routing groups) to nodes first, each node's
+    experts and ``redundant / nodes`` slots then to its GPUs; the layout of
+    ``epsim.model.eplb._pack_hierarchical`` (items node-major, node n owns GPUs n*G/N ..)."""
+    snaps, rows, e = weights.shape
+    per_node = e // nodes
+    if expert_groups:
+        size = e // expert_groups
+        node_of_group = minmax_groups(weights.reshape(snaps, rows, expert_groups, size)
+                                      .sum(axis=3), nodes)
+        node_of_expert = np.repeat(node_of_group, size, axis=1)
+    else:
+        node_of_expert = minmax_groups(weights, nodes)
+    experts = np.argsort(node_of_expert, axis=1, kind="stable").reshape(rows * nodes, per_node)
+    node_w = np.stack([np.take_along_axis(np.repeat(w, nodes, axis=0), experts, axis=1)
+                       for w in weights])
+    inner_log, inner_groups = pack_flat(node_w, num_gpus // nodes, redundant // nodes)
+    item_log = np.take_along_axis(experts, inner_log, axis=1)
+    groups = inner_groups + np.tile(np.arange(nodes), rows)[:, None] * (num_gpus // nodes)
+    n_items = item_log.shape[1]
+    return (item_log.reshape(rows, nodes * n_items), groups.reshape(rows, nodes * n_items))
+
+
+#: methods that use every snapshot (others fit the snapshots' mean): name -> packer
+#: ``(weights [S, rows, E], num_gpus, nodes, redundant, expert_groups) -> (item_log, groups)``
+SNAPSHOT_BALANCERS = {
+    "minmax": lambda w, g, nodes, r, eg: (pack_hierarchical(w, g, nodes, r, eg) if nodes > 1
+                                          else pack_flat(w, g, r)),
+}
