@@ -230,16 +230,8 @@ def op_seconds(op: Op, profile: HardwareProfile, fallback: Callable[[], float], 
                captured: bool = False) -> float:
     """``op``'s seconds under the selected kernel set; ``fallback()`` is its roofline time
     (returned as is where no table and no speedup applies)."""
-    plan = _plan(op, profile, top_k, nodes)
-    if plan is None:
-        return fallback()
-    table, factor, _, features = plan
-    if table is None:
-        return fallback() if factor == 1.0 else fallback() * factor
-    vec = table.vector(features)
-    secs, _, _ = _table_seconds(op, profile, table, vec[:-1], np.array([vec[-1]]), top_k,
-                                scope_of(nodes) == "inter", captured)
-    return float(secs[0]) * factor
+    secs = _seconds(op, profile, None, fallback, top_k, nodes, captured)
+    return float(secs[0]) if isinstance(secs, np.ndarray) else float(secs)
 
 
 def routed_seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray],
@@ -247,15 +239,24 @@ def routed_seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndar
                    nodes: np.ndarray | None = None, captured: bool = False) -> np.ndarray:
     """A routed op's seconds at many values of its swept feature (``tokens``: ``swept()``, any
     shape) under the selected kernel set; ``fallback()``: the roofline's, same shape."""
+    return _seconds(op, profile, swept, fallback, top_k, nodes, captured)
+
+
+def _seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] | None,
+             fallback: Callable[[], Any], top_k: int | None, nodes: np.ndarray | None,
+             captured: bool) -> Any:
+    """The table's seconds at the op's own features (``swept`` None: ``[1]``) or at every value
+    ``swept()`` gives its swept feature, times the set's speedups; ``fallback()`` (times them)
+    where the set has no table for the op."""
     plan = _plan(op, profile, top_k, nodes)
     if plan is None:
         return fallback()
     table, factor, _, features = plan
     if table is None:
         return fallback() if factor == 1.0 else fallback() * factor
-    values = np.asarray(swept(), dtype=np.float64)
-    fixed = table.vector(features)[:-1]
-    secs, _, _ = _table_seconds(op, profile, table, fixed, values.reshape(-1), top_k,
+    vec = table.vector(features)
+    values = np.array([vec[-1]]) if swept is None else np.asarray(swept(), dtype=np.float64)
+    secs, _, _ = _table_seconds(op, profile, table, vec[:-1], values.reshape(-1), top_k,
                                 scope_of(nodes) == "inter", captured)
     return secs.reshape(values.shape) * factor
 
