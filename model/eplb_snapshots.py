@@ -30,6 +30,7 @@ import numpy as np
 
 from .eplb_pack import EXACT_LIMIT, _all_partitions, greedy_groups, members_of, partition_count
 from .eplb_replicas import _spread_duplicates, replicate_experts
+from .eplb_swaps import swap_round
 
 
 def snapshot_weights(loads: np.ndarray) -> np.ndarray:
@@ -79,7 +80,7 @@ class _MinmaxState:
         """``[R, k]`` each group's load in its worst snapshot."""
         return self.sums[:, rows].max(axis=0)
 
-    def best_swaps(self, rows: np.ndarray, a: np.ndarray, partners: np.ndarray
+    def candidates(self, rows: np.ndarray, a: np.ndarray, partners: np.ndarray
                    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Best swap of group ``a`` with any group in ``partners`` (``[R, P]``), per row.
 
@@ -181,26 +182,9 @@ def refine_minmax(weights: np.ndarray, groups: np.ndarray, num_groups: int,
     for _ in range(max_rounds):
         if len(active) == 0:
             break
-        # Step 1: disjoint pairs by peak, heaviest with lightest; best swap of each pair
+        # groups paired by peak (their load in their worst snapshot), heaviest with lightest
         order = np.argsort(-st.peaks(active), axis=1, kind="stable")
-        rows = np.repeat(active, pairs)
-        a = order[:, :pairs].reshape(-1)
-        b = order[:, ::-1][:, :pairs].reshape(-1)
-        gain, (i, j, gb) = st.best_swaps(rows, a, b[:, None])
-        ok = (gain > st.eps[rows]).reshape(len(active), pairs)
-        # Step 2: a heaviest group its partner cannot help tries every other group (alone)
-        stuck = np.flatnonzero(~ok[:, 0])
-        top = order[stuck, 0]
-        gain2, (i2, j2, gb2) = st.best_swaps(
-            active[stuck], top, np.broadcast_to(np.arange(k), (len(stuck), k)))
-        ok2 = gain2 > st.eps[active[stuck]]
-        ok[stuck[ok2]] = False
-        st.swap(active[stuck][ok2], top[ok2], i2[ok2], gb2[ok2], j2[ok2])
-        flat_ok = ok.reshape(-1)
-        st.swap(rows[flat_ok], a[flat_ok], i[flat_ok], gb[flat_ok], j[flat_ok])
-        keep = ok.any(axis=1)
-        keep[stuck[ok2]] = True
-        active = active[keep]
+        active = active[swap_round(st, active, order, k, pairs)]
     return st.groups()
 
 

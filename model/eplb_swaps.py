@@ -4,6 +4,7 @@ between groups that lower the heavier group of each exchanging pair, vectorised 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,39 @@ def _nearest_differences(wa: np.ndarray, wb: np.ndarray, half: np.ndarray
     idx = np.arange(rows)
     i = np.argmin(dist, axis=1)
     return dist[idx, i], i, ob[idx, jsorted[idx, i]]
+
+
+def swap_round(st: Any, active: np.ndarray, order: np.ndarray, k: int, pairs: int
+               ) -> np.ndarray:
+    """One swap round over the ``active`` layers, ``order`` ``[layers, k]`` their groups
+    heaviest first; returns ``[layers]`` which layers improved (keep going). ``st`` is a swap
+    state (``_SwapState``, or ``eplb_snapshots._MinmaxState`` whose loads are peaks over
+    snapshots) with ``candidates(rows, a, b)`` -> ``(gain, (i, j, group_b))``, ``eps`` and
+    ``swap(rows, a, i, group_b, j)``.
+
+    Step 1: pair the groups heaviest with lightest, 2nd heaviest with 2nd lightest, ... and
+    take each pair's best swap (disjoint pairs, so all apply at once). Step 2: where the
+    heaviest group gains nothing from the lightest, it tries every other group instead (alone
+    that round); where that fails too, the other pairs still even out (which can open new swaps
+    for the heaviest), and a layer where nothing helps is done.
+    """
+    rows = np.repeat(active, pairs)
+    a = order[:, :pairs].reshape(-1)
+    b = order[:, ::-1][:, :pairs].reshape(-1)
+    gain, (i, j, gb) = st.candidates(rows, a, b[:, None])
+    ok = (gain > st.eps[rows]).reshape(len(active), pairs)
+    stuck = np.flatnonzero(~ok[:, 0])
+    top = order[stuck, 0]
+    gain2, (i2, j2, gb2) = st.candidates(
+        active[stuck], top, np.broadcast_to(np.arange(k), (len(stuck), k)))
+    ok2 = gain2 > st.eps[active[stuck]]
+    ok[stuck[ok2]] = False
+    st.swap(active[stuck][ok2], top[ok2], i2[ok2], gb2[ok2], j2[ok2])
+    flat_ok = ok.reshape(-1)
+    st.swap(rows[flat_ok], a[flat_ok], i[flat_ok], gb[flat_ok], j[flat_ok])
+    keep = ok.any(axis=1)
+    keep[stuck[ok2]] = True
+    return keep
 
 
 def refine_swaps(weights: np.ndarray, groups: np.ndarray, num_groups: int,
@@ -93,29 +127,7 @@ def refine_swaps(weights: np.ndarray, groups: np.ndarray, num_groups: int,
             active = active[st.sums[active].max(axis=1) > target[active]]
         if len(active) == 0:
             break
-        # Step 1: pair the groups heaviest with lightest, 2nd heaviest with 2nd lightest, ...
-        # and find each pair's best swap (disjoint pairs, so all can be applied at once)
-        order = np.argsort(-st.sums[active], axis=1)
-        rows = np.repeat(active, pairs)
-        a = order[:, :pairs].reshape(-1)
-        b = order[:, ::-1][:, :pairs].reshape(-1)
-        gain, (i, j, gb) = st.candidates(rows, a, b[:, None])
-        ok = (gain > st.eps[rows]).reshape(len(active), pairs)
-        # Step 2: where the heaviest group has nothing to gain from the lightest, it tries
-        # every other group instead (alone that round); where that fails too, the other
-        # pairs still even out (which can open new swaps for the heaviest), and a layer where
-        # nothing helps is done
-        stuck = np.flatnonzero(~ok[:, 0])
-        top = order[stuck, 0]
-        gain2, (i2, j2, gb2) = st.candidates(
-            active[stuck], top, np.broadcast_to(np.arange(k), (len(stuck), k)))
-        ok2 = gain2 > st.eps[active[stuck]]
-        ok[stuck[ok2]] = False
-        st.swap(active[stuck][ok2], top[ok2], i2[ok2], gb2[ok2], j2[ok2])
-        flat_ok = ok.reshape(-1)
-        st.swap(rows[flat_ok], a[flat_ok], i[flat_ok], gb[flat_ok], j[flat_ok])
-        keep = ok.any(axis=1)
-        keep[stuck[ok2]] = True
+        keep = swap_round(st, active, np.argsort(-st.sums[active], axis=1), k, pairs)
         if exchange and home is None:
             # Step 3: layers about to leave try a two-for-two exchange first
             leaving = np.flatnonzero(~keep)
