@@ -44,6 +44,8 @@ from epsim.sim.hardware import HardwareProfile
 
 #: compiled steps (and structures) kept: a serving run's grid points beyond it are recosted
 CACHE_SIZE = 64
+#: op costs kept across batches (a few new ones per batch: its attention's)
+OP_CACHE_SIZE = 8192
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,6 +115,7 @@ class _Structure:
 
 _compiled: OrderedDict[tuple, Compiled] = OrderedDict()
 _structures: OrderedDict[tuple, _Structure] = OrderedDict()
+_op_seconds: OrderedDict[tuple, float] = OrderedDict()
 
 
 def remember(cache: OrderedDict, key: tuple, value: Any, size: int = CACHE_SIZE) -> Any:
@@ -156,25 +159,39 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
     eff = profile.require_efficiency()
     ranks = plan.world_size
     node_s = eff.graph_node_s  # the GPU-side gap between kernels, graph or not
-    nodes_of = np.arange(ranks) // plan.gpus_per_node
     ranks_on_node = min(ranks, plan.gpus_per_node)
     work = np.zeros(len(ops))
     seen: dict[tuple, float] = {}
+    context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, captured, top_k)
     for i, op in enumerate(ops):
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
-        if op.is_collective:
-            size = ranks if op.dims["group"] == "ep" else plan.tp
-            if sig not in seen:
-                seen[sig] = kernel_cost.op_seconds(
-                    op, profile, partial(kernel_cost.nominal_collective, op, profile,
-                                         nodes_of[:size], captured),
-                    nodes=nodes_of[:size], captured=captured)
-        elif sig not in seen:
-            seen[sig] = cost.op_time(op, profile, top_k=top_k)
+        if sig not in seen:
+            # batches of one plan share most ops (a new context changes only attention's):
+            # each op's cost is kept across them, keyed by all that the cost models read
+            key = (context, op.kind, op.name, op.category, op.dtype, tuple(op.dims.items()),
+                   op.flops, op.bytes_read, op.bytes_written, op.weight_bytes, op.peer_bytes,
+                   op.routed, op.draft is None)
+            seconds = _op_seconds.get(key)
+            if seconds is None:
+                seconds = remember(_op_seconds, key, _seconds_of(op, plan, profile, captured,
+                                                                 top_k), OP_CACHE_SIZE)
+            seen[sig] = seconds
         work[i] = seen[sig] + node_s
         if not op.is_collective:
             work[i] *= eff.core_share(ranks_on_node, cost.op_class(op))
     return work
+
+
+def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: bool,
+                top_k: int | None) -> float:
+    """One op's cost-model seconds (kernel tables, else the roofline)."""
+    if op.is_collective:
+        size = plan.world_size if op.dims["group"] == "ep" else plan.tp
+        nodes = (np.arange(plan.world_size) // plan.gpus_per_node)[:size]
+        return kernel_cost.op_seconds(
+            op, profile, partial(kernel_cost.nominal_collective, op, profile, nodes, captured),
+            nodes=nodes, captured=captured)
+    return cost.op_time(op, profile, top_k=top_k)
 
 
 def _routed_tokens(ops: Sequence[Op], routed: dict[str, np.ndarray], model: ModelConfig

@@ -18,6 +18,7 @@ H100 = load_profile("h100")
 def _fresh(*args, **kwargs):
     step_compile._compiled.clear()
     step_compile._structures.clear()
+    step_compile._op_seconds.clear()
     return simulate_step(*args, **kwargs).to_json()
 
 
@@ -65,6 +66,7 @@ def test_a_recosted_batch_equals_a_fresh_build_bit_for_bit(model, profile, plan_
     fresh = {b: _fresh(model, plan, b, profile, seed=2) for b in SHAPES}
     step_compile._compiled.clear()
     step_compile._structures.clear()
+    step_compile._op_seconds.clear()
     for b in SHAPES:  # the first of each phase builds the structure; the rest are recosted
         assert simulate_step(model, plan, b, profile, seed=2).to_json() == fresh[b]
     # decode with 2 microbatches, decode with 1 (a single sequence), prefill with 2 and 1
