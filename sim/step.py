@@ -158,7 +158,7 @@ class _Compiled:
     row_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     draft_tokens: tuple[tuple[int, ...], ...] = ()  # per draft pass, tokens per microbatch
     draft_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # MTP ops
-    a2a: a2a.A2AMode | None = None  # the EP exchanges' mode this step (None: no EP exchange)
+    exchange: a2a.A2AMode | None = None  # the EP exchanges' mode this step (sim.a2a)
 
 
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
@@ -367,7 +367,7 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
                                 profile), top_k=comp.top_k)
     work[ex_idx] = (t_exp + node_s) * comp.share
     nodes = np.arange(ranks) // plan.gpus_per_node
-    mode = comp.a2a
+    mode = comp.exchange
     times, swept = [], {}
     # token rows per link: rank r to GPU g, or node-then-GPU; the combine's go back (transpose)
     rows = a2a.link_traffic("dispatch", mode, routing.tokens, nodes, lambda: node_tokens(
@@ -518,7 +518,7 @@ def _explain(comp: _Compiled, plan: ParallelPlan, profile: HardwareProfile,
                 op, profile, tokens=tokens.get(i), top_k=comp.top_k,
                 nodes=nodes_of[:size] if op.is_collective else None,
                 captured=comp.graph.captured,
-                mode=comp.a2a if op.kind in _EXCHANGES else None)
+                mode=comp.exchange if op.kind in _EXCHANGES else None)
         entries.append((op, cache[key]))
     return kernel_cost.explain(entries, profile)
 
@@ -543,7 +543,7 @@ def _result(comp: _Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray,
         mode=mode, seed=seed, events=events,
         op_kinds_ms=_op_kinds_ms(comp, prog, critical), kernels=kernels,
         draft_ms=_draft_ms(comp, prog, critical),
-        a2a_mode=comp.a2a.name if comp.a2a is not None else "normal",
+        a2a_mode=comp.exchange.name if comp.exchange is not None else "normal",
     )
 
 
