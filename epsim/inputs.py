@@ -448,6 +448,8 @@ FLAGS: dict[str, Spec] = {
     "--splits": Parsed(parse_dp_x_tp, "DPxTP (e.g. 4x2)", max_len=32),
     "--gpu-hour-usd": Parsed(parse_prices, "a price, or HARDWARE=PRICE,..."),
     "--kernels": Parsed(parse_kernel_set, "a kernel set name", max_len=64),
+    # how EP dispatch/combine run (epsim.sim.a2a.A2A_CHOICES)
+    "--a2a-mode": Choice(("auto", "low_latency", "normal")),
     # outputs and inputs
     "--trace": OutputFile("--trace"),
     "--csv": OutputFile("--csv"),

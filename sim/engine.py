@@ -21,6 +21,8 @@ Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` 
 * While a collective is in flight on a rank, compute ops there progress at ``1 - s`` of their
   speed (``s`` = ``efficiency.comm_compute_slowdown``: the CUs the comm kernel holds): a fluid
   model, so an op overlapping half its length with communication takes ``d * (1 + s / 2 / (1-s))``.
+  A collective whose kernel holds no compute units once its messages are issued (``quiet``: EP
+  exchanges in ``sim.a2a``'s ``low_latency`` mode) slows nothing.
 * The step ends when the last op of the last rank ends.
 
 ``run_exact`` simulates that with simpy (one compute process and one comm process per rank, a
@@ -78,6 +80,8 @@ class Program:
     slowdown: compute speed lost while a collective is in flight.
     comm_slots: collectives one rank can have in flight at once (1 on GPUs).
     steps: the fast executor's precomputed steps (``plan_steps``), None to compute them per run.
+    quiet: ``[n]`` bool: this collective holds no compute units (no interference); None: every
+        collective does.
     """
 
     op_ids: tuple[str, ...]
@@ -97,6 +101,7 @@ class Program:
     slowdown: float
     steps: StepPlan | None = None
     comm_slots: int = 1
+    quiet: np.ndarray | None = None
 
     @property
     def ranks(self) -> int:
@@ -285,6 +290,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     rank_index = np.arange(ranks)
     intervals: list[tuple] = []  # (start, end, latest end) of the collectives in flight
     s = prog.slowdown
+    quiet = prog.quiet
     cats = prog.categories
     work_all = prog.work
     floor = prog.floor
@@ -326,11 +332,12 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
             end[first] = done
             comm_free[comm_free.argmin(axis=0), rank_index] = done
             comm_taken = arrive
-            # keep the in-flight intervals disjoint: a collective overlapping the previous one
-            # (two slots) adds only the part after it
-            busy_from = np.maximum(begin, intervals[-1][1]) if intervals else begin
-            busy_to = np.maximum(done, busy_from)
-            intervals.append((busy_from, busy_to, busy_to.max()))
+            if quiet is None or not quiet[first]:
+                # keep the in-flight intervals disjoint: a collective overlapping the previous
+                # one (two slots) adds only the part after it
+                busy_from = np.maximum(begin, intervals[-1][1]) if intervals else begin
+                busy_to = np.maximum(done, busy_from)
+                intervals.append((busy_from, busy_to, busy_to.max()))
             if eager and prog.host_sync[first]:
                 release = begin + prog.host_release_s[first]
                 host = np.maximum(host, release)
@@ -502,9 +509,12 @@ def run_exact(prog: Program) -> Timeline:
         yield barriers[key].arrive()
         start[i, rank] = env.now
         begun[i][rank].succeed()
-        flip(rank, 1)
+        holds = prog.quiet is None or not prog.quiet[i]  # its kernel occupies compute units
+        if holds:
+            flip(rank, 1)
         yield env.timeout(prog.work[i, rank])
-        flip(rank, -1)
+        if holds:
+            flip(rank, -1)
         end[i, rank] = env.now
         done[i][rank].succeed()
         slots[rank].release(slot)

@@ -36,12 +36,13 @@ from epsim.model.opgraph import OP_KINDS, Batch, Op, OpGraph
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
-from epsim.sim import cost, kernel_cost
+from epsim.sim import a2a, cost, kernel_cost
 from epsim.sim.engine import CATEGORIES, Program, Timeline, plan_steps, run_exact, run_fast
 from epsim.sim.hardware import HardwareProfile
 from epsim.sim.routing import (
     LOAD_KINDS,
     RoutingSample,
+    node_tokens,
     placed_frequencies,
     sample_routing,
     sample_rows,
@@ -85,6 +86,8 @@ class StepResult:
         timed (``epsim.sim.kernel_cost.explain``), else None.
     draft_ms: the critical rank's MTP draft-module ops by the cost model (as ``op_kinds_ms``;
         0 without MTP).
+    a2a_mode: the mode the EP dispatch/combine ran in (``epsim.sim.a2a``: ``"low_latency"``
+        or ``"normal"``).
     """
 
     step_s: float
@@ -104,6 +107,7 @@ class StepResult:
     kernels: str = "none"
     kernel_sources: dict[str, Any] | None = field(default=None, repr=False)
     draft_ms: float = 0.0
+    a2a_mode: str = "normal"
 
     @property
     def step_ms(self) -> float:
@@ -127,6 +131,7 @@ class StepResult:
             "op_kinds_ms": dict(self.op_kinds_ms),
             "kernels": self.kernels,
             "draft_module_ms": self.draft_ms,
+            "a2a_mode": self.a2a_mode,
             **({"kernel_sources": self.kernel_sources} if self.kernel_sources is not None
                else {}),
         }
@@ -153,6 +158,7 @@ class _Compiled:
     row_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     draft_tokens: tuple[tuple[int, ...], ...] = ()  # per draft pass, tokens per microbatch
     draft_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # MTP ops
+    exchange: a2a.A2AMode | None = None  # the EP exchanges' mode this step (sim.a2a)
 
 
 _compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
@@ -196,16 +202,18 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     # CPU runtimes: more ranks than cores on a node stretch every compute op (1 on GPUs)
     ranks_on_node = min(ranks, plan.gpus_per_node)
     top_k = model.moe.top_k if model.moe_layers else None
+    exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
     for i, op in enumerate(ops):
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         if op.is_collective:
             size = ranks if op.dims["group"] == "ep" else plan.tp
             group_size[i] = size
+            mode = exchange if op.kind in _EXCHANGES else None
             if sig not in seen:
                 seen[sig] = kernel_cost.op_seconds(
                     op, profile, partial(kernel_cost.nominal_collective, op, profile,
-                                         nodes_of[:size], captured),
-                    nodes=nodes_of[:size], captured=captured)
+                                         nodes_of[:size], captured, mode),
+                    nodes=nodes_of[:size], captured=captured, mode=mode)
         elif sig not in seen:
             seen[sig] = cost.op_time(op, profile, top_k=top_k)
         work[i] = seen[sig] + node_s
@@ -221,6 +229,8 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         else 0.0 for i, op in enumerate(ops)])
     deps = tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order)
     is_coll = np.array([op.is_collective for op in ops])
+    # exchanges whose kernels free the compute units once their messages are issued
+    quiet = np.array([op.kind in _EXCHANGES and not exchange.occupies_cus for op in ops])
     program = Program(
         op_ids=tuple(order), kinds=tuple(op.kind for op in ops),
         categories=np.array([CATEGORIES.index(op.category) for op in ops]),
@@ -228,6 +238,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         is_coll=is_coll, deps=deps, work=np.tile(work[:, None], (1, ranks)), node_s=node_s,
         floor=floor, launch_s=launch_s, host_sync=host_sync, host_release_s=host_release_s,
         group_size=group_size, comm_slots=eff.comm_concurrency, slowdown=eff.comm_compute_slowdown,
+        quiet=quiet if quiet.any() else None,
     )
     # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
     program = replace(program, steps=plan_steps(program, fold=captured))
@@ -251,9 +262,11 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     draft_mask = np.array([op.draft is not None for op in ops], dtype=bool)
     return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens,
                                                share_experts, kind_index, top_k, row_tokens,
-                                               draft_tokens, draft_mask))
+                                               draft_tokens, draft_mask, exchange))
 
 
+#: the EP exchange kinds (their mode: ``sim.a2a``)
+_EXCHANGES = ("dispatch", "combine")
 #: routed ops (``Op.routed``) by kind: the role their duration plays in ``_apply_routing``
 _ROUTED_ROLES = {"grouped_gemm": "experts", "dispatch": "dispatch", "combine": "combine"}
 
@@ -353,12 +366,14 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
         lambda: cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
                                 profile), top_k=comp.top_k)
     work[ex_idx] = (t_exp + node_s) * comp.share
-    # dispatch: token rows from rank r to GPU g; combine: the results back (transpose)
     nodes = np.arange(ranks) // plan.gpus_per_node
+    mode = comp.exchange
     times, swept = [], {}
-    for role, idx, traffic in (
-            ("dispatch", di_idx, routing.tokens),
-            ("combine", co_idx, np.swapaxes(routing.tokens, -1, -2))):
+    # token rows per link: rank r to GPU g, or node-then-GPU; the combine's go back (transpose)
+    rows = a2a.link_traffic("dispatch", mode, routing.tokens, nodes, lambda: node_tokens(
+        routing, row_tokens, model.moe.top_k, plan.gpus_per_node))
+    for role, idx, traffic in (("dispatch", di_idx, rows),
+                               ("combine", co_idx, np.swapaxes(rows, -1, -2))):
         op = graph.ops[prog.op_ids[idx[0, 0]]]
         t_roof = cost.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
                                       captured)
@@ -366,12 +381,12 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
         def tokens(role=role, idx=idx, t_roof=t_roof) -> np.ndarray:
             # the tokens per rank that, uniformly routed, would load the busiest link as much
             lat = cost.collective_latency(role, profile, captured, ranks)
-            nominal = _nominal_rows(graph, prog, idx, profile, nodes, captured)
+            nominal = _nominal_rows(graph, prog, idx, profile, nodes, captured, mode)
             bw = nominal - lat
             return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
 
         t = kernel_cost.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
-                                       nodes=nodes, captured=captured)
+                                       nodes=nodes, captured=captured, mode=mode)
         times.append(t)
         if explain:
             swept[role] = tokens()
@@ -383,7 +398,7 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
 
 
 def _nominal_rows(graph: OpGraph, prog: Program, idx: np.ndarray, profile: HardwareProfile,
-                  nodes: np.ndarray, captured: bool) -> np.ndarray:
+                  nodes: np.ndarray, captured: bool, mode: a2a.A2AMode | None) -> np.ndarray:
     """``[rows, mb]`` each routed collective's time under uniform routing (ops of equal
     per-peer bytes costed once: the MoE layers' repeat, the draft passes' differ)."""
     seen: dict[tuple[float, ...] | None, float] = {}
@@ -391,7 +406,8 @@ def _nominal_rows(graph: OpGraph, prog: Program, idx: np.ndarray, profile: Hardw
     for pos, i in np.ndenumerate(idx):
         op = graph.ops[prog.op_ids[i]]
         if op.peer_bytes not in seen:
-            seen[op.peer_bytes] = kernel_cost.nominal_collective(op, profile, nodes, captured)
+            seen[op.peer_bytes] = kernel_cost.nominal_collective(op, profile, nodes, captured,
+                                                                 mode)
         out[pos] = seen[op.peer_bytes]
     return out
 
@@ -501,7 +517,8 @@ def _explain(comp: _Compiled, plan: ParallelPlan, profile: HardwareProfile,
             cache[key] = kernel_cost.describe(
                 op, profile, tokens=tokens.get(i), top_k=comp.top_k,
                 nodes=nodes_of[:size] if op.is_collective else None,
-                captured=comp.graph.captured)
+                captured=comp.graph.captured,
+                mode=comp.exchange if op.kind in _EXCHANGES else None)
         entries.append((op, cache[key]))
     return kernel_cost.explain(entries, profile)
 
@@ -526,6 +543,7 @@ def _result(comp: _Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray,
         mode=mode, seed=seed, events=events,
         op_kinds_ms=_op_kinds_ms(comp, prog, critical), kernels=kernels,
         draft_ms=_draft_ms(comp, prog, critical),
+        a2a_mode=comp.exchange.name if comp.exchange is not None else "normal",
     )
 
 
