@@ -297,6 +297,16 @@ def parse_on_off(text: str) -> bool:
     raise ValueError(text)
 
 
+def parse_annotations(text: str) -> tuple[str, ...]:
+    """``"attn(F),mlp(F)"`` -> ``("attn(F)", "mlp(F)")``; ``"all"`` -> ``()`` (every kernel)."""
+    if text == "all":
+        return ()
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names) or len(set(names)) != len(names):
+        raise ValueError(text)
+    return names
+
+
 def parse_dp_x_tp(text: str) -> tuple[int, int]:
     """``"4x2"``, ``"dp4xtp2"`` or ``"4/2"`` -> ``(4, 2)``, each in [1, MAX_GPUS]."""
     m = re.fullmatch(r"(?:dp)?(\d{1,6})\s*[x/]\s*(?:tp)?(\d{1,6})", text)
@@ -426,6 +436,9 @@ FLAGS: dict[str, Spec] = {
     "--steps": Integer(1, 10**5),
     "--repeats": Integer(1, 1000),
     "--timeout": Integer(1, 86400),
+    # calibrate --from-trace: MoE layers the trace's scope holds; its CPU annotations
+    "--layers": Integer(1, 4096),
+    "--annotations": Parsed(parse_annotations, "annotation names (comma list) or all"),
     # execution and search switches
     "--phase": Choice(("decode", "prefill")),
     "--device": Choice(("cpu", "cuda")),
@@ -435,6 +448,8 @@ FLAGS: dict[str, Spec] = {
     "--splits": Parsed(parse_dp_x_tp, "DPxTP (e.g. 4x2)", max_len=32),
     "--gpu-hour-usd": Parsed(parse_prices, "a price, or HARDWARE=PRICE,..."),
     "--kernels": Parsed(parse_kernel_set, "a kernel set name", max_len=64),
+    # how EP dispatch/combine run (epsim.sim.a2a.A2A_CHOICES)
+    "--a2a-mode": Choice(("auto", "low_latency", "normal")),
     # outputs and inputs
     "--trace": OutputFile("--trace"),
     "--csv": OutputFile("--csv"),
@@ -443,6 +458,7 @@ FLAGS: dict[str, Spec] = {
     "--dataset-path": InputFile("dataset file"),
     "--previous": InputFile("placement file"),
     "--placement": InputFile("placement file"),
+    "--from-trace": InputFile("profiler trace"),
 }
 
 #: where one command reads a flag with another range

@@ -21,6 +21,8 @@ Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` 
 * While a collective is in flight on a rank, compute ops there progress at ``1 - s`` of their
   speed (``s`` = ``efficiency.comm_compute_slowdown``: the CUs the comm kernel holds): a fluid
   model, so an op overlapping half its length with communication takes ``d * (1 + s / 2 / (1-s))``.
+  A collective whose kernel holds no compute units once its messages are issued (``quiet``: EP
+  exchanges in ``sim.a2a``'s ``low_latency`` mode) slows nothing.
 * The step ends when the last op of the last rank ends.
 
 ``run_exact`` simulates that with simpy (one compute process and one comm process per rank, a
@@ -78,6 +80,8 @@ class Program:
     slowdown: compute speed lost while a collective is in flight.
     comm_slots: collectives one rank can have in flight at once (1 on GPUs).
     steps: the fast executor's precomputed steps (``plan_steps``), None to compute them per run.
+    quiet: ``[n]`` bool: this collective holds no compute units (no interference); None: every
+        collective does.
     """
 
     op_ids: tuple[str, ...]
@@ -97,6 +101,7 @@ class Program:
     slowdown: float
     steps: StepPlan | None = None
     comm_slots: int = 1
+    quiet: np.ndarray | None = None
 
     @property
     def ranks(self) -> int:
@@ -334,7 +339,9 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     walk(*plan.arrays, np.ascontiguousarray(prog.work, dtype=np.float64),
          np.asarray(prog.categories, dtype=np.int64), np.asarray(prog.floor, dtype=np.float64),
          np.asarray(prog.host_sync, dtype=np.bool_),
-         np.asarray(prog.host_release_s, dtype=np.float64), float(prog.launch_s), eager,
+         np.asarray(prog.host_release_s, dtype=np.float64),
+         np.zeros(n, dtype=np.bool_) if prog.quiet is None
+         else np.asarray(prog.quiet, dtype=np.bool_), float(prog.launch_s), eager,
          int(prog.comm_slots), float(prog.slowdown), _LAUNCH,
          start, end, held, held_cat, gaps, gap_cat, busy_all, work_steps, stream, comm_free)
     cats = prog.categories
@@ -467,9 +474,12 @@ def run_exact(prog: Program) -> Timeline:
         yield barriers[key].arrive()
         start[i, rank] = env.now
         begun[i][rank].succeed()
-        flip(rank, 1)
+        holds = prog.quiet is None or not prog.quiet[i]  # its kernel occupies compute units
+        if holds:
+            flip(rank, 1)
         yield env.timeout(prog.work[i, rank])
-        flip(rank, -1)
+        if holds:
+            flip(rank, -1)
         end[i, rank] = env.now
         done[i][rank].succeed()
         slots[rank].release(slot)

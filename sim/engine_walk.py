@@ -10,7 +10,8 @@ arithmetic is the numpy walk's, operation for operation, so step times are bit-i
 Step arrays (``StepArrays``, from ``sim.engine.StepPlan``): per step ``coll`` (bool), ``first`` /
 ``last`` (issue index), ``group`` (collective group size), ``cat`` (category); ``ops_ptr`` /
 ``ops_idx`` the step's ops (CSR), ``waits_ptr`` / ``waits_idx`` the collectives (compute steps) or
-dependencies (collectives) it waits for.
+dependencies (collectives) it waits for. ``quiet`` ``[n]``: collectives whose kernels hold no
+compute units (they slow nothing).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _fluid(t0: float, w: float, iv_from: np.ndarray, iv_to: np.ndarray, head: in
 
 @njit(cache=True)
 def walk(coll, first, last, group, cat, ops_ptr, ops_idx, waits_ptr, waits_idx,  # noqa: PLR0913
-         work, cats, floor, host_sync, host_release_s, launch_s, eager, slots, s, launch_cat,
+         work, cats, floor, host_sync, host_release_s, quiet, launch_s, eager, slots, s,
+         launch_cat,
          start, end, held, held_cat, gaps, gap_cat, busy_all, work_steps, stream, comm_free):
     """Walk every step; fills ``start``/``end`` ``[n, ranks]`` and the per-compute-step arrays
     ``held``/``gaps``/``gap_cat``/``busy_all``/``work_steps`` ``[k, ranks]`` and ``held_cat``
@@ -109,6 +111,7 @@ def walk(coll, first, last, group, cat, ops_ptr, ops_idx, waits_ptr, waits_idx, 
             else:
                 for r in range(ranks):
                     begin[r] = arrive[r]
+            holds = not quiet[i0]  # a quiet exchange's kernel frees the CUs: no interference
             latest = -np.inf
             for r in range(ranks):
                 done = begin[r] + work[i0, r]
@@ -120,17 +123,20 @@ def walk(coll, first, last, group, cat, ops_ptr, ops_idx, waits_ptr, waits_idx, 
                         q_min = q
                 comm_free[q_min, r] = done
                 comm_taken[r] = arrive[r]
-                # keep the in-flight intervals disjoint (sim.engine.run_fast)
-                bf = begin[r]
-                if tail > head and iv_to[tail - 1, r] > bf:
-                    bf = iv_to[tail - 1, r]
-                bt = done if done > bf else bf
-                iv_from[tail, r] = bf
-                iv_to[tail, r] = bt
-                if bt > latest:
-                    latest = bt
-            iv_latest[tail] = latest
-            tail += 1
+                if holds:
+                    # keep the in-flight intervals disjoint: a collective overlapping the
+                    # previous one (two slots) adds only the part after it
+                    bf = begin[r]
+                    if tail > head and iv_to[tail - 1, r] > bf:
+                        bf = iv_to[tail - 1, r]
+                    bt = done if done > bf else bf
+                    iv_from[tail, r] = bf
+                    iv_to[tail, r] = bt
+                    if bt > latest:
+                        latest = bt
+            if holds:
+                iv_latest[tail] = latest
+                tail += 1
             if eager and host_sync[i0]:
                 for r in range(ranks):
                     release = begin[r] + host_release_s[i0]

@@ -94,6 +94,7 @@ import numpy as np
 
 from epsim.model.errors import EpsimError
 from epsim.model.shipped import shipped_names, shipped_text
+from epsim.sim.a2a import AUTO, check_choice
 from epsim.sim.kernels import NONE, KernelSet, KernelSets, parse_kernels
 
 TOPOLOGIES = ("full_mesh", "switch")
@@ -384,6 +385,9 @@ class HardwareProfile:
         ``kernels`` section.
     kernel_set: the selected set's name: the section's ``default`` unless chosen with
         :meth:`with_kernels`; ``"none"``: the roofline alone.
+    a2a_mode: how EP dispatch/combine run (``epsim.sim.a2a``: ``"auto"``, ``"low_latency"`` or
+        ``"normal"``), chosen with :meth:`with_a2a_mode`; an engine's choice carried beside the
+        kernel set, as both select kernels.
     """
 
     name: str
@@ -402,6 +406,7 @@ class HardwareProfile:
     efficiency: Efficiency | None = None
     kernels: KernelSets | None = None
     kernel_set: str = NONE
+    a2a_mode: str = AUTO
 
     @property
     def kernel_sets(self) -> tuple[str, ...]:
@@ -430,10 +435,18 @@ class HardwareProfile:
                              f"of {', '.join(self.kernel_sets)}")
         return self if name == self.kernel_set else replace(self, kernel_set=name)
 
+    def with_a2a_mode(self, mode: str | None) -> HardwareProfile:
+        """This profile with EP exchange mode ``mode`` (None: ``"auto"``); an unknown name is
+        one line listing the modes."""
+        mode = check_choice(AUTO if mode is None else mode)
+        return self if mode == self.a2a_mode else replace(self, a2a_mode=mode)
+
     @cached_property
     def fingerprint(self) -> str:
-        """The profile's whole content and selected kernel set, as one string (a cache key)."""
-        return json.dumps(self.raw, sort_keys=True, default=str) + "|" + self.kernel_set
+        """The profile's whole content, selected kernel set and a2a mode, as one string (a
+        cache key)."""
+        return (json.dumps(self.raw, sort_keys=True, default=str) + "|" + self.kernel_set
+                + "|" + self.a2a_mode)
 
     def require_efficiency(self) -> Efficiency:
         """The efficiency tables, or an error naming the profile that lacks them."""
@@ -518,9 +531,11 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
     )
 
 
-def load_profile(name_or_path: str | Path, kernels: str | None = None) -> HardwareProfile:
+def load_profile(name_or_path: str | Path, kernels: str | None = None,
+                 a2a_mode: str | None = None) -> HardwareProfile:
     """A shipped profile by name (``mi300x``) or a path to a profile JSON file, with kernel set
-    ``kernels`` selected (None: the profile's default; ``"none"``: the roofline alone)."""
+    ``kernels`` selected (None: the profile's default; ``"none"``: the roofline alone) and EP
+    exchange mode ``a2a_mode`` (None: ``"auto"``, ``epsim.sim.a2a``)."""
     text_name = str(name_or_path)
     path = Path(text_name)
     if path.suffix == ".json" or path.is_file():
@@ -539,4 +554,4 @@ def load_profile(name_or_path: str | Path, kernels: str | None = None) -> Hardwa
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise EpsimError(f"{where}: malformed profile JSON ({exc.msg} at line {exc.lineno})") from None
-    return profile_from_dict(obj, where).with_kernels(kernels)
+    return profile_from_dict(obj, where).with_kernels(kernels).with_a2a_mode(a2a_mode)

@@ -21,7 +21,8 @@ An op's features (``op_features``):
 * ``dispatch`` / ``combine``: ``tokens`` per rank, ``ranks``, ``hidden``; dtype = the compute
   dtype of what is sent (``fp8_token128`` -> ``fp8``); scope ``inter`` when the group spans
   nodes. Under sampled routing ``tokens`` is the rank count that, uniformly routed, would load
-  the busiest link as much as this step's routing does;
+  the busiest link as much as this step's routing does. A table naming an exchange ``mode``
+  (``sim.a2a``) times only the steps that run in that mode;
 * ``all_reduce`` / ``all_gather``: ``bytes`` (the buffer), ``ranks``.
 """
 
@@ -34,7 +35,8 @@ import numpy as np
 
 from epsim.model.dtypes import COMPUTE_DTYPE
 from epsim.model.opgraph import OP_KINDS, Op
-from epsim.sim import cost
+from epsim.sim import a2a, cost
+from epsim.sim.a2a import A2AMode
 from epsim.sim.hardware import HardwareProfile
 from epsim.sim.kernels import EXTRAPOLATED, FEATURES, METHODS, Table
 
@@ -85,13 +87,15 @@ def op_features(op: Op, top_k: int | None = None) -> dict[str, float] | None:
     return None
 
 
-def _plan(op: Op, profile: HardwareProfile, top_k: int | None, nodes: np.ndarray | None):
+def _plan(op: Op, profile: HardwareProfile, top_k: int | None, nodes: np.ndarray | None,
+          mode: A2AMode | None = None):
     """``(table or None, factor, chain, features)`` under the selected set; None: no set."""
     kernels = profile.kernels
     if kernels is None or profile.active_kernels is None:
         return None
     scope = scope_of(nodes) if op.is_collective else "intra"
-    table, factor, chain = kernels.resolve(profile.kernel_set, op.kind, kernel_dtype(op), scope)
+    table, factor, chain = kernels.resolve(profile.kernel_set, op.kind, kernel_dtype(op), scope,
+                                           mode.name if mode is not None else "")
     features = op_features(op, top_k) if table is not None else None
     if features is None or not table.describes(features):
         table, features = None, None
@@ -200,13 +204,22 @@ def feature_roofline(op: Op, profile: HardwareProfile, x: np.ndarray, *, top_k: 
 
 
 def nominal_collective(op: Op, profile: HardwareProfile, nodes: np.ndarray,
-                       captured: bool) -> float:
+                       captured: bool, mode: A2AMode | None = None) -> float:
     """The roofline of a collective under its nominal (uniform) per-peer bytes; ``nodes``: the
-    node of each member (the first ``group_size`` entries are used)."""
+    node of each member (the first ``group_size`` entries are used); ``mode``: an EP exchange's
+    (``sim.a2a``; node-then-GPU traffic under a hierarchical one)."""
     peers = np.asarray(op.peer_bytes, dtype=np.float64)
-    traffic = np.tile(peers, (len(peers), 1))
-    return float(cost.collective_time(op.kind, traffic, profile,
-                                      np.asarray(nodes)[:len(peers)], captured))
+    members = np.asarray(nodes)[:len(peers)]
+    layout = a2a.node_layout(members) if mode is not None and mode.hierarchical else None
+    if layout is not None and op.kind in ("dispatch", "combine"):
+        d = op.dims
+        tokens, node_tokens = a2a.uniform_tokens(d["expected_tokens_per_peer"], d["tokens"],
+                                                 d["top_k"], len(peers), layout[1])
+        traffic = a2a.link_traffic(op.kind, mode, tokens, members,
+                                   lambda: node_tokens) * d["bytes_per_token"]
+    else:
+        traffic = np.tile(peers, (len(peers), 1))
+    return float(cost.collective_time(op.kind, traffic, profile, members, captured))
 
 
 def _table_seconds(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[float, ...],
@@ -227,28 +240,29 @@ def _table_seconds(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[
 
 def op_seconds(op: Op, profile: HardwareProfile, fallback: Callable[[], float], *,
                top_k: int | None = None, nodes: np.ndarray | None = None,
-               captured: bool = False) -> float:
+               captured: bool = False, mode: A2AMode | None = None) -> float:
     """``op``'s seconds under the selected kernel set; ``fallback()`` is its roofline time
-    (returned as is where no table and no speedup applies)."""
-    secs = _seconds(op, profile, None, fallback, top_k, nodes, captured)
+    (returned as is where no table and no speedup applies); ``mode``: an EP exchange's."""
+    secs = _seconds(op, profile, None, fallback, top_k, nodes, captured, mode)
     return float(secs[0]) if isinstance(secs, np.ndarray) else float(secs)
 
 
 def routed_seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray],
                    fallback: Callable[[], np.ndarray], *, top_k: int | None = None,
-                   nodes: np.ndarray | None = None, captured: bool = False) -> np.ndarray:
+                   nodes: np.ndarray | None = None, captured: bool = False,
+                   mode: A2AMode | None = None) -> np.ndarray:
     """A routed op's seconds at many values of its swept feature (``tokens``: ``swept()``, any
     shape) under the selected kernel set; ``fallback()``: the roofline's, same shape."""
-    return _seconds(op, profile, swept, fallback, top_k, nodes, captured)
+    return _seconds(op, profile, swept, fallback, top_k, nodes, captured, mode)
 
 
 def _seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] | None,
              fallback: Callable[[], Any], top_k: int | None, nodes: np.ndarray | None,
-             captured: bool) -> Any:
+             captured: bool, mode: A2AMode | None = None) -> Any:
     """The table's seconds at the op's own features (``swept`` None: ``[1]``) or at every value
     ``swept()`` gives its swept feature, times the set's speedups; ``fallback()`` (times them)
     where the set has no table for the op."""
-    plan = _plan(op, profile, top_k, nodes)
+    plan = _plan(op, profile, top_k, nodes, mode)
     if plan is None:
         return fallback()
     table, factor, _, features = plan
@@ -268,10 +282,10 @@ def _seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] |
 
 def describe(op: Op, profile: HardwareProfile, *, tokens: float | None = None,
              top_k: int | None = None, nodes: np.ndarray | None = None,
-             captured: bool = False) -> dict[str, Any]:
+             captured: bool = False, mode: A2AMode | None = None) -> dict[str, Any]:
     """How ``op`` is timed: ``{"method", "features", "table", "points", "ratio", "scaled"}``
     (``tokens``: the swept feature's value under this step's routing)."""
-    plan = _plan(op, profile, top_k, nodes)
+    plan = _plan(op, profile, top_k, nodes, mode)
     features = op_features(op, top_k)
     if features is not None and tokens is not None:
         features = {**features, "tokens": float(tokens)}

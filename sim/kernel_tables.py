@@ -66,6 +66,8 @@ class Table:
     unit / published: the times as the source gives them. Example: ``"us"``, ``[671.55, ...]``.
     listed: the features the table lists (the others sit at their defaults).
     where: the table's place in the profile, for messages. Example ``"kernels.sets.aiter.tables[0]"``.
+    mode: collectives: the EP exchange mode the kernels measured run in (``sim.a2a``:
+        ``"low_latency"`` / ``"normal"``); ``""``: any mode (it times every mode's exchanges).
     """
 
     op: str
@@ -80,6 +82,7 @@ class Table:
     unit: str = "s"
     published: tuple[float, ...] = ()
     listed: tuple[str, ...] = ()
+    mode: str = ""
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

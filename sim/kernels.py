@@ -25,7 +25,9 @@ A point is its feature values in the table's ``features`` order, then its time i
 optionally its source id (else the table's ``source``). ``FEATURES`` lists each op kind's
 features; those with a default may be omitted (the table was measured at the default; for the
 ``SELECTORS`` it then describes only ops at that default). ``scope``
-(collectives only) is ``intra`` (default) or ``inter``-node; ``quant`` is informational.
+(collectives only) is ``intra`` (default) or ``inter``-node; ``mode`` (dispatch / combine only,
+optional) the EP exchange mode its kernels run in (``sim.a2a``: ``low_latency`` or ``normal``): a
+step in the other mode does not use it (absent: every mode does); ``quant`` is informational.
 A set with ``relative_to`` times each op kind as that set does, divided by ``speedup[kind]``
 (kinds without a factor: as the base); its own tables take precedence. ``plan_options`` are not
 inherited.
@@ -71,7 +73,10 @@ NONE = "none"
 #: plan options a kernel set may imply, and their JSON types (the model side reads them)
 PLAN_OPTIONS: dict[str, type] = {f.name: bool for f in fields(Fusion)}
 _HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
-_TABLE_KEYS = {"op", "dtype", "unit", "features", "points", "source", "scope", "quant", "note"}
+_TABLE_KEYS = {"op", "dtype", "unit", "features", "points", "source", "scope", "quant", "note",
+               "mode"}
+#: the exchange modes a dispatch / combine table may name (``sim.a2a.A2A_MODES``)
+TABLE_MODES = ("low_latency", "normal")
 _SET_KEYS = {"description", "plan_options", "tables", "relative_to", "speedup"}
 _SOURCE_KEYS = {"repository", "path", "commit", "pr", "url", "note", "title"}
 
@@ -138,14 +143,17 @@ class KernelSets:
                              f"{', '.join(self.names)}")
         return self.sets[name]
 
-    def resolve(self, name: str, kind: str, dtype: str, scope: str
+    def resolve(self, name: str, kind: str, dtype: str, scope: str, mode: str = ""
                 ) -> tuple[Table | None, float, tuple[tuple[str, float, str], ...]]:
         """The table set ``name`` times ``kind`` with, the factor on its (or the roofline's)
-        time, and the scalings applied: ``((set, factor, source id), ...)``."""
+        time, and the scalings applied: ``((set, factor, source id), ...)``. ``mode``: the EP
+        exchange mode of the step (a table measured in another mode does not apply)."""
         factor, chain = 1.0, []
         current = self.get(name)
         while current is not None:
             table = current.tables.get((kind, dtype, scope))
+            if table is not None and mode and table.mode and table.mode != mode:
+                table = None
             if table is not None:
                 return table, factor, tuple(chain)
             if current.relative_to is None:
@@ -222,6 +230,10 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
         raise EpsimError(f"{where}.scope is for collectives only ({kind} has none)")
     if not _member(scope, SCOPES):
         raise EpsimError(f"{where}.scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    mode = obj.get("mode", "")
+    if "mode" in obj and (kind not in ("dispatch", "combine") or not _member(mode, TABLE_MODES)):
+        raise EpsimError(f"{where}.mode must be one of {', '.join(TABLE_MODES)} (dispatch / "
+                         f"combine tables only), got {mode!r}")
     spec = dict(FEATURES[kind])
     given = obj.get("features")
     if not isinstance(given, list) or not given:
@@ -269,7 +281,7 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
     return Table(kind, dtype, scope, str(obj.get("quant", "")), tuple(order),
                  np.array(rows, dtype=np.float64), seconds,
                  tuple(point_sources), f"kernels.sets.{set_name}.{where.rsplit('.', 1)[-1]}",
-                 unit, tuple(secs), tuple(given))
+                 unit, tuple(secs), tuple(given), mode)
 
 
 def _kernel_set(name: str, obj: Any, where: str, sources: Mapping[str, Source]) -> KernelSet:

@@ -218,9 +218,24 @@ def sample_rows(rows: np.ndarray, p_slot: np.ndarray, k: int, placement: Placeme
         total = n.sum(axis=1)  # [L, G]
         slot_pairs[:, mb] = _split_counts(total, p_within, rng).reshape(layers, -1)
         # Step 3: a token goes once to each GPU holding any of its experts
-        tokens[:, mb] = t * (1.0 - (1.0 - n / (t * k)) ** k)
+        tokens[:, mb] = once_per_destination(n, t, k)
     return RoutingSample(layers=np.asarray(rows, dtype=np.int64), slot_pairs=slot_pairs,
                          pairs=pairs, tokens=tokens, slots_per_gpu=per_gpu)
+
+
+def once_per_destination(pairs: np.ndarray, tokens: np.ndarray | float, k: int) -> np.ndarray:
+    """Tokens a rank sends to a destination (a GPU, or a node: its GPUs' pairs summed) that got
+    ``pairs`` of the rank's ``tokens * k`` pairs: each token once (module docstring)."""
+    return tokens * (1.0 - (1.0 - pairs / (tokens * k)) ** k)
+
+
+def node_tokens(routing: RoutingSample, row_tokens: np.ndarray, k: int, gpus_per_node: int
+                ) -> np.ndarray:
+    """``[L, mb, ranks, nodes]`` tokens rank ``r`` sends to node ``b`` in a node-then-GPU
+    dispatch (once per token and node; ``row_tokens``: ``[L, mb]`` tokens per rank)."""
+    pairs = routing.pairs
+    per_node = pairs.reshape(*pairs.shape[:-1], -1, gpus_per_node).sum(axis=-1)
+    return once_per_destination(per_node, np.asarray(row_tokens)[:, :, None, None], k)
 
 
 def stack_routing(samples: list[RoutingSample]) -> RoutingSample:

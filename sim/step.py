@@ -33,19 +33,20 @@ from epsim.model.opgraph import OP_KINDS, Batch
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
-from epsim.sim import cost, kernel_cost
+from epsim.sim import a2a, cost, kernel_cost
 from epsim.sim.engine import CATEGORIES, Program, Timeline, run_exact, run_fast
 from epsim.sim.hardware import HardwareProfile
 from epsim.sim.routing import (
     LOAD_KINDS,
     RoutingSample,
+    node_tokens,
     placed_frequencies,
     sample_routing,
     sample_rows,
     stack_routing,
     synthetic_loads,
 )
-from epsim.sim.step_compile import Compiled, compile_step
+from epsim.sim.step_compile import EXCHANGES, Compiled, compile_step
 from epsim.sim.step_compile import remember as _remember
 
 MODES = ("fast", "exact")
@@ -83,6 +84,8 @@ class StepResult:
         timed (``epsim.sim.kernel_cost.explain``), else None.
     draft_ms: the critical rank's MTP draft-module ops by the cost model (as ``op_kinds_ms``;
         0 without MTP).
+    a2a_mode: the mode the EP dispatch/combine ran in (``epsim.sim.a2a``: ``"low_latency"``
+        or ``"normal"``).
     """
 
     step_s: float
@@ -102,6 +105,7 @@ class StepResult:
     kernels: str = "none"
     kernel_sources: dict[str, Any] | None = field(default=None, repr=False)
     draft_ms: float = 0.0
+    a2a_mode: str = "normal"
 
     @property
     def step_ms(self) -> float:
@@ -125,6 +129,7 @@ class StepResult:
             "op_kinds_ms": dict(self.op_kinds_ms),
             "kernels": self.kernels,
             "draft_module_ms": self.draft_ms,
+            "a2a_mode": self.a2a_mode,
             **({"kernel_sources": self.kernel_sources} if self.kernel_sources is not None
                else {}),
         }
@@ -215,12 +220,14 @@ def _apply_routing(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
         lambda: cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
                                 profile), top_k=comp.top_k)
     work[ex_idx] = (t_exp + node_s) * comp.share
-    # dispatch: token rows from rank r to GPU g; combine: the results back (transpose)
     nodes = np.arange(ranks) // plan.gpus_per_node
+    mode = comp.exchange
     times, swept = [], {}
-    for role, idx, traffic in (
-            ("dispatch", di_idx, routing.tokens),
-            ("combine", co_idx, np.swapaxes(routing.tokens, -1, -2))):
+    # token rows per link: rank r to GPU g, or node-then-GPU; the combine's go back (transpose)
+    rows = a2a.link_traffic("dispatch", mode, routing.tokens, nodes, lambda: node_tokens(
+        routing, row_tokens, model.moe.top_k, plan.gpus_per_node))
+    for role, idx, traffic in (("dispatch", di_idx, rows),
+                               ("combine", co_idx, np.swapaxes(rows, -1, -2))):
         op = comp.ops[idx[0, 0]]
         t_roof = cost.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
                                       captured)
@@ -230,12 +237,13 @@ def _apply_routing(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
             lat = cost.collective_latency(role, profile, captured, ranks)
             nominal = comp.memo.get(role)
             if nominal is None:  # this batch's, whatever the routing: worked out once
-                nominal = comp.memo[role] = _nominal_rows(comp, idx, profile, nodes, captured)
+                nominal = comp.memo[role] = _nominal_rows(comp, idx, profile, nodes, captured,
+                                                          mode)
             bw = nominal - lat
             return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
 
         t = kernel_cost.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
-                                       nodes=nodes, captured=captured)
+                                       nodes=nodes, captured=captured, mode=mode)
         times.append(t)
         if explain:
             swept[role] = tokens()
@@ -247,7 +255,7 @@ def _apply_routing(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
 
 
 def _nominal_rows(comp: Compiled, idx: np.ndarray, profile: HardwareProfile,
-                  nodes: np.ndarray, captured: bool) -> np.ndarray:
+                  nodes: np.ndarray, captured: bool, mode: a2a.A2AMode | None) -> np.ndarray:
     """``[rows, mb]`` each routed collective's time under uniform routing (ops of equal
     per-peer bytes costed once: the MoE layers' repeat, the draft passes' differ)."""
     seen: dict[tuple[float, ...] | None, float] = {}
@@ -255,7 +263,8 @@ def _nominal_rows(comp: Compiled, idx: np.ndarray, profile: HardwareProfile,
     for pos, i in np.ndenumerate(idx):
         op = comp.ops[i]
         if op.peer_bytes not in seen:
-            seen[op.peer_bytes] = kernel_cost.nominal_collective(op, profile, nodes, captured)
+            seen[op.peer_bytes] = kernel_cost.nominal_collective(op, profile, nodes, captured,
+                                                                 mode)
         out[pos] = seen[op.peer_bytes]
     return out
 
@@ -367,7 +376,8 @@ def _explain(comp: Compiled, plan: ParallelPlan, profile: HardwareProfile,
             cache[key] = kernel_cost.describe(
                 op, profile, tokens=tokens.get(i), top_k=comp.top_k,
                 nodes=nodes_of[:size] if op.is_collective else None,
-                captured=comp.captured)
+                captured=comp.captured,
+                mode=comp.exchange if op.kind in EXCHANGES else None)
         entries.append((op, cache[key]))
     return kernel_cost.explain(entries, profile)
 
@@ -392,6 +402,7 @@ def _result(comp: Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray, 
         mode=mode, seed=seed, events=events,
         op_kinds_ms=_op_kinds_ms(comp, prog, critical), kernels=kernels,
         draft_ms=_draft_ms(comp, prog, critical),
+        a2a_mode=comp.exchange.name if comp.exchange is not None else "normal",
     )
 
 

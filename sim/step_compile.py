@@ -38,7 +38,7 @@ from epsim.model.ids import op_id
 from epsim.model.mtp import draft_layer
 from epsim.model.opgraph import OP_KINDS, Batch, Op, OpGraph
 from epsim.model.plan import ParallelPlan
-from epsim.sim import cost, kernel_cost
+from epsim.sim import a2a, cost, kernel_cost
 from epsim.sim.engine import CATEGORIES, Program, StepPlan, plan_steps
 from epsim.sim.hardware import HardwareProfile
 
@@ -46,6 +46,8 @@ from epsim.sim.hardware import HardwareProfile
 CACHE_SIZE = 64
 #: op costs kept across batches (a few new ones per batch: its attention's)
 OP_CACHE_SIZE = 8192
+#: the EP exchange kinds (their mode: ``sim.a2a``)
+EXCHANGES = ("dispatch", "combine")
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +70,8 @@ class Compiled:
     draft_tokens: per draft pass, tokens per microbatch.
     draft_mask: ``[n]`` the MTP draft-module ops.
     memo: values the step simulator derives once per compiled batch (``sim.step``).
+    exchange: the EP exchanges' mode in this step (``sim.a2a``; its phase's, so the
+        structure's).
     """
 
     graph: OpGraph
@@ -84,6 +88,7 @@ class Compiled:
     draft_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     #: what the routing step works out once per compiled batch (its ops' uniform-routing times)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    exchange: a2a.A2AMode | None = None
 
     @property
     def captured(self) -> bool:
@@ -152,7 +157,7 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
 
 
 def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, captured: bool,
-             top_k: int | None) -> np.ndarray:
+             top_k: int | None, exchange: a2a.A2AMode | None) -> np.ndarray:
     """``[len(ops)]`` seconds each op occupies its stream: the cost model's time (ops of one
     signature costed once: layers repeat), the graph-node gap, and on CPU runtimes the stretch
     of ranks sharing a node's cores."""
@@ -162,7 +167,8 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
     ranks_on_node = min(ranks, plan.gpus_per_node)
     work = np.zeros(len(ops))
     seen: dict[tuple, float] = {}
-    context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, captured, top_k)
+    context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, captured, top_k,
+               exchange)
     for i, op in enumerate(ops):
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         if sig not in seen:
@@ -174,7 +180,8 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
             seconds = _op_seconds.get(key)
             if seconds is None:
                 seconds = remember(_op_seconds, key, _seconds_of(op, plan, profile, captured,
-                                                                 top_k), OP_CACHE_SIZE)
+                                                                 top_k, exchange),
+                                   OP_CACHE_SIZE)
             seen[sig] = seconds
         work[i] = seen[sig] + node_s
         if not op.is_collective:
@@ -183,14 +190,16 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
 
 
 def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: bool,
-                top_k: int | None) -> float:
+                top_k: int | None, exchange: a2a.A2AMode | None) -> float:
     """One op's cost-model seconds (kernel tables, else the roofline)."""
     if op.is_collective:
         size = plan.world_size if op.dims["group"] == "ep" else plan.tp
         nodes = (np.arange(plan.world_size) // plan.gpus_per_node)[:size]
+        mode = exchange if op.kind in EXCHANGES else None
         return kernel_cost.op_seconds(
-            op, profile, partial(kernel_cost.nominal_collective, op, profile, nodes, captured),
-            nodes=nodes, captured=captured)
+            op, profile, partial(kernel_cost.nominal_collective, op, profile, nodes, captured,
+                                 mode),
+            nodes=nodes, captured=captured, mode=mode)
     return cost.op_time(op, profile, top_k=top_k)
 
 
@@ -213,7 +222,7 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
     first = s.first
     reps = build_representative_ops(model, plan, batch)
     rep_ops = [reps[r] for r in s.rep_ids]
-    rep_work = _op_work(rep_ops, plan, profile, first.captured, first.top_k)
+    rep_work = _op_work(rep_ops, plan, profile, first.captured, first.top_k, first.exchange)
     ops = tuple(rep_ops[j] for j in s.rep_index.tolist())
     work = rep_work[s.rep_index]
     prog = first.program
@@ -298,7 +307,9 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     ops = tuple(graph.ops[o] for o in order)
     captured = graph.captured
     top_k = model.moe.top_k if model.moe_layers else None
-    work = _op_work(ops, plan, profile, captured, top_k)
+    nodes_of = np.arange(ranks) // plan.gpus_per_node
+    exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
+    work = _op_work(ops, plan, profile, captured, top_k, exchange)
     group_size = np.array([(ranks if op.dims["group"] == "ep" else plan.tp)
                            if op.is_collective else 0 for op in ops], dtype=np.int64)
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
@@ -308,6 +319,8 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     host_release_s = np.array([
         cost.collective_latency(op.kind, profile, captured, int(group_size[i])) if host_sync[i]
         else 0.0 for i, op in enumerate(ops)])
+    # exchanges whose kernels free the compute units once their messages are issued
+    quiet = np.array([op.kind in EXCHANGES and not exchange.occupies_cus for op in ops])
     program = Program(
         op_ids=tuple(order), kinds=tuple(op.kind for op in ops),
         categories=np.array([CATEGORIES.index(op.category) for op in ops]),
@@ -317,7 +330,7 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         work=np.tile(work[:, None], (1, ranks)), node_s=eff.graph_node_s, floor=floor,
         launch_s=0.0 if captured else profile.kernel_launch_s, host_sync=host_sync,
         host_release_s=host_release_s, group_size=group_size, comm_slots=eff.comm_concurrency,
-        slowdown=eff.comm_compute_slowdown,
+        slowdown=eff.comm_compute_slowdown, quiet=quiet if quiet.any() else None,
     )
     # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
     program = replace(program, steps=plan_steps(program, fold=captured))
@@ -335,7 +348,8 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         share=eff.core_share(ranks_on_node, "grouped_gemm"),
         kind_index=np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64),
         top_k=top_k, row_tokens=row_tokens, draft_tokens=draft_tokens,
-        draft_mask=np.array([op.draft is not None for op in ops], dtype=bool))
+        draft_mask=np.array([op.draft is not None for op in ops], dtype=bool),
+        exchange=exchange)
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in the routing step

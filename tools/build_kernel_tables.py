@@ -120,6 +120,15 @@ MORI_EP8 = {
 }
 #: bytes per received row counted by MORI's bench: FP8 dispatch 1 byte, BF16 combine 2 bytes
 MORI_ELEMENT_BYTES = {"dispatch": 1, "combine": 2}
+#: the same README, "Latency" rows of the internode low-latency kernels ("EP16-V1-LL",
+#: "EP32-V1-LL"; 128 tokens, 7168 hidden, top-8, FP8 dispatch + BF16 combine, 8 GPUs per node):
+#: {EP size: (dispatch us, combine us)}. The README marks MI300X's EP32 row "* Stale data from
+#: previous kernel version; updated numbers pending re-benchmarking"
+MORI_LL_INTER = {
+    "MI300X + CX7": {16: (76.0, 122.0), 32: (157.0, 280.0)},
+    "MI355X + AINIC": {16: (84.0, 108.0), 32: (152.0, 187.0)},
+}
+MORI_LL_STALE = {("MI300X + CX7", 32)}
 
 #: deepseek-ai/DeepEP README.md @ DEEPEP_COMMIT, low-latency kernels on H800 + CX7 400 Gb/s
 #: ("128 tokens per batch, 7168 hidden, top-8 experts, FP8 dispatching and BF16 combining"):
@@ -385,10 +394,12 @@ class Transfer:
 
 def _table(op: str, dtype: str, features: list[str], points: list[list], *, unit: str = "us",
            source: str | None = None, quant: str | None = None, scope: str | None = None,
-           note: str | None = None) -> dict[str, Any]:
+           note: str | None = None, mode: str | None = None) -> dict[str, Any]:
     t: dict[str, Any] = {"op": op, "dtype": dtype}
     if scope is not None:
         t["scope"] = scope
+    if mode is not None:
+        t["mode"] = mode
     if quant is not None:
         t["quant"] = quant
     t["unit"] = unit
@@ -417,7 +428,30 @@ def _mori_tables(device: str, sid: str) -> list[dict[str, Any]]:
             [4096, 8, HIDDEN, round(derived * 1e6, 3), sid + "-derived"],
         ], scope="intra", note="MORI-EP intra-node EP8; 128 tokens measured, 4096 derived from "
                                "the published bandwidth (its source states the formula)"))
+        i = 0 if kind == "dispatch" else 1
+        tables.append(_table(kind, dtype, A2A_FEATURES, [
+            [128, ep, HIDDEN, times[i], sid + ("-ll-stale" if (device, ep) in MORI_LL_STALE
+                                               else "-ll")]
+            for ep, times in MORI_LL_INTER[device].items()],
+            scope="inter", mode="low_latency",
+            note="MORI-EP internode low-latency kernels (V1-LL), 128 tokens per rank, EP16 and "
+                 "EP32 (2 and 4 nodes of 8); measured latency"))
     return tables
+
+
+def _mori_ll(device: str, stale: bool = False, applied_to: str = "") -> dict[str, Any]:
+    note = (f"MORI-EP 'Latency' rows EP16-V1-LL / EP32-V1-LL, {device}: internode low-latency "
+            "dispatch/combine, 128 tokens per rank, 7168 hidden, top-8, FP8 dispatch + BF16 "
+            "combine, 8 GPUs per node: measured latency")
+    if stale:
+        note += (". The README marks this row '* Stale data from previous kernel version; "
+                 "updated numbers pending re-benchmarking': kept as the only published EP32 "
+                 "figure")
+    if applied_to:
+        note += (f". Measured on {device.split(' +')[0]}, applied unchanged to {applied_to} "
+                 "(the same 400 Gb/s NIC per GPU in the profile; internode latency is set by the "
+                 "NIC and the kernel, not by HBM)")
+    return {"repository": MORI_REPO, "path": "README.md", "commit": MORI_COMMIT, "note": note}
 
 
 def amd_sets(src: Path, profiles: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
@@ -435,6 +469,8 @@ def amd_sets(src: Path, profiles: dict[str, dict[str, Any]], name: str) -> dict[
             "unchanged (same 304-CU compute; not sped up for MI325X's higher HBM bandwidth)")
         sources["mori-mi300x"] = _mori("MI300X + CX7", False, applied_to="MI325X")
         sources["mori-mi300x-derived"] = _mori("MI300X + CX7", True, applied_to="MI325X")
+        sources["mori-mi300x-ll"] = _mori_ll("MI300X + CX7", applied_to="MI325X")
+        sources["mori-mi300x-ll-stale"] = _mori_ll("MI300X + CX7", True, applied_to="MI325X")
         fmoe_points = [[t, 33, 9, HIDDEN, MOE_INTER, us] for t, us in fmoe]
         gemm_points = [[m, n, k, us, "aiter-gemm-mi300x" if (m, n, k) in PR2881_ROWS
                         else "aiter-gemm-mi325x"] for m, n, k, us in gemm]
@@ -452,6 +488,8 @@ def amd_sets(src: Path, profiles: dict[str, dict[str, Any]], name: str) -> dict[
                                                          _MI325X_ROWS_NOTE + ". " + _TRANSFER_RULE)
         sources["mori-mi300x"] = _mori("MI300X + CX7", False)
         sources["mori-mi300x-derived"] = _mori("MI300X + CX7", True)
+        sources["mori-mi300x-ll"] = _mori_ll("MI300X + CX7")
+        sources["mori-mi300x-ll-stale"] = _mori_ll("MI300X + CX7", True)
         fmoe_points = []
         for t, us in fmoe:
             feats = [HIDDEN, MOE_INTER, 33, 9, t]  # FEATURES["grouped_gemm"] order
@@ -478,7 +516,7 @@ def amd_sets(src: Path, profiles: dict[str, dict[str, Any]], name: str) -> dict[
     sets: dict[str, Any] = {"aiter": {
         "description": f"aiter on {gpu}: fused MoE (32 local experts + the shared expert, top-8 "
                        "+ 1) and FP8 block-scale GEMMs from aiter's tuned CSVs, MORI-EP "
-                       "intra-node dispatch/combine; decode attention and everything else on "
+                       "intra-node and internode low-latency dispatch/combine; decode attention and everything else on "
                        "the roofline (no nhead-128 MLA decode table is published for this GPU)",
         "plan_options": {"shared_expert_in_moe": True},
         "tables": tables}}
@@ -511,6 +549,7 @@ def mi355x_sets(src: Path) -> dict[str, Any]:
                     "indexer shapes of the file are left out"},
         "mori-mi355x": _mori("MI355X + AINIC", False),
         "mori-mi355x-derived": _mori("MI355X + AINIC", True),
+        "mori-mi355x-ll": _mori_ll("MI355X + AINIC"),
     }
     tables = [
         _table("gemm", "fp8", GEMM_FEATURES, [[m, n, k, us] for m, n, k, us in gemm],
@@ -520,7 +559,7 @@ def mi355x_sets(src: Path) -> dict[str, Any]:
     ]
     return {"default": "aiter", "sources": sources, "sets": {"aiter": {
         "description": "aiter on MI355X: FP8 block-scale GEMMs (gfx950 rows of aiter's DeepSeek-V3 "
-                       "CSV) and MORI-EP intra-node dispatch/combine. No fused-MoE table: aiter's "
+                       "CSV) and MORI-EP intra-node and internode low-latency dispatch/combine. No fused-MoE table: aiter's "
                        "gfx950 DeepSeek fused-MoE rows are MoE-TP shapes only (257 experts, inter "
                        "256/512), no EP8 (33-expert) row, so the fused MoE stays on the roofline",
         "tables": tables}}}
@@ -674,7 +713,7 @@ def h800_sets(src: Path) -> dict[str, Any]:
                                 "NVLink bandwidth)"))
         tables.append(_table(kind, dtype, A2A_FEATURES, [
             [128, ep, HIDDEN, times[i]] for ep, times in DEEPEP_LL_128.items() if ep > 8],
-            scope="inter", source="deepep-ll",
+            scope="inter", source="deepep-ll", mode="low_latency",
             note="DeepEP low-latency kernels across nodes, 128 tokens per rank, EP16-EP256. The "
                  "README's internode normal-kernel RDMA bandwidths (EP16-64, 4096 tokens, top-4 "
                  "groups) are left out: their byte count depends on the group-limited routing "

@@ -151,8 +151,9 @@ def kernels_table(profiles: list[HardwareProfile]) -> list[str]:
             for table in kset.tables.values():
                 cited = "; ".join(f"{sid}: {_cite(ks.sources[sid])}"
                                   for sid in sorted(set(table.sources)))
+                scope = f"{table.scope} ({table.mode})" if table.mode else table.scope
                 lines.append(f"| {p.name} | {mark} | {table.op} | {table.dtype} | "
-                             f"{table.scope} | {len(table.seconds)} | {_ranges(table)} | "
+                             f"{scope} | {len(table.seconds)} | {_ranges(table)} | "
                              f"{cited} |")
             for kind, (factor, sid) in kset.speedup.items():
                 lines.append(f"| {p.name} | {mark} | {kind} | | | | speedup {factor:g} over "

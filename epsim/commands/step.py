@@ -13,6 +13,7 @@ from epsim.model.loads import read_loads
 from epsim.model.mtp import expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
+from epsim.sim.a2a import AUTO
 from epsim.sim.hardware import load_profile
 from epsim.sim.step import MODES, simulate_step
 
@@ -63,6 +64,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--mode", default=MODES[0],
                    help="fast (vectorised) or exact (simpy, every op of every rank)")
     add_kernels_arg(p)
+    add_flag(p, "--a2a-mode", default=AUTO,
+             help="how EP dispatch/combine run: low_latency (pure RDMA per target GPU, kernels "
+             "that free the compute units: no interference), normal (node-then-GPU: one NIC "
+             "crossing per destination node, forwarded over the node's fabric; occupies compute "
+             "units); auto (default): low_latency for decode and normal for prefill when EP "
+             "spans nodes, normal within one node, as SGLang's --deepep-mode auto")
     add_mtp_args(p)
     p.add_argument("--explain", action="store_true",
                    help="show where each op kind's time comes from: the kernel-table points "
@@ -78,7 +85,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     # a verify step's last draft sits mtp positions past the context
     check_context_length(model, args.context + args.mtp, f"--context {args.context}"
                          + (f" + --mtp {args.mtp}" if args.mtp else ""))
-    profile = load_profile(args.hardware, kernels=args.kernels)
+    profile = load_profile(args.hardware, kernels=args.kernels, a2a_mode=args.a2a_mode)
     plan = make_plan(model, nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
                      dp=args.dp, tp=args.tp, ep=args.ep,
@@ -110,7 +117,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                  "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
                  "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype,
                  "eplb": not args.no_eplb, "mem_fraction": plan.mem_fraction,
-                 "kernels": profile.kernel_set,
+                 "kernels": profile.kernel_set, "a2a_mode": result.a2a_mode,
                  "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
                  "redundant_experts": plan.redundant_experts,
                  "slots_per_gpu": plan.slots_per_gpu(model),
