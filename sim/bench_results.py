@@ -54,7 +54,7 @@ SGLANG_KEYS = frozenset({"total_output_tokens_retokenized", "input_throughput",
                          "sharegpt_output_len", "accept_length", "concurrency"})
 
 #: a latency statistic's key: mean/median/std/pNN of a metric, in ms
-STAT_KEY = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_([a-z_]+?)_ms$")
+STAT_KEY = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_([a-z0-9_]+?)_ms$")
 #: SGLang's metric names -> vLLM's (epsim's)
 SGLANG_METRIC_NAMES = {"e2e_latency": "e2el"}
 #: single-number metrics compared when present (besides the latency statistics)
