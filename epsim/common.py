@@ -35,7 +35,12 @@ from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
 from epsim.sim.engine_presets import EPSIM_CHUNKED_PREFILL
-from epsim.sim.metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, percentile_word
+from epsim.sim.metrics import (
+    DEFAULT_PERCENTILE_METRICS,
+    DEFAULT_PERCENTILES,
+    goodput_slos,
+    percentile_word,
+)
 from epsim.sim.scenario import Scenario
 from epsim.sim.tune import OBJECTIVES, SearchSpace
 from epsim.sim.workload import WorkloadSpec
@@ -49,8 +54,8 @@ def loads_help(what: str) -> str:
             '{"logical_count": [layers][experts]} (.json, or .pt with torch)')
 
 
-def add_model_arg(parser: argparse.ArgumentParser) -> None:
-    add_flag(parser, "--model", required=True, metavar="M",
+def add_model_arg(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    add_flag(parser, "--model", required=required, metavar="M",
              help="shipped model name (e.g. deepseek-r1) or path to a config.json")
 
 
@@ -99,13 +104,16 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
              help=f"requests in the benchmark (default: the concurrency, else {w.num_prompts})")
     add_flag(g, "--dataset", "--dataset-name", dest="dataset", default=None,
              help="request lengths (default: fixed with --isl, else sharegpt-like)")
-    add_flag(g, "--isl", "--random-input-len", dest="isl", lists=lists, default=None,
-             metavar="I", help="input tokens" + many)
-    add_flag(g, "--osl", "--random-output-len", dest="osl", lists=lists, default=None,
-             metavar="O", help="output tokens (exact, as under --ignore-eos)" + many)
+    # --random-input / --random-output: the names SGLang's bench_serving documents (argparse
+    # prefixes of its --random-input-len / --random-output-len), declared so they stay valid
+    add_flag(g, "--isl", "--random-input-len", "--random-input", dest="isl", lists=lists,
+             default=None, metavar="I", help="input tokens" + many)
+    add_flag(g, "--osl", "--random-output-len", "--random-output", dest="osl", lists=lists,
+             default=None, metavar="O", help="output tokens (exact, as under --ignore-eos)" + many)
     add_flag(g, "--random-range-ratio", default=w.random_range_ratio, metavar="r",
-             help="random dataset: lengths uniform in [L(1-r), L(1+r)] "
-             f"(default {w.random_range_ratio:g})")
+             help="random dataset: lengths uniform in [L(1-r), L(1+r)], r < 1 (vLLM), or in "
+             f"[rL, L], r <= 1 (--bench-client sglang) (default {w.random_range_ratio:g})")
+    add_bench_client_arg(g)
     add_flag(g, "--dataset-path", default=None, metavar="FILE",
              help="a local ShareGPT JSON for --dataset sharegpt-like")
     add_flag(g, "--seed", default=w.seed, help=f"seeds requests and routing (default {w.seed})")
@@ -115,6 +123,23 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
     metrics = ",".join(DEFAULT_PERCENTILE_METRICS)
     add_flag(g, "--percentile-metrics", default=metrics,
              help=f"metrics with percentiles (default {metrics})")
+    add_goodput_arg(g)
+
+
+def add_goodput_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """vLLM's ``--goodput KEY:MS ...``: per-request SLOs that ``request_goodput`` counts."""
+    add_flag(parser, "--goodput", nargs="+", default=None, metavar="KEY:MS",
+             help="SLOs per request as vllm bench serve takes them (ttft:MS tpot:MS e2el:MS): "
+             "request_goodput counts the requests meeting all of them, per second")
+
+
+def add_bench_client_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                         default: str | None = WorkloadSpec.bench_client) -> None:
+    """``--bench-client vllm|sglang``: whose benchmark flags (``--random-range-ratio``) these are."""
+    add_flag(parser, "--bench-client", default=default,
+             help="read the benchmark flags as this client does: vllm (vllm bench serve) or "
+             "sglang (python -m sglang.bench_serving)" + (
+                 f" (default {default})" if default else ""))
 
 
 def add_kernels_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -222,7 +247,8 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         dataset=dataset, num_prompts=n, isl=isl, osl=osl,
         random_range_ratio=v["random_range_ratio"], max_concurrency=conc,
         request_rate=v["request_rate"], burstiness=v["burstiness"],
-        dataset_path=v["dataset_path"], seed=v["seed"]).validate()
+        dataset_path=v["dataset_path"], seed=v["seed"],
+        bench_client=v.get("bench_client") or WorkloadSpec.bench_client).validate()
     return Scenario(
         model=v["model"], hardware=v["hardware"], workload=workload, nodes=v["nodes"],
         gpus_per_node=v["gpus_per_node"], dp=v["dp"], tp=v["tp"], ep=v["ep"],
@@ -236,6 +262,7 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         engine=v["engine"], max_num_seqs=v["max_num_seqs"],
         max_num_batched_tokens=v["max_num_batched_tokens"],
         cuda_graph_max_bs=v["cuda_graph_max_bs"], host_ms_per_step=v["host_ms_per_step"],
+        goodput=goodput_slos(v.get("goodput")),
     )
 
 

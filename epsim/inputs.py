@@ -366,25 +366,27 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.model.plan import KV_DTYPES, MAX_MTP
     from epsim.sim.engine_presets import ENGINES
     from epsim.sim.hardware import shipped_profiles
-    from epsim.sim.metrics import parse_percentile_metrics, parse_percentiles
+    from epsim.sim.metrics import parse_goodput_item, parse_percentile_metrics, parse_percentiles
     from epsim.sim.scenario import parse_disagg
     from epsim.sim.serving import DP_BALANCE
     from epsim.sim.slo import parse_slo
     from epsim.sim.step import MODES
     from epsim.sim.tune import OBJECTIVES
-    from epsim.sim.workload import DATASETS
+    from epsim.sim.workload import BENCH_CLIENTS, DATASETS
 
     disagg = Parsed(parse_disagg, "P:D node counts (e.g. 1:2)", max_len=32)
     return {
         "--kv-dtype": Choice(tuple(KV_DTYPES)),
         "--mtp": Integer(0, MAX_MTP, why="draft tokens per step; 0: off"),
         "--dataset": Choice(tuple(DATASETS)),
+        "--bench-client": Choice(tuple(BENCH_CLIENTS)),
         "--dp-balance": Choice(tuple(DP_BALANCE)),
         "--engine": Choice(tuple(ENGINES)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--method": Choice(tuple(BALANCERS)),
         "--mode": Choice(tuple(MODES)),
         "--slo": Parsed(parse_slo, "an SLO, e.g. median_itl_ms<=100"),
+        "--goodput": Parsed(parse_goodput_item, "KEY:MS, KEY ttft, tpot or e2el", max_len=64),
         "--disagg": disagg,
         "--disagg-splits": Items(disagg),
         "--metric-percentiles": Parsed(parse_percentiles, "percentiles in [0, 100]"),
@@ -415,7 +417,8 @@ FLAGS: dict[str, Spec] = {
     "--isl": Integer(1, MAX_TOKENS), "--osl": Integer(1, MAX_TOKENS),
     "--request-rate": Real(0.0, 1e9, low_open=True, allow_inf=True),
     "--burstiness": Real(0.0, 1e6, low_open=True),
-    "--random-range-ratio": Real(0.0, 0.999999),  # vLLM: 0 <= r < 1
+    # vLLM: 0 <= r < 1, SGLang: 0 <= r <= 1; WorkloadSpec checks the --bench-client's own range
+    "--random-range-ratio": Real(0.0, 1.0),
     "--seed": Integer(0, MAX_SEED),
     "--chunked-prefill-size": Integer(1, MAX_TOKENS),
     # MTP speculative decoding: each draft token's acceptance probability (--mtp: _lazy_flags)
@@ -456,6 +459,8 @@ FLAGS: dict[str, Spec] = {
     "--plot": OutputFile("--plot"),
     "--out": OutputFile("--out"),
     "--dataset-path": InputFile("dataset file"),
+    "--bench": InputFile("benchmark result file"),
+    "--save-result": OutputFile("--save-result"),
     "--previous": InputFile("placement file"),
     "--placement": InputFile("placement file"),
     "--from-trace": InputFile("profiler trace"),

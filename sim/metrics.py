@@ -11,6 +11,10 @@ percentile ``P`` (``--metric-percentiles``) of each selected metric (``--percent
 
 Throughputs divide by the benchmark's duration (first send to last token):
 ``request_throughput``, ``output_throughput`` and ``total_token_throughput`` (input + output).
+``request_goodput`` (only with SLOs, ``--goodput ttft:MS tpot:MS e2el:MS``): requests that meet
+every SLO given, per second of the duration; a request's TPOT counts as 0 when it has one output
+token (vLLM's ``calculate_metrics`` and ``check_goodput_args``, vllm/benchmarks/serve.py at
+009e6d4a).
 
 Under speculative decoding (MTP) a step may emit several tokens of a request at once, as one
 output: ``itl`` has one gap per output after the first (vLLM's client appends one per streamed
@@ -86,6 +90,65 @@ def parse_percentile_metrics(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: the per-request metrics vLLM's --goodput takes SLOs on
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def parse_goodput_item(text: str) -> tuple[str, float]:
+    """One of vLLM's ``--goodput`` pairs: ``"ttft:500"`` -> ``("ttft", 500.0)`` (milliseconds,
+    non-negative, the key one of ``GOODPUT_METRICS``)."""
+    name, colon, value = text.partition(":")
+    if not colon or name not in GOODPUT_METRICS:
+        raise EpsimError(f"a goodput SLO is KEY:MS with KEY one of {', '.join(GOODPUT_METRICS)}"
+                         f", got {text!r}")
+    try:
+        ms = float(value)
+    except ValueError:
+        raise EpsimError(f"goodput SLO {text!r}: {value!r} is not a number") from None
+    if not math.isfinite(ms) or ms < 0:
+        raise EpsimError(f"goodput SLO {text!r} must be a non-negative number of milliseconds")
+    return name, ms
+
+
+def goodput_slos(items: Sequence[tuple[str, float]] | None) -> tuple[tuple[str, float], ...]:
+    """The pairs of ``--goodput`` as one tuple in ``GOODPUT_METRICS`` order; a key given twice
+    is an error."""
+    items = tuple(items or ())
+    names = [n for n, _ in items]
+    for n in set(names):
+        if names.count(n) > 1:
+            raise EpsimError(f"--goodput gives {n} twice")
+    return tuple(sorted(items, key=lambda kv: GOODPUT_METRICS.index(kv[0])))
+
+
+def request_latencies_s(run: ServingRun) -> dict[str, np.ndarray]:
+    """Per request, in seconds: ``ttft``, ``e2el`` and ``tpot`` (0 for one output token, as
+    vLLM's goodput counts it)."""
+    outs = run.requests.output_lens
+    ttft = run.first_token_s - run.send_s
+    e2el = run.done_s - run.send_s
+    tpot = np.where(outs > 1, (e2el - ttft) / np.maximum(outs - 1, 1), 0.0)
+    return {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+
+
+def good_requests(run: ServingRun, slos: Sequence[tuple[str, float]]) -> int:
+    """Requests whose every SLO'd metric is at most its SLO (vLLM: ``slo >= value``)."""
+    lat = request_latencies_s(run)
+    good = np.ones(len(run.requests), dtype=bool)
+    for name, ms in slos:
+        good &= lat[name] <= ms / 1e3
+    return int(good.sum())
+
+
+def per_request_itls_s(run: ServingRun) -> list[list[float]]:
+    """Each request's inter-token gaps in order (vLLM's per-request ``itls``), from the pooled
+    ``itls_s`` and their ``itl_request_ids``."""
+    out: list[list[float]] = [[] for _ in range(len(run.requests))]
+    for i, gap in zip(run.itl_request_ids.tolist(), run.itls_s.tolist(), strict=True):
+        out[i].append(gap)
+    return out
+
+
 def _stats(name: str, values_s: np.ndarray, percentiles: Sequence[float], with_pct: bool
            ) -> dict[str, float]:
     ms = values_s * 1e3 if len(values_s) else np.zeros(1)  # vLLM: np.mean(x or 0)
@@ -98,9 +161,10 @@ def _stats(name: str, values_s: np.ndarray, percentiles: Sequence[float], with_p
 
 
 def compute_metrics(run: ServingRun, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-                    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS
-                    ) -> dict[str, Any]:
-    """The benchmark's metrics from a finished run -> a flat JSON-able dict (vLLM key names)."""
+                    percentile_metrics: Sequence[str] = DEFAULT_PERCENTILE_METRICS,
+                    goodput: Sequence[tuple[str, float]] = ()) -> dict[str, Any]:
+    """The benchmark's metrics from a finished run -> a flat JSON-able dict (vLLM key names);
+    ``goodput``: SLOs (``goodput_slos``) that add ``request_goodput``."""
     req = run.requests
     ins, outs = req.input_lens, req.output_lens
     ttft = run.first_token_s - run.send_s
@@ -119,6 +183,8 @@ def compute_metrics(run: ServingRun, percentiles: Sequence[float] = DEFAULT_PERC
         "output_throughput": total_out / duration,
         "total_token_throughput": (total_in + total_out) / duration,
     }
+    if goodput:
+        m["request_goodput"] = good_requests(run, goodput) / duration
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", run.itls_s), ("e2el", e2el)):
         m.update(_stats(name, values, percentiles, name in percentile_metrics))
 

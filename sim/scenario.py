@@ -44,7 +44,13 @@ from .serving import (
     simulate_serving,
 )
 from .step_time import EngineStepTime
-from .workload import WorkloadSpec, check_context, sample_requests
+from .workload import (
+    Requests,
+    WorkloadSpec,
+    check_context,
+    check_requests_context,
+    sample_requests,
+)
 
 #: builds the step-time model of one side of a deployment (tests pass analytic ones)
 StepModelFactory = Callable[[ModelConfig, ParallelPlan, HardwareProfile, "Scenario"], StepTimeModel]
@@ -75,6 +81,8 @@ class Scenario:
         or ``None`` (epsim's own ``prefill_first``); ``dbo`` ``None`` takes the engine's default.
     max_num_seqs / max_num_batched_tokens / cuda_graph_max_bs / host_ms_per_step: explicit
         values in place of the engine's (``None``: the engine's).
+    goodput: vLLM's ``--goodput`` SLOs, ``(("ttft", ms), ...)`` (``metrics.goodput_slos``);
+        with any, the result has ``request_goodput``.
     """
 
     model: str
@@ -106,6 +114,7 @@ class Scenario:
     max_num_batched_tokens: int | None = None
     cuda_graph_max_bs: int | None = None
     host_ms_per_step: float | None = None
+    goodput: tuple[tuple[str, float], ...] = ()
 
     @property
     def use_dbo(self) -> bool:
@@ -257,7 +266,7 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int, settings: EngineSetti
     return {"dataset": w.dataset, "isl": w.isl, "osl": w.osl,
             "max_concurrency": w.max_concurrency,
             "request_rate": "inf" if math.isinf(w.request_rate) else w.request_rate,
-            "seed": w.seed, **settings.echo(),
+            "seed": w.seed, "bench_client": w.bench_client, **settings.echo(),
             "kv_capacity_tokens_per_rank": kv_capacity_tokens}
 
 
@@ -304,13 +313,16 @@ def check_scenario(sc: Scenario) -> None:
 
 
 def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
-                 run_out: list[ServingRun] | None = None) -> dict[str, Any]:
+                 run_out: list[ServingRun] | None = None,
+                 requests: Requests | None = None) -> dict[str, Any]:
     """Simulate one deployment under one benchmark -> metrics plus the deployment echoed.
 
     Steps: load the model and profile; build the decode (and prefill) plans; size the KV cache
     per rank from the memory accounting; sample the requests; run the serving loop; compute the
     metrics; record the simulation's own wall time as ``sim_wall_s``. ``run_out`` (a list)
     receives the :class:`ServingRun` itself (its steps and requests, for the serving trace).
+    ``requests``: these requests in place of sampling ``sc.workload`` (a measured benchmark
+    replayed: ``epsim.sim.bench_results``); each must fit the model's context.
     """
     t0 = time.perf_counter()
     cache = cache or StepCache()
@@ -333,12 +345,15 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     if sc.disagg:
         config, pplan, disagg_echo = _with_prefill_side(config, model, profile, sc, nodes, gpn)
         step_models.append(engine_step_time(cache, model, pplan, profile, sc, settings))
-    requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
+    if requests is None:
+        requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
+    else:
+        check_requests_context(requests, model)
     run = simulate_serving(requests, config, *step_models,
                            max_concurrency=sc.workload.max_concurrency)
     if run_out is not None:
         run_out.append(run)
-    metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics)
+    metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics, sc.goodput)
     out = {**_deployment_echo(sc, model, profile, plan, nodes, gpn), **disagg_echo,
            **_benchmark_echo(sc, budget.kv_capacity_tokens, settings), **metrics}
     out["sim_wall_s"] = time.perf_counter() - t0

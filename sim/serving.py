@@ -183,6 +183,7 @@ class ServingRun:
     requests: what was sent.
     send_s / first_token_s / done_s: per request, in seconds from the start.
     itls_s: every inter-token gap of every request, pooled (vLLM's ITL population).
+    itl_request_ids: the request of each gap of ``itls_s`` (its per-request lists, in time order).
     steps: every engine step.
     sim_calls: exact step-time evaluations this run made (memo misses).
     max_running_per_rank: the most requests one rank decoded in one step.
@@ -203,6 +204,7 @@ class ServingRun:
     max_running_per_rank: int = 0
     preemptions: int = 0
     speculation: dict[str, Any] = field(default_factory=dict)
+    itl_request_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 
@@ -499,6 +501,8 @@ def simulate_serving(requests: Requests, config: ServingConfig,
         config=config, sim_calls=_calls_made((decode, prefill)),
         max_running_per_rank=server.peak, preemptions=server.counters.preemptions,
         speculation=spec.metrics(),
+        itl_request_ids=(np.concatenate(st.itl_ids) if st.itl_ids
+                         else np.zeros(0, dtype=np.int64)),
     )
 
 

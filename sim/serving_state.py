@@ -31,7 +31,8 @@ class RequestState:
     isl / osl: input and output tokens. send / first / done / last: send time, first token,
     last token, latest token so far. generated / prefilled: output tokens emitted, prompt
     tokens computed toward :meth:`prefill_target`. rank: the dp rank that decodes it.
-    preemptions: times its KV was taken back. itls: the inter-token gaps, one array per step.
+    preemptions: times its KV was taken back. itls: the inter-token gaps, one array per step;
+    itl_ids: the requests those gaps belong to, the same shapes.
     """
 
     def __init__(self, req: Requests) -> None:
@@ -47,6 +48,7 @@ class RequestState:
         self.rank = np.full(n, -1, dtype=np.int64)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.itls: list[np.ndarray] = []
+        self.itl_ids: list[np.ndarray] = []
 
     def prefill_target(self, i: int) -> int:
         """Tokens request ``i`` computes before it decodes: its prompt, plus the tokens it had
@@ -61,6 +63,7 @@ class RequestState:
         one output each (one inter-token gap, as vLLM's client times a streamed chunk);
         returns those now finished."""
         self.itls.append(t - self.last[ids])
+        self.itl_ids.append(ids.copy())
         self.last[ids] = t
         self.generated[ids] += 1 if counts is None else counts
         return ids[self.generated[ids] >= self.osl[ids]]

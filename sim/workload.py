@@ -4,10 +4,12 @@ A workload is the list of requests a benchmark client sends and when it may send
 
     dataset      each request's input (prompt) and output length in tokens
                  ``fixed``          every request ``isl`` in, ``osl`` out
-                 ``random``         vLLM's ``--dataset-name random``: lengths drawn uniformly from
-                                    the integers ``[floor(L * (1 - r)), ceil(L * (1 + r))]`` for
-                                    ``L = isl`` / ``osl`` and ``r = --random-range-ratio`` in
-                                    ``[0, 1)`` (output at least 1); ``r = 0`` is ``fixed``
+                 ``random``         ``--dataset-name random``: lengths drawn uniformly from the
+                                    integers of the benchmark client's range (``BENCH_CLIENTS``)
+                                    for ``L = isl`` / ``osl`` and ``r = --random-range-ratio``:
+                                    vLLM's ``[floor(L(1 - r)), ceil(L(1 + r))]``, r in ``[0, 1)``
+                                    (``r = 0`` is ``fixed``); SGLang's ``[int(rL), L]``, r in
+                                    ``[0, 1]`` (``r = 1`` is ``fixed``); output at least 1
                  ``sharegpt-like``  a synthetic heavy-tailed distribution standing in for the
                                     ShareGPT conversations (``SHAREGPT_LIKE``), or, with a local
                                     ShareGPT JSON (``dataset_path``), its first-turn prompt and
@@ -34,6 +36,51 @@ from epsim.model.config import ModelConfig, check_context_length
 from epsim.model.errors import EpsimError, read_json_file
 
 DATASETS = ("fixed", "random", "sharegpt-like")
+
+
+@dataclass(frozen=True)
+class BenchClient:
+    """How one benchmark client reads ``--random-range-ratio r`` (its random dataset's lengths).
+
+    name: the client. ratio_max / ratio_max_open: r's upper bound (open: r must stay below it).
+    symmetric: lengths in ``[floor(L(1 - r)), ceil(L(1 + r))]`` (vLLM) rather than
+        ``[int(rL), L]`` (SGLang).
+    source: the client's code that draws them.
+    """
+
+    name: str
+    ratio_max: float
+    ratio_max_open: bool
+    symmetric: bool
+    source: str
+
+    def length_range(self, length: int, ratio: float, minimum: int = 1) -> tuple[int, int]:
+        """The integers a random-dataset length ``L`` is drawn from -> (low, high)."""
+        if self.symmetric:
+            low = max(minimum, math.floor(length * (1.0 - ratio)))
+            return low, max(low, math.ceil(length * (1.0 + ratio)))
+        # SGLang's output low is int(rL), 0 at r < 1/L; epsim's requests emit at least one token
+        return max(minimum, int(length * ratio)), length
+
+    def check_ratio(self, ratio: float) -> None:
+        above = ratio >= self.ratio_max if self.ratio_max_open else ratio > self.ratio_max
+        if not 0.0 <= ratio or above:
+            right = ")" if self.ratio_max_open else "]"
+            raise EpsimError(f"random-range-ratio must be in [0, {self.ratio_max:g}{right} for "
+                             f"--bench-client {self.name}, got {ratio}")
+
+
+#: the benchmark clients whose flags epsim reads (``--bench-client``), vLLM's the default
+BENCH_CLIENTS: dict[str, BenchClient] = {
+    "vllm": BenchClient(
+        "vllm", 1.0, True, True,
+        "vllm-project/vllm vllm/benchmarks/datasets.py at 0056b87f, "
+        "RandomDataset.get_sampling_params"),
+    "sglang": BenchClient(
+        "sglang", 1.0, False, False,
+        "sgl-project/sglang python/sglang/bench_serving.py at 0033168f, sample_random_requests"),
+}
+DEFAULT_BENCH_CLIENT = "vllm"
 
 
 @dataclass(frozen=True)
@@ -73,12 +120,13 @@ class WorkloadSpec:
     num_prompts: requests in the benchmark. Example: 4096.
     isl / osl: input / output tokens (fixed, random); for sharegpt-like ``osl`` (when given) fixes
         every answer's length as vLLM's ``--sharegpt-output-len`` does. Example: 2000 / 100.
-    random_range_ratio: ``r`` of the random dataset, in ``[0, 1)``.
+    random_range_ratio: ``r`` of the random dataset, as ``bench_client`` reads it.
     max_concurrency: closed-loop cap on requests in flight (``None``: no cap).
     request_rate: requests/s of the open loop; ``math.inf`` sends everything at time 0.
     burstiness: gamma shape of the inter-arrival gaps (1: Poisson), as vLLM's ``--burstiness``.
     dataset_path: a local ShareGPT JSON for ``sharegpt-like`` (``None``: the synthetic one).
     seed: seeds every random choice. Same seed, same requests.
+    bench_client: whose ``--random-range-ratio`` this is (``BENCH_CLIENTS``). Example: "sglang".
     """
 
     dataset: str = "fixed"
@@ -91,6 +139,11 @@ class WorkloadSpec:
     burstiness: float = 1.0
     dataset_path: str | None = None
     seed: int = 0
+    bench_client: str = DEFAULT_BENCH_CLIENT
+
+    @property
+    def client(self) -> BenchClient:
+        return BENCH_CLIENTS[self.bench_client]
 
     def validate(self) -> WorkloadSpec:
         """Check every field; raise :class:`EpsimError` naming the bad value."""
@@ -112,8 +165,10 @@ class WorkloadSpec:
         if self.dataset == "sharegpt-like" and self.isl is not None:
             raise EpsimError("the sharegpt-like dataset draws prompt lengths; drop --isl "
                              "(or use --dataset fixed/random)")
-        if not 0.0 <= self.random_range_ratio < 1.0:
-            raise EpsimError(f"random-range-ratio must be in [0, 1), got {self.random_range_ratio}")
+        if self.bench_client not in BENCH_CLIENTS:
+            raise EpsimError(f"bench-client must be one of {', '.join(BENCH_CLIENTS)}, got "
+                             f"{self.bench_client!r}")
+        self.client.check_ratio(self.random_range_ratio)
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise EpsimError(f"concurrency must be a positive integer, got {self.max_concurrency}")
         if not (self.request_rate > 0):
@@ -142,16 +197,17 @@ class Requests:
         return len(self.input_lens)
 
 
-def random_length_range(length: int, ratio: float, minimum: int = 1) -> tuple[int, int]:
-    """The lengths the random dataset draws from: ``[floor(L(1-r)), ceil(L(1+r))]`` -> (low, high)."""
-    low = max(minimum, math.floor(length * (1.0 - ratio)))
-    return low, max(low, math.ceil(length * (1.0 + ratio)))
+def random_length_range(length: int, ratio: float, minimum: int = 1,
+                        client: str = DEFAULT_BENCH_CLIENT) -> tuple[int, int]:
+    """The lengths the random dataset draws from -> (low, high): vLLM's
+    ``[floor(L(1-r)), ceil(L(1+r))]`` or SGLang's ``[int(rL), L]`` (``BENCH_CLIENTS``)."""
+    return BENCH_CLIENTS[client].length_range(length, ratio, minimum)
 
 
 def random_lengths(rng: np.random.Generator, n: int, length: int, ratio: float,
-                   minimum: int = 1) -> np.ndarray:
-    """``n`` integer lengths uniform over ``random_length_range`` (vLLM's rule) -> (n,)."""
-    low, high = random_length_range(length, ratio, minimum)
+                   minimum: int = 1, client: str = DEFAULT_BENCH_CLIENT) -> np.ndarray:
+    """``n`` integer lengths uniform over ``random_length_range`` (the client's rule) -> (n,)."""
+    low, high = random_length_range(length, ratio, minimum, client)
     return rng.integers(low, high + 1, size=n, dtype=np.int64)
 
 
@@ -262,8 +318,9 @@ def longest_request(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE
     if spec.dataset == "fixed":
         return spec.isl + spec.osl, f"--isl {spec.isl} + --osl {spec.osl}"
     if spec.dataset == "random":
-        top = (random_length_range(spec.isl, spec.random_range_ratio)[1]
-               + random_length_range(spec.osl, spec.random_range_ratio)[1])
+        c = spec.bench_client
+        top = (random_length_range(spec.isl, spec.random_range_ratio, client=c)[1]
+               + random_length_range(spec.osl, spec.random_range_ratio, client=c)[1])
         return top, (f"the random dataset's longest request (--isl {spec.isl} + --osl "
                      f"{spec.osl} at range ratio {spec.random_range_ratio:g})")
     return params.max_total_len, "the sharegpt-like dataset's longest request (its filter's total cap)"
@@ -277,6 +334,15 @@ def max_request_tokens(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE)
 def check_context(spec: WorkloadSpec, model: ModelConfig) -> None:
     """Refuse a dataset that can produce a request beyond the model's context, in one line."""
     check_context_length(model, *longest_request(spec))
+
+
+def check_requests_context(req: Requests, model: ModelConfig) -> None:
+    """Refuse given requests (a replayed benchmark's) of which one exceeds the model's context."""
+    if len(req):
+        i = int(np.argmax(req.input_lens + req.output_lens))
+        check_context_length(model, int(req.input_lens[i] + req.output_lens[i]),
+                             f"request {i} ({int(req.input_lens[i])} in + "
+                             f"{int(req.output_lens[i])} out)")
 
 
 def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Requests:
@@ -294,8 +360,8 @@ def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Req
         ins = np.full(n, spec.isl, dtype=np.int64)
         outs = np.full(n, spec.osl, dtype=np.int64)
     elif spec.dataset == "random":
-        ins = random_lengths(rng, n, spec.isl, spec.random_range_ratio)
-        outs = random_lengths(rng, n, spec.osl, spec.random_range_ratio)
+        ins = random_lengths(rng, n, spec.isl, spec.random_range_ratio, client=spec.bench_client)
+        outs = random_lengths(rng, n, spec.osl, spec.random_range_ratio, client=spec.bench_client)
     elif spec.dataset_path:
         ins, outs = sharegpt_file_lengths(spec.dataset_path, rng, n, spec.osl)
     else:

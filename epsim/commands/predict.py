@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from epsim.model.errors import EpsimError
+from epsim.model.outputs import write_text_atomic
+from epsim.sim.bench_write import vllm_result
 from epsim.sim.scenario import run_scenario
 from epsim.sim.serving import ServingRun
 from epsim.sim.serving_trace import write_serving_trace
 
-from ..common import add_scenario_args, emit_json, scenario_from_args
+from ..common import _jsonable, add_scenario_args, emit_json, scenario_from_args
 from ..inputs import add_flag
 
 # --------------------------------------------------------------------------------------------
@@ -85,16 +89,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--trace", metavar="OUT", default=None,
                    help="write the serving timeline as Chrome trace JSON: a track per rank, "
                    "running/queued requests and KV-cache use, a slice per request")
+    add_flag(p, "--save-result", metavar="OUT.json", default=None,
+             help="write the result as vllm bench serve --save-result does (every key vLLM "
+             "writes; epsim's own figures under \"epsim\"): epsim validate --bench reads it")
+    p.add_argument("--save-detailed", action="store_true",
+                   help="with --save-result: the per-request lists too (input_lens, "
+                   "output_lens, ttfts, itls, start_times, ...), as vLLM's --save-detailed")
     p.set_defaults(run=run)
 
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
+    if args.save_detailed and not args.save_result:
+        raise EpsimError("--save-detailed needs --save-result FILE")
     sc = scenario_from_args(args)
     runs: list[ServingRun] = []
-    result = run_scenario(sc, run_out=runs if args.trace else None)
+    keep = bool(args.trace or args.save_result)
+    result = run_scenario(sc, run_out=runs if keep else None)
     if args.trace:
         write_serving_trace(runs[0], args.trace,
                             {"model": result["model"], "hardware": result["hardware"]})
+    if args.save_result:
+        saved = vllm_result(runs[0], {**result, "burstiness": sc.workload.burstiness},
+                            detailed=args.save_detailed, goodput=sc.goodput)
+        write_text_atomic(json.dumps(saved, default=_jsonable) + "\n", args.save_result)
     return result
 
 

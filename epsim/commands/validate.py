@@ -1,44 +1,102 @@
-"""``epsim validate``: run the runtime over a grid, simulate the same, compare step times.
+"""``epsim validate``: the simulator against measurements.
 
-The work is in ``epsim.calibrate.validate``; this module parses, calls and prints.
+Two modes:
+    --profile PROFILE   run the runtime over a grid, simulate the same, compare step times
+                        (the work is in ``epsim.calibrate.validate``)
+    --bench FILE        a measured ``vllm bench serve`` / SGLang ``bench_serving`` result,
+                        replayed under the deployment the flags give (``epsim.sim.bench_results``
+                        reads it, ``epsim.sim.bench_replay`` replays and compares)
+
+This module parses, calls and prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from typing import Any
 
 from epsim.calibrate.validate import DEFAULT_GRID, shipped_grids
+from epsim.model.errors import EpsimError
 
-from ..common import add_json_arg, emit_json
+from ..common import (
+    add_bench_client_arg,
+    add_engine_args,
+    add_execution_args,
+    add_goodput_arg,
+    add_hardware_arg,
+    add_json_arg,
+    add_model_arg,
+    add_plan_args,
+    emit_json,
+    scenario_from_args,
+)
 from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "validate", help="check the simulator against the runtime under a (fitted) profile",
-        description="Run every configuration of a grid on local runtime ranks, simulate the same "
-        "configurations with the profile (sim.step.simulate_step), and report measured against "
-        "predicted step times and per-op-kind times.",
+        "validate", help="check the simulator against the runtime under a (fitted) profile, or "
+        "against a measured vllm/sglang benchmark result (--bench)",
+        description="--profile: run every configuration of a grid on local runtime ranks, "
+        "simulate the same configurations with the profile (sim.step.simulate_step), and report "
+        "measured against predicted step times and per-op-kind times. --bench FILE: replay a "
+        "vllm bench serve --save-result JSON or an SGLang bench_serving result line (its "
+        "requests, concurrency or rate) under the deployment the flags give, and report every "
+        "metric it measured against the prediction.",
     )
-    add_flag(p, "--profile", required=True, metavar="PROFILE",
-                   help="a profile JSON (epsim calibrate --out) or a shipped hardware name")
+    add_flag(p, "--profile", metavar="PROFILE", default=None,
+             help="runtime mode: a profile JSON (epsim calibrate --out) or a shipped hardware name")
     add_flag(p, "--grid", metavar="NAME|FILE", default=DEFAULT_GRID,
-                   help="the configurations: a shipped grid (" + ", ".join(shipped_grids())
-                   + f") or a JSON list of them (default: the shipped {DEFAULT_GRID!r})")
+             help="the configurations: a shipped grid (" + ", ".join(shipped_grids())
+             + f") or a JSON list of them (default: the shipped {DEFAULT_GRID!r})")
     add_flag(p, "--steps", command="validate", default=6,
-                   help="decode steps per case and pass, the first a warm-up (default 6)")
+             help="decode steps per case and pass, the first a warm-up (default 6)")
     add_flag(p, "--repeats", default=3,
-                   help="passes over the grid, alternating world sizes (default 3)")
+             help="passes over the grid, alternating world sizes (default 3)")
     add_flag(p, "--device", default="cpu", help="default cpu")
     add_flag(p, "--plot", metavar="OUT.png", default=None,
-                   help="write a measured-vs-predicted scatter plot (matplotlib)")
+             help="write a measured-vs-predicted scatter plot (matplotlib)")
+    _add_bench_args(p)
     add_json_arg(p)
     p.set_defaults(run=run)
 
 
+def _add_bench_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("measured benchmark (--bench) and the deployment that ran it")
+    add_flag(g, "--bench", metavar="FILE", default=None,
+             help="a vllm bench serve --save-result JSON (--save-detailed: its request lengths "
+             "are replayed) or an SGLang bench_serving --output-file line (the last one)")
+    add_model_arg(g, required=False)
+    add_hardware_arg(g, required=False)
+    add_bench_client_arg(g, default=None)
+    add_flag(g, "--seed", default=None,
+             help="seeds routing and drawn arrivals (default: the seed an epsim-written file "
+             "records, else 0)")
+    add_goodput_arg(g)
+    add_plan_args(p)
+    p.set_defaults(nodes=None)
+    add_execution_args(p)
+    add_engine_args(p)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.bench and args.profile:
+        raise EpsimError("--bench and --profile are two modes of validate: give one")
+    if args.bench:
+        return run_bench(args)
+    if not args.profile:
+        raise EpsimError("validate needs --profile PROFILE (the runtime over a grid) or "
+                         "--bench FILE (a measured benchmark result)")
+    if args.model or args.hardware:
+        raise EpsimError("--model and --hardware describe a --bench replay; the runtime mode "
+                         "takes its models from --grid")
+    return run_grid(args)
+
+
+def run_grid(args: argparse.Namespace) -> int:
     from epsim.calibrate.validate import validate
 
     t0 = time.perf_counter()
@@ -60,3 +118,53 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"  plot: {args.plot}")
     return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from epsim.sim.bench_replay import replay
+    from epsim.sim.bench_results import read_bench_file
+    from epsim.sim.metrics import goodput_slos
+
+    if args.model is None or args.hardware is None:
+        raise EpsimError("--bench needs --model and --hardware: the deployment that ran it")
+    bench = read_bench_file(args.bench, args.bench_client)
+    if args.seed is None:
+        args.seed = int(bench.epsim.get("seed", 0))
+    # the scenario's workload is a placeholder: replay() puts the file's in its place
+    sc = scenario_from_args(
+        args, dataset="fixed", isl=1, osl=1, concurrency=None, num_prompts=1,
+        random_range_ratio=0.0, request_rate=math.inf, burstiness=1.0, dataset_path=None,
+        metric_percentiles=(50.0,), percentile_metrics=("ttft",), bench_client=bench.client)
+    report = replay(bench, sc, goodput=goodput_slos(args.goodput))
+    if args.json:
+        emit_json(report)
+    else:
+        print_bench_report(report)
+    return 0
+
+
+def _cell(v: Any) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def print_bench_report(r: dict[str, Any]) -> None:
+    w, d = r["workload"], r["deployment"]
+    print(f"epsim validate --bench {r['bench']} ({r['format']} format)")
+    print(f"  workload: {w['num_prompts']} requests, {w['mean_input_len']:.1f} in / "
+          f"{w['mean_output_len']:.1f} out on average (lengths {w['lengths']}), max "
+          f"concurrency {w['max_concurrency']}, request rate {w['request_rate']} (arrivals "
+          f"{w['arrivals']})")
+    print(f"  deployment: {d.get('model')} on {d.get('gpus')} x {d.get('hardware')}, dp "
+          f"{d.get('dp')} tp {d.get('tp')} ep {d.get('ep')}, "
+          + (f"engine {d['engine']}" if d.get("engine") else "epsim's own scheduler"))
+    for note in r["notes"]:
+        print(f"  note: {note}")
+    print(f"  {'metric':<32} {'measured':>12} {'predicted':>12} {'error':>9}")
+    for name, m in r["metrics"].items():
+        err = "-" if m["error_pct"] is None else f"{m['error_pct']:+.1f}%"
+        print(f"  {name:<32} {_cell(m['measured']):>12} {_cell(m['predicted']):>12} {err:>9}")
+    for name, why in r["skipped"].items():
+        print(f"  {name:<32} skipped: {why}")
+    if r["median_abs_error_pct"] is not None:
+        print(f"  |error| median {r['median_abs_error_pct']:.1f}%, max "
+              f"{r['max_abs_error_pct']:.1f}%; simulated in {r['sim_wall_s']:.1f} s")
