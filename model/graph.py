@@ -608,11 +608,45 @@ def build_step_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch) -> Op
     )
 
 
+def layer_class(model: ModelConfig, layer: int) -> tuple[bool, bool, str]:
+    """What, beside the batch, sets the numbers of decoder layer ``layer``'s ops: whether it
+    opens the residual stream (the first layer's norm adds nothing), whether it is an MoE layer,
+    and its attention type (sliding layers attend to a window). Layers of one class have ops of
+    equal dims, FLOPs and bytes at every batch."""
+    return (layer == 0, model.is_moe_layer(layer), model.attention.layer_types[layer])
+
+
+def representative_layers(model: ModelConfig) -> tuple[int, ...]:
+    """Per decoder layer, the first layer of its class (``layer_class``). Example: DeepSeek-R1
+    (3 dense layers, then 58 MoE layers): ``(0, 1, 1, 3, 3, ..., 3)``."""
+    first: dict[tuple[bool, bool, str], int] = {}
+    return tuple(first.setdefault(layer_class(model, layer), layer)
+                 for layer in range(model.num_layers))
+
+
+def build_representative_ops(model: ModelConfig, plan: ParallelPlan, batch: Batch
+                             ) -> dict[str, Op]:
+    """The ops of ``build_step_graph(model, plan, batch)`` with each class of decoder layers
+    built once (its first layer, ``representative_layers``): every op of the full graph equals,
+    in all but its id and layer, the op of the same name, microbatch and draft pass in its
+    layer's representative. What a compiled step needs to cost a new batch without building
+    the graph again (no edges, no schedule)."""
+    plan.validate(model)
+    layers = sorted(set(representative_layers(model)))
+    ops: dict[str, Op] = {}
+    seq_split = _split(batch.seqs, min(plan.microbatches, batch.seqs))
+    for mb, seqs in enumerate(seq_split):
+        emitter = _Emitter(mb)
+        _build_microbatch(model, plan, batch, seqs, emitter, layers)
+        ops.update(emitter.ops)
+    return ops
+
+
 def _build_microbatch(model: ModelConfig, plan: ParallelPlan, batch: Batch, seqs: int,
-                      emitter: _Emitter) -> None:
+                      emitter: _Emitter, layers: Iterable[int] | None = None) -> None:
     b = _StepBuilder(model, plan, batch, seqs, emitter)
     layer_outputs = [b.embedding()]
-    for layer in range(model.num_layers):
+    for layer in range(model.num_layers) if layers is None else layers:
         emitter.begin_block()
         # the fused add+norm at the top of a layer reads every output of the previous one
         attn = b.attention(layer, layer_outputs)

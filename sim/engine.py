@@ -219,21 +219,60 @@ class StepPlan:
     serving simulator times."""
 
     steps: tuple[_Step, ...]
+    #: runs of compute ops were folded (``plan_steps(prog, fold=True)``)
+    fold: bool = True
+    #: ``[compute steps, categories]`` the shares of another batch on these steps (a compiled
+    #: step's structure reused, ``sim.step_compile``); None: the steps' own
+    share: np.ndarray | None = None
 
     @cached_property
     def compute_steps(self) -> tuple[_Step, ...]:
         return tuple(st for st in self.steps if not st.coll)
 
     @cached_property
+    def node_times(self) -> np.ndarray:
+        """``[compute steps]`` graph-node time inside each compute step."""
+        return np.array([st.nodes for st in self.compute_steps])
+
+    @cached_property
     def node_shares(self) -> tuple[np.ndarray, np.ndarray]:
         """``[compute steps]`` graph-node time and ``[compute steps, categories]`` share of each
         category in each compute step's own time."""
+        if self.share is not None:
+            return self.node_times, self.share
         compute = self.compute_steps
-        nodes = np.array([st.nodes for st in compute])
         share = np.zeros((len(compute), len(CATEGORIES)))
         for j, st in enumerate(compute):
             share[j, st.cats] = st.shares
-        return nodes, share
+        return self.node_times, share
+
+    @cached_property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The steps as the compiled walk reads them (``sim.engine_walk``): ``coll, first,
+        last, group, cat, ops_ptr, ops_idx, waits_ptr, waits_idx``."""
+        steps = self.steps
+        ops_ptr = np.zeros(len(steps) + 1, dtype=np.int64)
+        waits_ptr = np.zeros(len(steps) + 1, dtype=np.int64)
+        ops_ptr[1:] = np.cumsum([len(st.ops) for st in steps])
+        waits_ptr[1:] = np.cumsum([len(st.waits) for st in steps])
+        flat = [i for st in steps for i in st.ops]
+        waits = [d for st in steps for d in st.waits]
+        return (np.array([st.coll for st in steps], dtype=np.bool_),
+                np.array([st.first for st in steps], dtype=np.int64),
+                np.array([st.last for st in steps], dtype=np.int64),
+                np.array([st.group for st in steps], dtype=np.int64),
+                np.array([st.cat for st in steps], dtype=np.int64),
+                ops_ptr, np.array(flat, dtype=np.int64),
+                waits_ptr, np.array(waits, dtype=np.int64))
+
+    def with_shares(self, share: np.ndarray) -> StepPlan:
+        """These steps with another batch's category shares (what does not depend on them is
+        carried over, worked out once)."""
+        other = StepPlan(self.steps, self.fold, share)
+        other.__dict__["compute_steps"] = self.compute_steps
+        other.__dict__["node_times"] = self.node_times
+        other.__dict__["arrays"] = self.arrays
+        return other
 
 
 def plan_steps(prog: Program, fold: bool) -> StepPlan:
@@ -266,7 +305,7 @@ def plan_steps(prog: Program, fold: bool) -> StepPlan:
         waits = tuple(d for d in prog.deps[first] if prog.is_coll[d])
         steps.append(_Step(False, first, chain[-1], chain, waits, 0, cats_all[first], ucats,
                            shares, prog.node_s * len(chain)))
-    return StepPlan(tuple(steps))
+    return StepPlan(tuple(steps), fold)
 
 
 def plan_steps_single(prog: Program, i: int) -> list[_Step]:
@@ -276,111 +315,37 @@ def plan_steps_single(prog: Program, i: int) -> list[_Step]:
 
 
 def run_fast(prog: Program, fold: bool = True) -> Timeline:
-    """The engine's semantics computed in issue order, vectorised over ranks (module docstring)."""
+    """The engine's semantics computed in issue order, every rank at once (module docstring):
+    the walk itself is compiled (``sim.engine_walk.walk``), the accounting after it vectorised."""
     n, ranks = prog.work.shape
     eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
     fold = fold and not eager  # the host may hold any eager kernel: no runs
-    plan = prog.steps if (fold and prog.steps is not None) else plan_steps(prog, fold)
-    steps = plan.steps
+    plan = (prog.steps if prog.steps is not None and prog.steps.fold == fold
+            else plan_steps(prog, fold))
     start = np.full((n, ranks), np.nan)
     end = np.full((n, ranks), np.nan)
     stream = np.zeros(ranks)
     comm_free = np.zeros((prog.comm_slots, ranks))  # when each comm slot frees, per rank
-    comm_taken = np.zeros(ranks)  # when the last collective took its slot
-    rank_index = np.arange(ranks)
-    intervals: list[tuple] = []  # (start, end, latest end) of the collectives in flight
-    s = prog.slowdown
-    quiet = prog.quiet
+    # per compute step, for the accounting after the walk
+    k = len(plan.compute_steps)
+    held = np.zeros((k, ranks))
+    held_cat = np.full(k, _LAUNCH)
+    gaps = np.zeros((k, ranks))
+    gap_cat = np.empty((k, ranks), dtype=np.int64)
+    busy_all = np.zeros((k, ranks))
+    work_steps = np.zeros((k, ranks))
+    from epsim.sim.engine_walk import walk  # numba loads on the first step, not on import
+
+    walk(*plan.arrays, np.ascontiguousarray(prog.work, dtype=np.float64),
+         np.asarray(prog.categories, dtype=np.int64), np.asarray(prog.floor, dtype=np.float64),
+         np.asarray(prog.host_sync, dtype=np.bool_),
+         np.asarray(prog.host_release_s, dtype=np.float64),
+         np.zeros(n, dtype=np.bool_) if prog.quiet is None
+         else np.asarray(prog.quiet, dtype=np.bool_), float(prog.launch_s), eager,
+         int(prog.comm_slots), float(prog.slowdown), _LAUNCH,
+         start, end, held, held_cat, gaps, gap_cat, busy_all, work_steps, stream, comm_free)
     cats = prog.categories
     work_all = prog.work
-    floor = prog.floor
-    launch = np.full(ranks, _LAUNCH)
-    host = np.zeros(ranks)
-    sync_end = np.zeros(ranks)  # eager: when the host last resumed after a sync, and on what
-    sync_cat = _LAUNCH
-    # per compute step, for the accounting after the walk
-    compute_steps = plan.compute_steps
-    held = np.zeros((len(compute_steps), ranks))
-    held_cat = np.full(len(compute_steps), _LAUNCH)
-    gaps = np.zeros((len(compute_steps), ranks))
-    gap_cat = np.empty((len(compute_steps), ranks), dtype=np.int64)
-    busy_all = np.zeros((len(compute_steps), ranks))
-    work_steps = np.zeros((len(compute_steps), ranks))
-    k = 0
-    for st in steps:
-        first = st.first
-        if eager:
-            # the host launches this kernel (eager runs are never folded)
-            host = host + prog.launch_s
-            f = np.maximum(host, floor[first])
-        else:
-            f = floor[first]
-        if st.coll:
-            # a collective: every member has arrived, then the slowest link delivers
-            arrive = np.maximum(np.maximum(comm_free.min(axis=0), comm_taken), f)
-            for d in st.waits:
-                arrive = np.maximum(arrive, end[d])
-            g = st.group
-            if g == ranks:
-                begin = arrive.max()  # a scalar: every rank starts together
-            elif g > 1:
-                begin = arrive.reshape(-1, g).max(axis=1).repeat(g)
-            else:
-                begin = arrive
-            done = begin + work_all[first]
-            start[first] = begin
-            end[first] = done
-            comm_free[comm_free.argmin(axis=0), rank_index] = done
-            comm_taken = arrive
-            if quiet is None or not quiet[first]:
-                # keep the in-flight intervals disjoint: a collective overlapping the previous
-                # one (two slots) adds only the part after it
-                busy_from = np.maximum(begin, intervals[-1][1]) if intervals else begin
-                busy_to = np.maximum(done, busy_from)
-                intervals.append((busy_from, busy_to, busy_to.max()))
-            if eager and prog.host_sync[first]:
-                release = begin + prog.host_release_s[first]
-                host = np.maximum(host, release)
-                sync_end, sync_cat = release, st.cat
-            continue
-        # a run of compute ops: only the first waits on anything but its predecessor
-        ready = np.maximum(stream, f)
-        if st.waits:
-            wait_cat = launch
-            wait_end = f
-            for d in st.waits:
-                e = end[d]
-                wait_cat = np.where(e > wait_end, cats[d], wait_cat)
-                wait_end = np.maximum(wait_end, e)
-            ready = np.maximum(ready, wait_end)
-            gap_cat[k] = wait_cat
-        else:
-            wait_cat = launch
-            gap_cat[k] = _LAUNCH
-        gap = ready - stream
-        if eager:
-            # waiting for a host that was itself waiting on a sync: that part is the sync's
-            hold = np.where(wait_cat == _LAUNCH,
-                            np.clip(np.minimum(sync_end, ready) - stream, 0.0, None), 0.0)
-            held[k], held_cat[k] = hold, sync_cat
-            gap = gap - hold
-        gaps[k] = gap
-        if intervals:
-            # intervals over on every rank can no longer slow anything
-            ready_min = ready.min()
-            while intervals and intervals[0][2] <= ready_min:
-                intervals.pop(0)
-        work = work_all[first] if len(st.ops) == 1 else work_all[list(st.ops)].sum(axis=0)
-        finish = _fluid(ready, work, intervals, s) if intervals else ready + work
-        start[first] = ready
-        end[st.last] = finish
-        busy_all[k] = finish - ready
-        work_steps[k] = work
-        k += 1
-        stream = finish
-        if eager and prog.host_sync[first]:
-            host = np.maximum(host, finish)
-            sync_end, sync_cat = finish, st.cat
     # accounting: idle gaps to what they waited for, busy time to the runs' categories
     breakdown = np.zeros((ranks, len(CATEGORIES)))
     rows = np.broadcast_to(np.arange(ranks), gaps.shape)

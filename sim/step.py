@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,14 +28,13 @@ import numpy as np
 from epsim.model.config import ModelConfig
 from epsim.model.eplb import balance_placement
 from epsim.model.errors import EpsimError
-from epsim.model.graph import build_step_graph
 from epsim.model.mtp import draft_layer, routing_layer
-from epsim.model.opgraph import OP_KINDS, Batch, Op, OpGraph
+from epsim.model.opgraph import OP_KINDS, Batch
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 from epsim.sim import a2a, cost, kernel_cost
-from epsim.sim.engine import CATEGORIES, Program, Timeline, plan_steps, run_exact, run_fast
+from epsim.sim.engine import CATEGORIES, Program, Timeline, run_exact, run_fast
 from epsim.sim.hardware import HardwareProfile
 from epsim.sim.routing import (
     LOAD_KINDS,
@@ -49,9 +46,10 @@ from epsim.sim.routing import (
     stack_routing,
     synthetic_loads,
 )
+from epsim.sim.step_compile import EXCHANGES, Compiled, compile_step
+from epsim.sim.step_compile import remember as _remember
 
 MODES = ("fast", "exact")
-_CACHE_SIZE = 64
 
 
 @dataclass(frozen=True)
@@ -138,155 +136,12 @@ class StepResult:
 
 
 # --------------------------------------------------------------------------------------------
-# Compilation (memoised)
+# Memoised inputs (the compiled step itself: sim.step_compile)
 # --------------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True, eq=False)
-class _Compiled:
-    """A graph compiled for one profile, before this step's routing is applied."""
-
-    graph: OpGraph
-    program: Program
-    routed: dict[str, np.ndarray]  # "experts" / "dispatch" / "combine": [rows, mb] op index
-    mb_tokens: tuple[int, ...]  # dispatch tokens per rank per microbatch (the main layers')
-    share: float = 1.0  # the fused MoE's slowdown when ranks share a node's cores (CPU profiles)
-    kind_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    top_k: int | None = None  # the model's (fused-MoE table features)
-    # per routed row (the MoE layers, then each MTP draft pass's MoE layer) and microbatch, the
-    # dispatch tokens per rank: [rows, mb]
-    row_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
-    draft_tokens: tuple[tuple[int, ...], ...] = ()  # per draft pass, tokens per microbatch
-    draft_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # MTP ops
-    exchange: a2a.A2AMode | None = None  # the EP exchanges' mode this step (sim.a2a)
-
-
-_compiled: OrderedDict[tuple, _Compiled] = OrderedDict()
 _placements: OrderedDict[tuple, Placement] = OrderedDict()
 _frequencies: OrderedDict[tuple, tuple[Placement, np.ndarray]] = OrderedDict()
 _synthetic: OrderedDict[tuple, np.ndarray] = OrderedDict()
-
-
-def _profile_key(profile: HardwareProfile) -> str:
-    return profile.fingerprint
-
-
-def _remember(cache: OrderedDict, key: tuple, value: Any) -> Any:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > _CACHE_SIZE:
-        cache.popitem(last=False)
-    return value
-
-
-def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
-                 profile: HardwareProfile) -> _Compiled:
-    """Build and compile one rank's step graph (memoised)."""
-    key = (model, plan, batch, _profile_key(profile))
-    hit = _compiled.get(key)
-    if hit is not None:
-        _compiled.move_to_end(key)
-        return hit
-    eff = profile.require_efficiency()
-    graph = build_step_graph(model, plan, batch)
-    order = graph.schedule.order()
-    index = {op_id: i for i, op_id in enumerate(order)}
-    n, ranks = len(order), plan.world_size
-    ops = [graph.ops[o] for o in order]
-    captured = graph.captured
-    node_s = eff.graph_node_s  # the GPU-side gap between kernels, graph or not
-    work = np.zeros(n)
-    group_size = np.zeros(n, dtype=np.int64)
-    nodes_of = np.arange(ranks) // plan.gpus_per_node
-    seen: dict[tuple, float] = {}  # layers repeat: cost each distinct op once
-    # CPU runtimes: more ranks than cores on a node stretch every compute op (1 on GPUs)
-    ranks_on_node = min(ranks, plan.gpus_per_node)
-    top_k = model.moe.top_k if model.moe_layers else None
-    exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
-    for i, op in enumerate(ops):
-        sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
-        if op.is_collective:
-            size = ranks if op.dims["group"] == "ep" else plan.tp
-            group_size[i] = size
-            mode = exchange if op.kind in _EXCHANGES else None
-            if sig not in seen:
-                seen[sig] = kernel_cost.op_seconds(
-                    op, profile, partial(kernel_cost.nominal_collective, op, profile,
-                                         nodes_of[:size], captured, mode),
-                    nodes=nodes_of[:size], captured=captured, mode=mode)
-        elif sig not in seen:
-            seen[sig] = cost.op_time(op, profile, top_k=top_k)
-        work[i] = seen[sig] + node_s
-        if not op.is_collective:
-            work[i] *= eff.core_share(ranks_on_node, cost.op_class(op))
-    # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
-    floor = np.full(n, eff.graph_launch_s if captured else 0.0)
-    launch_s = 0.0 if captured else profile.kernel_launch_s
-    host_sync = np.array([(not captured) and op.kind == "dispatch" for op in ops])
-    # the host waits for the dispatch's count exchange, a latency-bound exchange of its group
-    host_release_s = np.array([
-        cost.collective_latency(op.kind, profile, captured, int(group_size[i])) if host_sync[i]
-        else 0.0 for i, op in enumerate(ops)])
-    deps = tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order)
-    is_coll = np.array([op.is_collective for op in ops])
-    # exchanges whose kernels free the compute units once their messages are issued
-    quiet = np.array([op.kind in _EXCHANGES and not exchange.occupies_cus for op in ops])
-    program = Program(
-        op_ids=tuple(order), kinds=tuple(op.kind for op in ops),
-        categories=np.array([CATEGORIES.index(op.category) for op in ops]),
-        layers=tuple(op.layer for op in ops), microbatches=tuple(op.microbatch for op in ops),
-        is_coll=is_coll, deps=deps, work=np.tile(work[:, None], (1, ranks)), node_s=node_s,
-        floor=floor, launch_s=launch_s, host_sync=host_sync, host_release_s=host_release_s,
-        group_size=group_size, comm_slots=eff.comm_concurrency, slowdown=eff.comm_compute_slowdown,
-        quiet=quiet if quiet.any() else None,
-    )
-    # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
-    program = replace(program, steps=plan_steps(program, fold=captured))
-    # the ops whose cost this step's routing sets (sampled routing models the fused MoE under EP)
-    routed: dict[str, np.ndarray] = {}
-    mb_tokens: tuple[int, ...] = ()
-    row_tokens = np.zeros((0, 0))
-    draft_tokens: tuple[tuple[int, ...], ...] = ()
-    if plan.expert_parallel and model.moe_layers and plan.fusion.fused_moe:
-        rows = [(layer, None) for layer in model.moe_layers]
-        if model.mtp_moe:  # each MTP draft pass's MoE layer is routed on its own
-            rows += [(draft_layer(model), k) for k in range(plan.mtp)]
-        routed = _routed_indices(ops, rows, len(graph.microbatch_tokens))
-        row_tokens = np.array([[ops[i].dims["tokens"] for i in row]
-                               for row in routed["dispatch"]], dtype=np.float64)
-        mb_tokens = tuple(int(t) for t in row_tokens[0])
-        draft_tokens = tuple(tuple(int(t) for t in row)
-                             for row in row_tokens[len(model.moe_layers):])
-    share_experts = eff.core_share(ranks_on_node, "grouped_gemm")
-    kind_index = np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64)
-    draft_mask = np.array([op.draft is not None for op in ops], dtype=bool)
-    return _remember(_compiled, key, _Compiled(graph, program, routed, mb_tokens,
-                                               share_experts, kind_index, top_k, row_tokens,
-                                               draft_tokens, draft_mask, exchange))
-
-
-#: the EP exchange kinds (their mode: ``sim.a2a``)
-_EXCHANGES = ("dispatch", "combine")
-#: routed ops (``Op.routed``) by kind: the role their duration plays in ``_apply_routing``
-_ROUTED_ROLES = {"grouped_gemm": "experts", "dispatch": "dispatch", "combine": "combine"}
-
-
-def _routed_indices(ops: list[Op], rows: Sequence[tuple[int, int | None]], microbatches: int
-                    ) -> dict[str, np.ndarray]:
-    """``{role: [row, microbatch] -> issue index}`` of the routed ops of a fused-MoE EP graph
-    (one fused expert op, one dispatch and one combine per MoE layer and microbatch); a row is
-    ``(layer, draft pass)``: the MoE layers' (pass ``None``), then the MTP draft passes'."""
-    where: dict[str, dict[tuple, int]] = {role: {} for role in _ROUTED_ROLES.values()}
-    known = set(rows)
-    for i, op in enumerate(ops):
-        if op.routed:
-            if op.kind not in _ROUTED_ROLES or (op.layer, op.draft) not in known:
-                raise AssertionError(f"{op.id}: the simulator samples no routing for this "
-                                     f"routed {op.kind} op")
-            where[_ROUTED_ROLES[op.kind]][(op.layer, op.draft, op.microbatch)] = i
-    return {role: np.array([[found[(layer, draft, mb)] for mb in range(microbatches)]
-                            for layer, draft in rows])
-            for role, found in where.items()}
 
 
 def _loads_key(loads: np.ndarray) -> tuple:
@@ -333,7 +188,7 @@ def _synthetic_loads(model: ModelConfig, kind: str) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
+def _apply_routing(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
                    profile: HardwareProfile, routing: RoutingSample, explain: bool = False
                    ) -> tuple[Program, dict[str, np.ndarray]]:
     """The compiled program with this step's expert and dispatch/combine durations, and (when
@@ -341,15 +196,14 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
     gpus], "dispatch": [L, mb], "combine": [L, mb]}``."""
     prog = comp.program
     work = prog.work.copy()
-    graph = comp.graph
     ranks = plan.world_size
     gpus = routing.pairs.shape[-1]
-    captured = graph.captured
+    captured = comp.captured
     node_s = prog.node_s
     ex_idx, di_idx, co_idx = comp.routed["experts"], comp.routed["dispatch"], comp.routed["combine"]
     # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
     per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
-    ex_op = graph.ops[prog.op_ids[ex_idx[0, 0]]]
+    ex_op = comp.ops[ex_idx[0, 0]]
     row_tokens = comp.row_tokens  # [rows, mb]: the MoE layers' and the draft passes' own
 
     def expert_tokens() -> np.ndarray:
@@ -374,14 +228,17 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
         routing, row_tokens, model.moe.top_k, plan.gpus_per_node))
     for role, idx, traffic in (("dispatch", di_idx, rows),
                                ("combine", co_idx, np.swapaxes(rows, -1, -2))):
-        op = graph.ops[prog.op_ids[idx[0, 0]]]
+        op = comp.ops[idx[0, 0]]
         t_roof = cost.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
                                       captured)
 
         def tokens(role=role, idx=idx, t_roof=t_roof) -> np.ndarray:
             # the tokens per rank that, uniformly routed, would load the busiest link as much
             lat = cost.collective_latency(role, profile, captured, ranks)
-            nominal = _nominal_rows(graph, prog, idx, profile, nodes, captured, mode)
+            nominal = comp.memo.get(role)
+            if nominal is None:  # this batch's, whatever the routing: worked out once
+                nominal = comp.memo[role] = _nominal_rows(comp, idx, profile, nodes, captured,
+                                                          mode)
             bw = nominal - lat
             return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
 
@@ -397,14 +254,14 @@ def _apply_routing(comp: _Compiled, model: ModelConfig, plan: ParallelPlan,
     return replace(prog, work=work), swept
 
 
-def _nominal_rows(graph: OpGraph, prog: Program, idx: np.ndarray, profile: HardwareProfile,
+def _nominal_rows(comp: Compiled, idx: np.ndarray, profile: HardwareProfile,
                   nodes: np.ndarray, captured: bool, mode: a2a.A2AMode | None) -> np.ndarray:
     """``[rows, mb]`` each routed collective's time under uniform routing (ops of equal
     per-peer bytes costed once: the MoE layers' repeat, the draft passes' differ)."""
     seen: dict[tuple[float, ...] | None, float] = {}
     out = np.zeros(idx.shape)
     for pos, i in np.ndenumerate(idx):
-        op = graph.ops[prog.op_ids[i]]
+        op = comp.ops[i]
         if op.peer_bytes not in seen:
             seen[op.peer_bytes] = kernel_cost.nominal_collective(op, profile, nodes, captured,
                                                                  mode)
@@ -412,7 +269,7 @@ def _nominal_rows(graph: OpGraph, prog: Program, idx: np.ndarray, profile: Hardw
     return out
 
 
-def _sample(comp: _Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.ndarray,
+def _sample(comp: Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.ndarray,
             placement: Placement, p_slot: np.ndarray, rng: np.random.Generator
             ) -> RoutingSample:
     """This step's routing of the MoE layers, then of each MTP draft pass's MoE layer (drawn
@@ -496,7 +353,7 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     return result
 
 
-def _explain(comp: _Compiled, plan: ParallelPlan, profile: HardwareProfile,
+def _explain(comp: Compiled, plan: ParallelPlan, profile: HardwareProfile,
              swept: dict[str, np.ndarray], rank: int) -> dict[str, Any]:
     """``kernel_sources`` of the ops of ``rank`` (routed ops at this step's features)."""
     prog = comp.program
@@ -510,20 +367,22 @@ def _explain(comp: _Compiled, plan: ParallelPlan, profile: HardwareProfile,
     entries = []
     cache: dict[tuple, dict[str, Any]] = {}
     for i, op_id in enumerate(prog.op_ids):
-        op = comp.graph.ops[op_id]
+        op = comp.ops[i]
+        if op.id != op_id:  # a representative op stands for it: list the op by its own id
+            op = replace(op, id=op_id, layer=prog.layers[i])
         size = int(prog.group_size[i])
         key = (op.kind, op.name, op.flops, op.bytes, op.peer_bytes, tokens.get(i))
         if key not in cache:
             cache[key] = kernel_cost.describe(
                 op, profile, tokens=tokens.get(i), top_k=comp.top_k,
                 nodes=nodes_of[:size] if op.is_collective else None,
-                captured=comp.graph.captured,
-                mode=comp.exchange if op.kind in _EXCHANGES else None)
+                captured=comp.captured,
+                mode=comp.exchange if op.kind in EXCHANGES else None)
         entries.append((op, cache[key]))
     return kernel_cost.explain(entries, profile)
 
 
-def _result(comp: _Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str,
+def _result(comp: Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str,
             seed: int, trace: bool, kernels: str) -> StepResult:
     critical = int(np.argmax(tl.rank_end))
     step_s = float(tl.rank_end[critical])
@@ -547,7 +406,7 @@ def _result(comp: _Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray,
     )
 
 
-def _draft_ms(comp: _Compiled, prog: Program, rank: int) -> float:
+def _draft_ms(comp: Compiled, prog: Program, rank: int) -> float:
     """``rank``'s MTP draft-module ops by the cost model, ms (``StepResult.draft_ms``)."""
     if not comp.draft_mask.any():
         return 0.0
@@ -555,7 +414,7 @@ def _draft_ms(comp: _Compiled, prog: Program, rank: int) -> float:
     return float(kernel.sum() * 1e3)
 
 
-def _op_kinds_ms(comp: _Compiled, prog: Program, rank: int) -> dict[str, float]:
+def _op_kinds_ms(comp: Compiled, prog: Program, rank: int) -> dict[str, float]:
     """``{kind: ms}`` of ``rank``'s ops by the cost model (``StepResult.op_kinds_ms``)."""
     kernel = np.maximum(prog.work[:, rank] - prog.node_s, 0.0)
     sums = np.bincount(comp.kind_index, weights=kernel, minlength=len(OP_KINDS))

@@ -205,3 +205,20 @@ def test_two_comm_slots_run_collectives_side_by_side():
     # two slots: both in flight 0..1; compute does 0.5 s of work there, 1.5 s after: ends at 2.5
     assert two.start[1, 0] == pytest.approx(0.0)
     assert two.rank_end[0] == pytest.approx(2.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_programs())
+def test_compiled_walk_equals_its_python_source(prog):
+    # the numba-compiled walk and the same function run as Python give the same bits
+    from epsim.sim import engine_walk
+
+    compiled = run_fast(prog)
+    original = engine_walk.walk
+    engine_walk.walk = original.py_func
+    try:
+        python = run_fast(prog)
+    finally:
+        engine_walk.walk = original
+    for name in ("start", "end", "rank_end", "breakdown", "slowdown_s", "comm_busy"):
+        assert np.array_equal(getattr(compiled, name), getattr(python, name), equal_nan=True)

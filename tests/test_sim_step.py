@@ -162,12 +162,13 @@ def test_repeated_calls_reuse_the_compiled_graph():
 
 def test_memo_caches_keep_at_most_their_bound():
     from epsim.sim import step as sim_step
+    from epsim.sim import step_compile
 
     loads = sim_step._synthetic_loads(R1, "uniform")
     assert not loads.flags.writeable  # shared by every caller
     assert sim_step._synthetic_loads(R1, "uniform") is loads
     cache = sim_step.OrderedDict()
-    for i in range(sim_step._CACHE_SIZE + 10):
-        sim_step._remember(cache, (i,), i)
-    assert len(cache) == sim_step._CACHE_SIZE
+    for i in range(step_compile.CACHE_SIZE + 10):
+        step_compile.remember(cache, (i,), i)
+    assert len(cache) == step_compile.CACHE_SIZE
     assert next(iter(cache)) == (10,)  # the oldest went first

@@ -1,0 +1,86 @@
+"""A step compiled once per plan: a new batch costed on a known structure (from one layer per
+class) gives exactly what a fresh build gives."""
+
+import pytest
+
+from epsim.model import Batch, load_model, make_plan
+from epsim.model.graph import build_representative_ops, build_step_graph, representative_layers
+from epsim.sim import step_compile
+from epsim.sim.hardware import load_profile
+from epsim.sim.step import simulate_step
+
+R1 = load_model("deepseek-r1")
+OSS = load_model("gpt-oss-120b")
+MI = load_profile("mi300x")
+H100 = load_profile("h100")
+
+
+def _fresh(*args, **kwargs):
+    step_compile._compiled.clear()
+    step_compile._structures.clear()
+    step_compile._op_seconds.clear()
+    return simulate_step(*args, **kwargs).to_json()
+
+
+def test_representative_layers_group_layers_whose_ops_are_equal():
+    # DeepSeek-R1: layer 0 opens the residual stream, 1-2 dense, 3-60 MoE
+    assert representative_layers(R1) == (0, 1, 1, *([3] * 58))
+    # GPT-OSS alternates sliding and full attention over MoE layers
+    reps = representative_layers(OSS)
+    assert set(reps) == {0, 1, 2}
+    assert all(OSS.attention.layer_types[layer] == OSS.attention.layer_types[reps[layer]]
+               for layer in range(1, OSS.num_layers))
+
+
+def test_representative_ops_stand_for_every_op_of_the_full_graph():
+    plan = make_plan(R1, dp=8, ep=8, mtp=1)
+    batch = Batch.decode(37, 1234)
+    full = build_step_graph(R1, plan, batch)
+    reps = build_representative_ops(R1, plan, batch)
+    assert len(reps) < len(full.ops) / 10
+    layer_rep = representative_layers(R1)
+    for op in full.ops.values():
+        layer = layer_rep[op.layer] if op.draft is None and 0 <= op.layer < R1.num_layers \
+            else op.layer
+        key = op.id.replace(f"L{op.layer}.", f"L{layer}.", 1) if op.layer >= 0 else op.id
+        rep = reps[key]
+        assert (rep.kind, rep.dims, rep.flops, rep.bytes_read, rep.bytes_written,
+                rep.peer_bytes) == (op.kind, op.dims, op.flops, op.bytes_read,
+                                    op.bytes_written, op.peer_bytes)
+
+
+CASES = [
+    (R1, MI, dict(dp=8, ep=8)),
+    (R1, MI, dict(dp=8, ep=8, mtp=1)),
+    (R1, H100, dict(tp=8)),
+    (OSS, MI, dict(dp=8, ep=8)),
+]
+SHAPES = [Batch.decode(64, 900), Batch.decode(511, 2100), Batch.decode(1, 50),
+          Batch("prefill", 2, 2000), Batch("prefill", 1, 4096, 1024)]
+
+
+@pytest.mark.parametrize("model,profile,plan_kw", CASES, ids=["r1-ep8", "r1-mtp", "r1-tp8",
+                                                              "oss-ep8"])
+def test_a_recosted_batch_equals_a_fresh_build_bit_for_bit(model, profile, plan_kw):
+    plan = make_plan(model, **plan_kw)
+    fresh = {b: _fresh(model, plan, b, profile, seed=2) for b in SHAPES}
+    step_compile._compiled.clear()
+    step_compile._structures.clear()
+    step_compile._op_seconds.clear()
+    for b in SHAPES:  # the first of each phase builds the structure; the rest are recosted
+        assert simulate_step(model, plan, b, profile, seed=2).to_json() == fresh[b]
+    # decode with 2 microbatches, decode with 1 (a single sequence), prefill with 2 and 1
+    assert len(step_compile._structures) == 4
+
+
+def test_explain_after_a_recost_equals_a_fresh_build_s():
+    # the ops it lists (outside every table) are named by their own ids, not their stand-ins'
+    plan = make_plan(R1, dp=8, ep=8)
+    batch = Batch.decode(96, 1500)
+    fresh = _fresh(R1, plan, batch, MI, explain=True)
+    simulate_step(R1, plan, Batch.decode(128, 1000), MI)
+    recosted = simulate_step(R1, plan, batch, MI, explain=True).to_json()
+    assert recosted == fresh
+    listed = [i for kind in fresh["kernel_sources"].values() for entry in kind["outside"]
+              for i in entry["ops"]]
+    assert any(i.startswith("L4.") for i in listed)  # a layer that is not a representative
