@@ -170,7 +170,8 @@ class ServingRun:
         retraction) to be recomputed later.
     instance / prefill_instance: per request, the (co-located or decode) instance and the
         prefill instance it was routed to (``None`` when co-located); itl_instance: per value of
-        ``itls_s``, the instance that emitted it.
+        ``itls_s``, the instance that emitted it; request_preemptions: per request, times its KV
+        was taken back.
     """
 
     requests: Requests
@@ -187,6 +188,7 @@ class ServingRun:
     instance: np.ndarray | None = None
     prefill_instance: np.ndarray | None = None
     itl_instance: np.ndarray | None = None
+    request_preemptions: np.ndarray | None = None
 
 
 
@@ -257,7 +259,7 @@ def simulate_serving(requests: Requests, config: ServingConfig,
         itls_s=np.concatenate(st.itls) if st.itls else np.zeros(0), steps=server.steps,
         config=config, sim_calls=_calls_made((decode, prefill)),
         max_running_per_rank=server.peak, preemptions=server.counters.preemptions,
-        speculation=spec.metrics(), instance=st.owner,
+        speculation=spec.metrics(), instance=st.owner, request_preemptions=st.preemptions,
         prefill_instance=server.prefill_instance,
         itl_instance=np.repeat(np.array(st.itl_owner, dtype=np.int64),
                                [len(a) for a in st.itls]),
