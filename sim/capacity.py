@@ -179,7 +179,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     """
     if not target > 0 or not math.isfinite(target):
         raise EpsimError(f"target output throughput must be a positive number, got {target}")
-    check_scenario(base)
+    check_scenario(base.with_(prefill_tp=None, prefill_dp=None, prefill_ep=None))  # co-located
     _check_splits(base, space, hardware, unit_layouts, unit_nodes)
     cache = cache or StepCache()
     prices = gpu_hour_usd or {}
