@@ -192,6 +192,23 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False,
     add_mtp_args(o)
 
 
+def add_instance_args(parser: argparse.ArgumentParser) -> None:
+    """Instances behind a router, and the prefill side's own plan (docs/serving.md)."""
+    sc = Scenario  # its field defaults are the flags' defaults
+    g = parser.add_argument_group("instances and the prefill side's plan")
+    add_flag(g, "--instance-nodes", default=None, metavar="K",
+             help="cut each side (prefill and decode under --disagg P:D, else --nodes) into "
+             "independent instances of K nodes, each running the plan over its own GPUs, "
+             "behind a router (K must divide each side's nodes; default: one instance per side)")
+    add_flag(g, "--router", default=sc.router,
+             help="how requests are spread over the instances: round_robin or least_loaded "
+             f"(fewest outstanding requests; Vidur's global schedulers; default {sc.router})")
+    for side in ("tp", "dp", "ep"):
+        add_flag(g, f"--prefill-{side}", default=None,
+                 help=f"--disagg: the prefill side's {side} (default: the decode side's "
+                 "tp and EP choice over a prefill instance's GPUs)")
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """A serving engine's scheduling policy and defaults, and the flags that override them."""
     g = parser.add_argument_group(
@@ -227,6 +244,7 @@ def add_scenario_args(parser: argparse.ArgumentParser, *, lists: bool = False,
     parser.set_defaults(nodes=None)  # None: 1, or P + D under --disagg
     add_workload_args(parser, lists=lists)
     add_execution_args(parser, lists=lists, search=search)
+    add_instance_args(parser)
     add_engine_args(parser)
     add_json_arg(parser)
 
@@ -263,7 +281,19 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         max_num_batched_tokens=v["max_num_batched_tokens"],
         cuda_graph_max_bs=v["cuda_graph_max_bs"], host_ms_per_step=v["host_ms_per_step"],
         goodput=goodput_slos(v.get("goodput")),
+        **_instances_from_args({**v, "disagg": v["disagg"] or vars(args).get("disagg")}),
     )
+
+
+def _instances_from_args(v: Mapping[str, Any]) -> dict[str, Any]:
+    """The instance flags as :class:`Scenario` fields; ``--prefill-*`` need a prefill side
+    (``--disagg``, or ``plan``'s ``--disagg-splits``)."""
+    prefill = {f"prefill_{s}": v.get(f"prefill_{s}") for s in ("tp", "dp", "ep")}
+    if any(x is not None for x in prefill.values()) and not (
+            v.get("disagg") or v.get("disagg_splits")):
+        raise EpsimError("--prefill-tp, --prefill-dp and --prefill-ep need --disagg P:D")
+    return {"instance_nodes": v.get("instance_nodes"), "router": v.get("router") or "round_robin",
+            **prefill}
 
 
 def _dbo_from_args(v: Mapping[str, Any]) -> bool | None:

@@ -367,6 +367,7 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.sim.engine_presets import ENGINES
     from epsim.sim.hardware import shipped_profiles
     from epsim.sim.metrics import parse_goodput_item, parse_percentile_metrics, parse_percentiles
+    from epsim.sim.router import ROUTER_NAMES
     from epsim.sim.scenario import parse_disagg
     from epsim.sim.serving import DP_BALANCE
     from epsim.sim.slo import parse_slo
@@ -381,6 +382,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--dataset": Choice(tuple(DATASETS)),
         "--bench-client": Choice(tuple(BENCH_CLIENTS)),
         "--dp-balance": Choice(tuple(DP_BALANCE)),
+        "--router": Choice(ROUTER_NAMES),
         "--engine": Choice(tuple(ENGINES)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--method": Choice(tuple(BALANCERS)),
@@ -408,6 +410,9 @@ FLAGS: dict[str, Spec] = {
     "--dp": _count, "--tp": _count, "--ep": _count, "--world-size": _count,
     "--gpus": _count,
     "--mem-fraction": Real(0.0, 1.0, low_open=True),
+    # instances behind a router, and the prefill side's own plan under --disagg
+    "--instance-nodes": Integer(1, MAX_NODES),
+    "--prefill-tp": _count, "--prefill-dp": _count, "--prefill-ep": _count,
     # one step
     "--batch": Integer(1, MAX_BATCH),
     "--context": Integer(1, MAX_TOKENS),

@@ -4,6 +4,10 @@
               ``(P, D)`` prefill:decode split; tuned per hardware for the SLO (``epsim.sim.tune``)
     per node  the unit's output tok/s divided by its nodes: how units are compared
     units     independent replicas, so ``ceil(target / unit throughput)`` of them
+    instances what the deployment is counted in: a unit holds one instance per side, or with
+              ``--instance-nodes K`` each side's nodes / K instances (behind the unit's
+              router, simulated with it); the plan reports the prefill, decode (or
+              co-located) instances of the whole deployment
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 
-from .scenario import Scenario, StepCache, check_scenario
+from .scenario import Scenario, StepCache, check_scenario, scenario_layout
 from .slo import SLO
 from .tune import SearchSpace, split_errors, tune
 
@@ -30,6 +34,9 @@ class CapacityPlan:
     per_node_output_throughput: the unit's output tok/s divided by its nodes.
     served_output_throughput: units x the unit's output tok/s (>= the target).
     gpu_hour_usd / cost_per_hour_usd / usd_per_million_output_tokens: with a GPU price.
+    instance_nodes: nodes per instance (``None``: one instance per side of a unit).
+    instances / prefill_instances / decode_instances: the deployment's instances, all / of the
+        prefill side / decoding (co-located or the decode side).
     """
 
     hardware: str
@@ -48,6 +55,10 @@ class CapacityPlan:
     gpu_hour_usd: float | None = None
     cost_per_hour_usd: float | None = None
     usd_per_million_output_tokens: float | None = None
+    instance_nodes: int | None = None
+    instances: int = 0
+    prefill_instances: int = 0
+    decode_instances: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -84,13 +95,23 @@ class _Progress:
             self.report(self.done, self.total)
 
 
+def _unit_scenario(base: Scenario, hw: str, layout: tuple[int, int] | None, unit_nodes: int
+                   ) -> Scenario:
+    """The unit of ``layout`` on ``hw`` (a co-located unit has no prefill plan)."""
+    if layout:
+        return base.with_(hardware=hw, disagg=layout, nodes=None)
+    return base.with_(hardware=hw, disagg=None, nodes=unit_nodes, prefill_tp=None,
+                      prefill_dp=None, prefill_ep=None)
+
+
 def _check_splits(base: Scenario, space: SearchSpace, hardware: Sequence[str],
                   unit_layouts: Sequence[tuple[int, int] | None], unit_nodes: int) -> None:
     """A split that fits no unit of any hardware is an error (one that fits some is tried)."""
     failing: dict[tuple[int, int], str] | None = None
     for hw in hardware:
         for layout in unit_layouts:
-            sc = base.with_(hardware=hw, disagg=layout, nodes=None if layout else unit_nodes)
+            sc = _unit_scenario(base, hw, layout, unit_nodes)
+            scenario_layout(sc)  # --instance-nodes must divide every unit's sides
             errors = split_errors(sc, space)
             failing = errors if failing is None else {
                 s: why for s, why in failing.items() if s in errors}
@@ -104,7 +125,7 @@ def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
     """The layout of ``hw`` with the highest per-node throughput meeting the SLO, if any."""
     best: _Unit | None = None
     for layout in unit_layouts:
-        sc = base.with_(hardware=hw, disagg=layout, nodes=None if layout else unit_nodes)
+        sc = _unit_scenario(base, hw, layout, unit_nodes)
         start = progress.done
         try:
             res = tune(sc, slo, space, num_prompts=num_prompts, cache=cache,
@@ -121,10 +142,14 @@ def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
     return best
 
 
-def _size(hw: str, unit: _Unit, target: float, price: float | None) -> CapacityPlan:
+def _size(hw: str, unit: _Unit, target: float, price: float | None,
+          instance_nodes: int | None = None) -> CapacityPlan:
     """The deployment of ``unit`` replicas serving ``target``, priced when ``price`` is known."""
     row, p, d = unit.row, unit.prefill_nodes, unit.decode_nodes
     units = units_needed(target, row["output_throughput"])
+    k = instance_nodes
+    per_p = (p // k if k else 1) if p else 0
+    per_d = d // k if k else 1
     gpn = row["gpus_per_node"]
     nodes = units * (p + d)
     cost = nodes * gpn * price if price is not None else None
@@ -136,7 +161,8 @@ def _size(hw: str, unit: _Unit, target: float, price: float | None) -> CapacityP
         served_output_throughput=units * row["output_throughput"],
         gpu_hour_usd=price, cost_per_hour_usd=cost,
         usd_per_million_output_tokens=(cost / (target * 3600) * 1e6) if cost is not None
-        else None)
+        else None, instance_nodes=k, instances=units * (per_p + per_d),
+        prefill_instances=units * per_p, decode_instances=units * per_d)
 
 
 def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *,
@@ -153,7 +179,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     """
     if not target > 0 or not math.isfinite(target):
         raise EpsimError(f"target output throughput must be a positive number, got {target}")
-    check_scenario(base)
+    check_scenario(base.with_(prefill_tp=None, prefill_dp=None, prefill_ep=None))  # co-located
     _check_splits(base, space, hardware, unit_layouts, unit_nodes)
     cache = cache or StepCache()
     prices = gpu_hour_usd or {}
@@ -163,7 +189,8 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
         unit = _best_unit(base, slo, space, hw, unit_layouts, unit_nodes, num_prompts, cache,
                           bar)
         if unit is not None:
-            plans.append(_size(hw, unit, target, prices.get(hw, prices.get("*"))))
+            plans.append(_size(hw, unit, target, prices.get(hw, prices.get("*")),
+                               base.instance_nodes))
     plans.sort(key=lambda c: (c.cost_per_hour_usd if c.cost_per_hour_usd is not None else 0.0,
                               c.nodes))
     return plans

@@ -149,8 +149,9 @@ def per_request_itls_s(run: ServingRun) -> list[list[float]]:
     return out
 
 
-def _stats(name: str, values_s: np.ndarray, percentiles: Sequence[float], with_pct: bool
-           ) -> dict[str, float]:
+def latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float],
+                  with_pct: bool) -> dict[str, float]:
+    """``mean_/median_/std_`` (and with ``with_pct`` the ``pNN_``) ``{name}_ms`` of seconds."""
     ms = values_s * 1e3 if len(values_s) else np.zeros(1)  # vLLM: np.mean(x or 0)
     out = {f"mean_{name}_ms": float(np.mean(ms)), f"median_{name}_ms": float(np.median(ms)),
            f"std_{name}_ms": float(np.std(ms))}
@@ -186,7 +187,7 @@ def compute_metrics(run: ServingRun, percentiles: Sequence[float] = DEFAULT_PERC
     if goodput:
         m["request_goodput"] = good_requests(run, goodput) / duration
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", run.itls_s), ("e2el", e2el)):
-        m.update(_stats(name, values, percentiles, name in percentile_metrics))
+        m.update(latency_stats(name, values, percentiles, name in percentile_metrics))
 
     dec = [s for s in run.steps if s.kind == "decode"]
     dec_time = sum(s.seconds for s in dec)

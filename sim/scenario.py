@@ -35,6 +35,7 @@ from .engine_presets import (
     engine_settings,
 )
 from .hardware import HardwareProfile, load_profile
+from .instances import aggregate, instance_metrics
 from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
 from .serving import (
     ServingConfig,
@@ -83,6 +84,12 @@ class Scenario:
         values in place of the engine's (``None``: the engine's).
     goodput: vLLM's ``--goodput`` SLOs, ``(("ttft", ms), ...)`` (``metrics.goodput_slos``);
         with any, the result has ``request_goodput``.
+    instance_nodes: each side (prefill and decode under ``disagg``, else ``nodes``) cut into
+        independent instances of this many nodes, each running the side's plan over its own
+        GPUs, behind ``router`` (``sim/router.py``); ``None``: one instance per side.
+        Example: 1 (``disagg=(2, 3)``: 2 prefill and 3 decode instances of one node).
+    prefill_tp / prefill_dp / prefill_ep: the prefill side's plan under ``disagg`` (``None``:
+        the decode side's tp and EP choice over a prefill instance's GPUs).
     """
 
     model: str
@@ -115,6 +122,11 @@ class Scenario:
     cuda_graph_max_bs: int | None = None
     host_ms_per_step: float | None = None
     goodput: tuple[tuple[str, float], ...] = ()
+    instance_nodes: int | None = None
+    router: str = "round_robin"
+    prefill_tp: int | None = None
+    prefill_dp: int | None = None
+    prefill_ep: int | None = None
 
     @property
     def use_dbo(self) -> bool:
@@ -160,13 +172,19 @@ def _decode_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
 
 def _prefill_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
                   profile: HardwareProfile) -> ParallelPlan:
-    """The prefill side keeps the decode side's tp and EP/TP-MoE choice over its own GPUs."""
-    tp = sc.tp or 1
+    """The prefill side: ``prefill_tp/dp/ep`` where given, else the decode side's tp and
+    EP/TP-MoE choice over its own GPUs."""
     world = nodes * gpn
-    if world % tp:
+    tp = sc.prefill_tp if sc.prefill_tp is not None else (
+        None if sc.prefill_dp is not None else sc.tp or 1)
+    if tp is not None and world % tp:
         raise EpsimError(f"tp {tp} does not divide the prefill side's {world} GPUs")
-    ep = world if (sc.ep is None and world // tp > 1) or (sc.ep or 0) > 1 else 1
-    plan = make_plan(model, nodes=nodes, gpus_per_node=gpn, tp=tp, ep=ep, **_plan_options(sc))
+    ep = sc.prefill_ep
+    if ep is None:
+        groups = world // tp if tp is not None else sc.prefill_dp
+        ep = world if (sc.ep is None and groups > 1) or (sc.ep or 0) > 1 else 1
+    plan = make_plan(model, nodes=nodes, gpus_per_node=gpn, dp=sc.prefill_dp, tp=tp, ep=ep,
+                     **_plan_options(sc))
     return with_implied_fusions(plan, model, profile.plan_options)
 
 
@@ -179,6 +197,36 @@ def _node_split(sc: Scenario) -> tuple[int, int]:
         raise EpsimError(f"--disagg {p_nodes}:{d_nodes} needs {p_nodes + d_nodes} nodes but "
                          f"--nodes is {sc.nodes}")
     return p_nodes, d_nodes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a scenario's nodes are cut: per side, the nodes of one instance and how many
+    instances (``prefill_instances`` 0 when co-located)."""
+
+    prefill_nodes: int
+    prefill_instances: int
+    decode_nodes: int
+    decode_instances: int
+
+
+def scenario_layout(sc: Scenario) -> Layout:
+    """The sides' instances: ``instance_nodes`` must divide each side's nodes; the
+    ``prefill_*`` plan needs ``disagg``."""
+    p_nodes, d_nodes = _node_split(sc)
+    if not sc.disagg and (sc.prefill_tp, sc.prefill_dp, sc.prefill_ep) != (None,) * 3:
+        raise EpsimError("--prefill-tp, --prefill-dp and --prefill-ep need --disagg P:D")
+    k = sc.instance_nodes
+    if k is None:
+        return Layout(p_nodes, 1 if p_nodes else 0, d_nodes, 1)
+    if k < 1:
+        raise EpsimError(f"--instance-nodes must be at least 1, got {k}")
+    sides = (("prefill", p_nodes), ("decode", d_nodes)) if sc.disagg else (("", d_nodes),)
+    for name, n in sides:
+        if n % k:
+            where = f"the {n} {name} nodes of --disagg" if name else f"--nodes {n}"
+            raise EpsimError(f"--instance-nodes {k} does not divide {where}")
+    return Layout(k if p_nodes else 0, p_nodes // k, k, d_nodes // k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,12 +271,13 @@ class StepCache:
 
 
 def _with_prefill_side(config: ServingConfig, model: ModelConfig, profile: HardwareProfile,
-                       sc: Scenario, nodes: tuple[int, int], gpn: int
+                       sc: Scenario, nodes: tuple[int, int], instance_nodes: int, gpn: int
                        ) -> tuple[ServingConfig, ParallelPlan, dict[str, Any]]:
-    """Disaggregated serving: the decode side's ``config`` with the prefill side added, the
-    prefill side's plan, and the keys that echo it in the result."""
+    """Disaggregated serving: the decode side's ``config`` with the prefill side added (each
+    prefill instance of ``instance_nodes`` nodes), the prefill side's plan, and the keys that
+    echo it in the result."""
     p_nodes, d_nodes = nodes
-    pplan = _prefill_plan(model, sc, p_nodes, gpn, profile)
+    pplan = _prefill_plan(model, sc, instance_nodes, gpn, profile)
     pbudget = accounting.memory_budget(model, pplan, profile.hbm_bytes)
     per_token = accounting.kv_bytes_per_token(model, sc.kv_dtype, pplan.tp,
                                               accounting.draft_kv_layers(pplan))
@@ -237,6 +286,7 @@ def _with_prefill_side(config: ServingConfig, model: ModelConfig, profile: Hardw
                      kv_transfer_s_per_token=per_token / profile.nic_bandwidth_per_gpu)
     isl = sc.workload.isl
     echo = {"prefill_nodes": p_nodes, "decode_nodes": d_nodes, "prefill_dp": pplan.dp,
+            "prefill_tp": pplan.tp, "prefill_ep": pplan.ep,
             "kv_transfer_ms_per_request": per_token / profile.nic_bandwidth_per_gpu
             * float(isl or 0) * 1e3 if isl else None}
     return config, pplan, echo
@@ -303,13 +353,13 @@ def check_scenario(sc: Scenario) -> None:
     check_context(sc.workload, model)
     profile = scenario_profile(sc)
     gpn = sc.gpus_per_node or profile.gpus_per_node
-    p_nodes, d_nodes = _node_split(sc)
-    plan = _decode_plan(model, sc, d_nodes, gpn, profile)
+    lay = scenario_layout(sc)
+    plan = _decode_plan(model, sc, lay.decode_nodes, gpn, profile)
     # the engine's caps must agree (e.g. vLLM's max_num_batched_tokens >= max_num_seqs); the
     # KV capacity only sizes SGLang's default running cap, so any stands in here
     scenario_engine(sc, model, profile, plan, 1 << 20)
-    if p_nodes:
-        _prefill_plan(model, sc, p_nodes, gpn, profile)
+    if lay.prefill_instances:
+        _prefill_plan(model, sc, lay.prefill_nodes, gpn, profile)
 
 
 def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
@@ -330,7 +380,8 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     profile = scenario_profile(sc)
     gpn = sc.gpus_per_node or profile.gpus_per_node
     nodes = _node_split(sc)
-    plan = _decode_plan(model, sc, nodes[1], gpn, profile)
+    lay = scenario_layout(sc)
+    plan = _decode_plan(model, sc, lay.decode_nodes, gpn, profile)
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
     settings = scenario_engine(sc, model, profile, plan, budget.kv_capacity_tokens)
     step_models = [engine_step_time(cache, model, plan, profile, sc, settings)]
@@ -340,10 +391,14 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
                            max_running_per_rank=settings.max_running_per_rank,
                            max_batched_tokens=settings.max_batched_tokens,
                            mixed_chunk=settings.mixed_chunk, mtp=plan.mtp,
-                           mtp_acceptance=sc.mtp_acceptance, seed=sc.workload.seed)
+                           mtp_acceptance=sc.mtp_acceptance, seed=sc.workload.seed,
+                           instances=lay.decode_instances,
+                           prefill_instances=max(1, lay.prefill_instances), router=sc.router)
     disagg_echo: dict[str, Any] = {}
+    pplan = None
     if sc.disagg:
-        config, pplan, disagg_echo = _with_prefill_side(config, model, profile, sc, nodes, gpn)
+        config, pplan, disagg_echo = _with_prefill_side(config, model, profile, sc, nodes,
+                                                        lay.prefill_nodes, gpn)
         step_models.append(engine_step_time(cache, model, pplan, profile, sc, settings))
     if requests is None:
         requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
@@ -354,7 +409,30 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     if run_out is not None:
         run_out.append(run)
     metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics, sc.goodput)
+    instances = None
+    if sc.instance_nodes is not None:
+        instances = _instance_entries(run, metrics, sc, lay, {"prefill": pplan}, plan, gpn)
+        metrics = aggregate(metrics, instances)
     out = {**_deployment_echo(sc, model, profile, plan, nodes, gpn), **disagg_echo,
            **_benchmark_echo(sc, budget.kv_capacity_tokens, settings), **metrics}
+    if instances is not None:
+        out.update(instance_nodes=sc.instance_nodes, router=sc.router,
+                   num_instances=lay.prefill_instances + lay.decode_instances,
+                   prefill_instances=lay.prefill_instances,
+                   decode_instances=lay.decode_instances, instances=instances)
     out["sim_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def _instance_entries(run: ServingRun, metrics: dict[str, Any], sc: Scenario, lay: Layout,
+                      plans: dict[str, ParallelPlan | None], plan: ParallelPlan, gpn: int
+                      ) -> list[dict[str, Any]]:
+    """Each instance's figures (``sim/instances.py``) with its nodes and plan."""
+    entries = instance_metrics(run, metrics["duration"], sc.percentiles, sc.percentile_metrics)
+    out = []
+    for e in entries:
+        p = plans.get(e["role"]) or plan
+        nodes = lay.prefill_nodes if e["role"] == "prefill" else lay.decode_nodes
+        out.append({"role": e.pop("role"), "index": e.pop("index"), "nodes": nodes,
+                    "gpus": nodes * gpn, "plan": {"dp": p.dp, "tp": p.tp, "ep": p.ep}, **e})
     return out

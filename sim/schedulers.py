@@ -368,9 +368,11 @@ class DisaggPrefill(Scheduler):
                "request's decode rank (its KV pre-allocated there)")
 
     def __init__(self, side: SideQueues, st: RequestState, kv: KVPool, config: ServingConfig,
-                 counters: Counters, *, decode_kv: KVPool | None = None, **kw: Any) -> None:
+                 counters: Counters, *, decode_kv: Callable[[int], KVPool] | None = None,
+                 **kw: Any) -> None:
         super().__init__(side, st, kv, config, counters)
         assert decode_kv is not None, "the prefill side admits against the decode side's KV"
+        #: request -> the KV pool of the decode instance it was routed to
         self.decode_kv = decode_kv
 
     @classmethod
@@ -379,12 +381,11 @@ class DisaggPrefill(Scheduler):
         return WholeSequence(ranks, capacity, st, rank, need=lambda i: int(st.isl[i]))
 
     def admit(self, r: int, i: int, tokens: int, chunk: Chunk) -> bool:
-        d = int(self.st.rank[i])
-        if not (self.kv.fits(r, int(self.st.isl[i]))
-                and self.decode_kv.fits(d, self.decode_kv.need(i))):
+        d, dkv = int(self.st.rank[i]), self.decode_kv(i)
+        if not (self.kv.fits(r, int(self.st.isl[i])) and dkv.fits(d, dkv.need(i))):
             return False
         self.kv.admit(r, i, tokens, lambda: chunk)
-        self.decode_kv.admit(d, i, tokens, lambda: chunk)
+        dkv.admit(d, i, tokens, lambda: chunk)
         self.counters.admitted += 1
         return True
 

@@ -31,8 +31,10 @@ class RequestState:
     isl / osl: input and output tokens. send / first / done / last: send time, first token,
     last token, latest token so far. generated / prefilled: output tokens emitted, prompt
     tokens computed toward :meth:`prefill_target`. rank: the dp rank that decodes it.
-    preemptions: times its KV was taken back. itls: the inter-token gaps, one array per step;
-    itl_ids: the requests those gaps belong to, the same shapes.
+    owner: the instance that decodes it (0 with one instance). preemptions: times its KV was
+    taken back. itls: the inter-token gaps, one array per step; itl_ids: the requests those gaps
+    belong to, the same shapes; itl_owner: the instance each array's requests decode on (one
+    step's requests share an instance).
     """
 
     def __init__(self, req: Requests) -> None:
@@ -46,9 +48,11 @@ class RequestState:
         self.generated = np.zeros(n, dtype=np.int64)
         self.prefilled = np.zeros(n, dtype=np.int64)
         self.rank = np.full(n, -1, dtype=np.int64)
+        self.owner = np.zeros(n, dtype=np.int64)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.itls: list[np.ndarray] = []
         self.itl_ids: list[np.ndarray] = []
+        self.itl_owner: list[int] = []
 
     def prefill_target(self, i: int) -> int:
         """Tokens request ``i`` computes before it decodes: its prompt, plus the tokens it had
@@ -64,6 +68,7 @@ class RequestState:
         returns those now finished."""
         self.itls.append(t - self.last[ids])
         self.itl_ids.append(ids.copy())
+        self.itl_owner.append(int(self.owner[ids[0]]))
         self.last[ids] = t
         self.generated[ids] += 1 if counts is None else counts
         return ids[self.generated[ids] >= self.osl[ids]]

@@ -41,6 +41,8 @@ def rank_slices(steps: list[StepRecord]) -> list[TrackSlice]:
     out = []
     for n, s in enumerate(steps):
         process = RANK_PROCESS[s.engine]
+        if s.instance:  # instances past the first get their own processes
+            process = f"{process}, instance {s.instance}"
         work = zip(s.rank_prefill_tokens, s.rank_decode_seqs, strict=True)
         for rank, (tokens, seqs) in enumerate(work):
             if tokens:

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         u = c.unit
         rows.append({
             "hardware": c.hardware, "nodes": c.nodes, "prefill": c.prefill_nodes,
-            "decode": c.decode_nodes, "gpus": c.gpus,
+            "decode": c.decode_nodes, "gpus": c.gpus, "instances": c.instances,
             "unit": (f"{c.prefill_nodes_per_unit}:{c.decode_nodes_per_unit}"
                      if c.prefill_nodes_per_unit else f"{c.unit_nodes} node co-located"),
             "conc/unit": u["concurrency"], "dp": u["dp"], "tp": u["tp"],

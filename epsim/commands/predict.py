@@ -14,7 +14,7 @@ from epsim.sim.scenario import run_scenario
 from epsim.sim.serving import ServingRun
 from epsim.sim.serving_trace import write_serving_trace
 
-from ..common import _jsonable, add_scenario_args, emit_json, scenario_from_args
+from ..common import _jsonable, add_scenario_args, emit_json, print_columns, scenario_from_args
 from ..inputs import add_flag
 
 # --------------------------------------------------------------------------------------------
@@ -72,6 +72,21 @@ def print_result(r: Mapping[str, Any]) -> None:
         print(line.format(f"{k}:", _fmt(r[k])))
     print(line.format("step_breakdown_ms:", _fmt(r["step_breakdown_ms"])))
     print("=" * 60)
+    if r.get("instances"):
+        print_instances(r)
+
+
+def print_instances(r: Mapping[str, Any]) -> None:
+    """One row per instance behind the router (``--instance-nodes``)."""
+    print(f"{r['num_instances']} instances of {r['instance_nodes']} node(s), router "
+          f"{r['router']}:")
+    rows = [{"role": i["role"], "index": i["index"], "nodes": i["nodes"],
+             "dp/tp/ep": "{dp}/{tp}/{ep}".format(**i["plan"]), "requests": i["requests"],
+             "out tok/s": i["output_throughput"], "decode tok/s": i["decode_throughput"],
+             "median TTFT ms": i["median_ttft_ms"],
+             "median ITL ms": i.get("median_itl_ms", "-"), "steps": i["num_steps"]}
+            for i in r["instances"]]
+    print_columns(rows, list(rows[0]))
 
 
 # --------------------------------------------------------------------------------------------
