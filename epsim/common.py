@@ -36,6 +36,7 @@ from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
 from epsim.sim.engine_presets import EPSIM_CHUNKED_PREFILL
 from epsim.sim.metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, percentile_word
+from epsim.sim.request_traces import shipped_traces
 from epsim.sim.scenario import Scenario
 from epsim.sim.tune import OBJECTIVES, SearchSpace
 from epsim.sim.workload import WorkloadSpec
@@ -96,7 +97,8 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
     add_flag(g, "--burstiness", default=w.burstiness,
              help="gamma shape of inter-arrival gaps (1: Poisson)")
     add_flag(g, "--num-prompts", default=None, metavar="N",
-             help=f"requests in the benchmark (default: the concurrency, else {w.num_prompts})")
+             help=f"requests in the benchmark (default: the concurrency, else {w.num_prompts}; "
+             "--dataset trace: its first N rows, default all)")
     add_flag(g, "--dataset", "--dataset-name", dest="dataset", default=None,
              help="request lengths (default: fixed with --isl, else sharegpt-like)")
     add_flag(g, "--isl", "--random-input-len", dest="isl", lists=lists, default=None,
@@ -107,7 +109,11 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
              help="random dataset: lengths uniform in [L(1-r), L(1+r)] "
              f"(default {w.random_range_ratio:g})")
     add_flag(g, "--dataset-path", default=None, metavar="FILE",
-             help="a local ShareGPT JSON for --dataset sharegpt-like")
+             help="a local ShareGPT JSON for --dataset sharegpt-like; a request trace CSV "
+             "(TIMESTAMP, ContextTokens, GeneratedTokens) or a shipped one "
+             f"({', '.join(shipped_traces())}) for --dataset trace")
+    add_flag(g, "--time-scale", default=w.time_scale, metavar="S",
+             help="--dataset trace: arrival times x S (0.5 doubles the arrival rate; default 1)")
     add_flag(g, "--seed", default=w.seed, help=f"seeds requests and routing (default {w.seed})")
     percentiles = ",".join(percentile_word(p) for p in DEFAULT_PERCENTILES)
     add_flag(g, "--metric-percentiles", default=percentiles,
@@ -216,13 +222,13 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         raise EpsimError("--isl needs --osl")
     conc = v["concurrency"]
     n = v["num_prompts"]
-    if n is None:
+    if n is None and dataset != "trace":  # a trace replays every row unless told
         n = conc if conc is not None else WorkloadSpec.num_prompts
     workload = WorkloadSpec(
         dataset=dataset, num_prompts=n, isl=isl, osl=osl,
         random_range_ratio=v["random_range_ratio"], max_concurrency=conc,
         request_rate=v["request_rate"], burstiness=v["burstiness"],
-        dataset_path=v["dataset_path"], seed=v["seed"]).validate()
+        dataset_path=v["dataset_path"], time_scale=v.get("time_scale", 1.0), seed=v["seed"]).validate()
     return Scenario(
         model=v["model"], hardware=v["hardware"], workload=workload, nodes=v["nodes"],
         gpus_per_node=v["gpus_per_node"], dp=v["dp"], tp=v["tp"], ep=v["ep"],

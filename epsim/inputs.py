@@ -357,6 +357,7 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.sim.engine_presets import ENGINES
     from epsim.sim.hardware import shipped_profiles
     from epsim.sim.metrics import parse_percentile_metrics, parse_percentiles
+    from epsim.sim.request_traces import shipped_traces
     from epsim.sim.scenario import parse_disagg
     from epsim.sim.serving import DP_BALANCE
     from epsim.sim.slo import parse_slo
@@ -386,6 +387,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--grid": Name(shipped_grids, "validation grid"),
         "--profile": Name(shipped_profiles, "hardware profile"),
         "--base": Name(shipped_profiles, "hardware profile"),
+        "--dataset-path": Name(shipped_traces, "dataset file"),
     }
 
 
@@ -406,6 +408,7 @@ FLAGS: dict[str, Spec] = {
     "--request-rate": Real(0.0, 1e9, low_open=True, allow_inf=True),
     "--burstiness": Real(0.0, 1e6, low_open=True),
     "--random-range-ratio": Real(0.0, 0.999999),  # vLLM: 0 <= r < 1
+    "--time-scale": Real(0.0, 1e6, low_open=True),
     "--seed": Integer(0, MAX_SEED),
     "--chunked-prefill-size": Integer(1, MAX_TOKENS),
     # MTP speculative decoding: each draft token's acceptance probability (--mtp: _lazy_flags)
@@ -440,7 +443,6 @@ FLAGS: dict[str, Spec] = {
     "--csv": OutputFile("--csv"),
     "--plot": OutputFile("--plot"),
     "--out": OutputFile("--out"),
-    "--dataset-path": InputFile("dataset file"),
     "--previous": InputFile("placement file"),
     "--placement": InputFile("placement file"),
 }

@@ -36,6 +36,7 @@ from .engine_presets import (
 )
 from .hardware import HardwareProfile, load_profile
 from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
+from .request_traces import arrival_rate
 from .serving import (
     ServingConfig,
     ServingRun,
@@ -44,7 +45,7 @@ from .serving import (
     simulate_serving,
 )
 from .step_time import EngineStepTime
-from .workload import WorkloadSpec, check_context, sample_requests
+from .workload import Requests, WorkloadSpec, check_context, sample_requests
 
 #: builds the step-time model of one side of a deployment (tests pass analytic ones)
 StepModelFactory = Callable[[ModelConfig, ParallelPlan, HardwareProfile, "Scenario"], StepTimeModel]
@@ -256,9 +257,19 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int, settings: EngineSetti
     w = sc.workload
     return {"dataset": w.dataset, "isl": w.isl, "osl": w.osl,
             "max_concurrency": w.max_concurrency,
-            "request_rate": "inf" if math.isinf(w.request_rate) else w.request_rate,
+            "request_rate": "trace" if w.dataset == "trace"
+            else "inf" if math.isinf(w.request_rate) else w.request_rate,
             "seed": w.seed, **settings.echo(),
             "kv_capacity_tokens_per_rank": kv_capacity_tokens}
+
+
+def _trace_echo(w: WorkloadSpec, requests: Requests) -> dict[str, Any]:
+    """A replayed trace: which, how stretched, and the arrival rate it offered (requests/s over
+    its span); nothing for the other datasets."""
+    if w.dataset != "trace":
+        return {}
+    return {"dataset_path": w.dataset_path, "time_scale": w.time_scale,
+            "trace_arrival_rate": arrival_rate(requests.issue_times_s)}
 
 
 def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
@@ -340,6 +351,7 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
         run_out.append(run)
     metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics)
     out = {**_deployment_echo(sc, model, profile, plan, nodes, gpn), **disagg_echo,
-           **_benchmark_echo(sc, budget.kv_capacity_tokens, settings), **metrics}
+           **_benchmark_echo(sc, budget.kv_capacity_tokens, settings),
+           **_trace_echo(sc.workload, requests), **metrics}
     out["sim_wall_s"] = time.perf_counter() - t0
     return out

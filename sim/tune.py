@@ -60,8 +60,8 @@ def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None)
         dp, tp = split
         changes.update(dp=dp, tp=tp, ep=None)
     c = point["concurrency"]
-    changes["workload"] = replace(sc.workload, max_concurrency=c,
-                                  num_prompts=num_prompts or c)
+    own = sc.workload.num_prompts if sc.workload.dataset == "trace" else c  # a trace's rows
+    changes["workload"] = replace(sc.workload, max_concurrency=c, num_prompts=num_prompts or own)
     return sc.with_(**changes)
 
 
