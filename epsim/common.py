@@ -35,14 +35,17 @@ from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
 from epsim.sim.engine_presets import EPSIM_CHUNKED_PREFILL
+from epsim.sim.executors import Executor, make_executor
 from epsim.sim.metrics import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
     goodput_slos,
     percentile_word,
 )
+from epsim.sim.request_traces import shipped_traces
 from epsim.sim.scenario import Scenario
-from epsim.sim.tune import OBJECTIVES, SearchSpace
+from epsim.sim.search import DEFAULT_TRIALS, GRID_MAX_POINTS
+from epsim.sim.tune import OBJECTIVES, SearchOptions, SearchSpace
 from epsim.sim.workload import WorkloadSpec
 
 from .inputs import add_flag
@@ -59,9 +62,11 @@ def add_model_arg(parser: argparse.ArgumentParser, *, required: bool = True) -> 
              help="shipped model name (e.g. deepseek-r1) or path to a config.json")
 
 
-def add_plan_args(parser: argparse.ArgumentParser) -> None:
+def add_plan_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> None:
     g = parser.add_argument_group("parallel plan")
-    add_flag(g, "--nodes", default=1, help="nodes (default 1)")
+    add_flag(g, "--nodes", default=1, lists=lists,
+             help="nodes (default 1)" + (" (comma list: tune searches them; plan: the "
+                                          "co-located unit's nodes, one value)" if lists else ""))
     add_flag(g, "--gpus-per-node", default=None,
              help="GPUs per node (default: the hardware profile's, else 8)")
     add_flag(g, "--dp", default=None, help="data-parallel attention groups")
@@ -101,7 +106,8 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
     add_flag(g, "--burstiness", default=w.burstiness,
              help="gamma shape of inter-arrival gaps (1: Poisson)")
     add_flag(g, "--num-prompts", default=None, metavar="N",
-             help=f"requests in the benchmark (default: the concurrency, else {w.num_prompts})")
+             help=f"requests in the benchmark (default: the concurrency, else {w.num_prompts}; "
+             "--dataset trace: its first N rows, default all)")
     add_flag(g, "--dataset", "--dataset-name", dest="dataset", default=None,
              help="request lengths (default: fixed with --isl, else sharegpt-like)")
     # --random-input / --random-output: the names SGLang's bench_serving documents (argparse
@@ -115,7 +121,11 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
              f"[rL, L], r <= 1 (--bench-client sglang) (default {w.random_range_ratio:g})")
     add_bench_client_arg(g)
     add_flag(g, "--dataset-path", default=None, metavar="FILE",
-             help="a local ShareGPT JSON for --dataset sharegpt-like")
+             help="a local ShareGPT JSON for --dataset sharegpt-like; a request trace CSV "
+             "(TIMESTAMP, ContextTokens, GeneratedTokens) or a shipped one "
+             f"({', '.join(shipped_traces())}) for --dataset trace")
+    add_flag(g, "--time-scale", default=w.time_scale, metavar="S",
+             help="--dataset trace: arrival times x S (0.5 doubles the arrival rate; default 1)")
     add_flag(g, "--seed", default=w.seed, help=f"seeds requests and routing (default {w.seed})")
     percentiles = ",".join(percentile_word(p) for p in DEFAULT_PERCENTILES)
     add_flag(g, "--metric-percentiles", default=percentiles,
@@ -149,10 +159,11 @@ def add_kernels_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
              "roofline alone); the fusions the set implies join the plan")
 
 
-def add_mtp_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+def add_mtp_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                 lists: bool = False) -> None:
     """``--mtp N`` and ``--mtp-acceptance P``: MTP speculative decoding (step, predict, sweep,
-    tune, plan, run)."""
-    add_flag(parser, "--mtp", default=0, metavar="N",
+    tune, plan, run; ``lists``: tune and plan search a comma list of N)."""
+    add_flag(parser, "--mtp", default=None if lists else 0, metavar="N", lists=lists,
              help="MTP speculative decoding: draft tokens per decode step, verified by the next "
              "step (1 + N query tokens per sequence) and proposed by the model's MTP draft "
              "module run N times (default 0: off)")
@@ -182,14 +193,14 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False,
              help=loads_help("expert load statistics for routing (default: synthetic)"))
     add_flag(o, "--disagg", default=None, metavar="P:D",
              help="prefill on P nodes, decode on D nodes (KV shipped over the NIC)")
-    add_flag(o, "--chunked-prefill-size", default=None,
+    add_flag(o, "--chunked-prefill-size", default=None, lists=search,
              help="prompt tokens one rank prefills per step (default: the engine's; "
-             f"{EPSIM_CHUNKED_PREFILL} without --engine)")
+             f"{EPSIM_CHUNKED_PREFILL} without --engine)" + (" (comma list)" if search else ""))
     add_flag(o, "--dp-balance", default=sc.dp_balance,
              help=f"how requests are spread over dp ranks (default {sc.dp_balance})")
     add_flag(o, "--mem-fraction", default=sc.mem_fraction,
              help=f"share of HBM for weights + activations + KV (default {sc.mem_fraction})")
-    add_mtp_args(o)
+    add_mtp_args(o, lists=search)
 
 
 def add_instance_args(parser: argparse.ArgumentParser) -> None:
@@ -209,7 +220,7 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                  "tp and EP choice over a prefill instance's GPUs)")
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_engine_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> None:
     """A serving engine's scheduling policy and defaults, and the flags that override them."""
     g = parser.add_argument_group(
         "serving engine (docs/serving.md: each preset's defaults and their sources)")
@@ -218,9 +229,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
              "prompt chunks in the same step), sglang (prefill first, reservation and "
              "retraction), split (separate prefill and decode queues); default: epsim's "
              "prefill_first")
-    add_flag(g, "--max-num-seqs", default=None, metavar="N",
+    add_flag(g, "--max-num-seqs", default=None, metavar="N", lists=lists,
              help="requests one dp rank runs at most (vLLM max_num_seqs; SGLang "
-             "max_running_requests / dp)")
+             "max_running_requests / dp)" + (" (comma list)" if lists else ""))
     add_flag(g, "--max-num-batched-tokens", default=None, metavar="T",
              help="tokens in one rank's step at most (vLLM's budget, decodes included; "
              "SGLang's max_prefill_tokens)")
@@ -240,12 +251,12 @@ def add_scenario_args(parser: argparse.ArgumentParser, *, lists: bool = False,
     where sweepable)."""
     add_model_arg(parser)
     add_hardware_arg(parser, required=hardware_required, lists=hardware_lists)
-    add_plan_args(parser)
+    add_plan_args(parser, lists=search)
     parser.set_defaults(nodes=None)  # None: 1, or P + D under --disagg
     add_workload_args(parser, lists=lists)
     add_execution_args(parser, lists=lists, search=search)
     add_instance_args(parser)
-    add_engine_args(parser)
+    add_engine_args(parser, lists=search)
     add_json_arg(parser)
 
 
@@ -259,13 +270,13 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         raise EpsimError("--isl needs --osl")
     conc = v["concurrency"]
     n = v["num_prompts"]
-    if n is None:
+    if n is None and dataset != "trace":  # a trace replays every row unless told
         n = conc if conc is not None else WorkloadSpec.num_prompts
     workload = WorkloadSpec(
         dataset=dataset, num_prompts=n, isl=isl, osl=osl,
         random_range_ratio=v["random_range_ratio"], max_concurrency=conc,
         request_rate=v["request_rate"], burstiness=v["burstiness"],
-        dataset_path=v["dataset_path"], seed=v["seed"],
+        dataset_path=v["dataset_path"], time_scale=v.get("time_scale", 1.0), seed=v["seed"],
         bench_client=v.get("bench_client") or WorkloadSpec.bench_client).validate()
     return Scenario(
         model=v["model"], hardware=v["hardware"], workload=workload, nodes=v["nodes"],
@@ -319,10 +330,11 @@ DEFAULT_SEARCH_CONCURRENCY = (256, 512, 1024, 2048, 3072, 4096)
 DEFAULT_SEARCH_HARDWARE = "mi300x"
 
 
-def add_search_args(parser: argparse.ArgumentParser, *, hardware_lists: bool = False) -> None:
-    """A scenario (comma lists, hardware optional) plus the SLO and the search space
-    (``hardware_lists``: several hardware profiles, as plan compares them)."""
-    add_scenario_args(parser, lists=True, hardware_required=False, hardware_lists=hardware_lists,
+def add_search_args(parser: argparse.ArgumentParser) -> None:
+    """A scenario (comma lists, hardware optional) plus the SLO, the search space (a comma list
+    on each searched flag: tune searches several hardware profiles, plan compares them) and how
+    the search runs (``add_executor_args``)."""
+    add_scenario_args(parser, lists=True, hardware_required=False, hardware_lists=True,
                       search=True)
     g = parser.add_argument_group("SLO and search space")
     add_flag(g, "--slo", required=True,
@@ -334,10 +346,54 @@ def add_search_args(parser: argparse.ArgumentParser, *, hardware_lists: bool = F
     add_flag(g, "--splits", lists=True, default=None,
              help="dp x tp splits to try, e.g. 8x1,4x2,1x8 (default: the plan's own)")
     parser.set_defaults(concurrency=None)
+    add_executor_args(parser, search=True)
 
 
-def search_space_from_args(args: argparse.Namespace) -> SearchSpace:
+def add_executor_args(parser: argparse.ArgumentParser, *, search: bool) -> None:
+    """Where the points run (sweep, tune, plan) and, for a search, how they are picked."""
+    g = parser.add_argument_group("where the points run (docs/performance.md)")
+    add_flag(g, "--workers", default=None, metavar="N",
+             help="local worker processes (default: the cores this process may use; 1: serial)")
+    add_flag(g, "--ray", default=None, metavar="auto|local|ADDRESS",
+             help="run the points as Ray tasks: auto joins the running cluster, local starts "
+             "one here, or a cluster address (pip install 'epsim[ray]')")
+    if search:
+        add_flag(g, "--search", default="auto",
+                 help=f"every point (grid) or optuna's TPE sampler with the SLO as a constraint "
+                 f"(default auto: grid up to {GRID_MAX_POINTS} points)")
+        add_flag(g, "--trials", default=None, metavar="N",
+                 help=f"optuna's trials (default {DEFAULT_TRIALS}, at most the space's size)")
+
+
+def executor_from_args(args: argparse.Namespace) -> Executor:
+    """The executor ``--workers`` / ``--ray`` ask for (a context manager owning its workers)."""
+    return make_executor(args.workers, args.ray)
+
+
+def search_options_from_args(args: argparse.Namespace, executor: Executor) -> SearchOptions:
+    return SearchOptions(strategy=args.search, trials=args.trials, executor=executor)
+
+
+def search_diagnostics(executor: Executor, strategy: str, wall_s: float) -> dict[str, Any]:
+    """What ran a search and how long it took: the JSON's ``"diagnostics"`` (not results)."""
+    return {**executor.describe(), "search": strategy, "wall_s": wall_s}
+
+
+def _searched(values: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    """A comma list as a search dimension: two or more values; one is the base's own."""
+    return tuple(values) if values is not None and len(values) > 1 else (None,)
+
+
+def search_space_from_args(args: argparse.Namespace, *, units: bool = False) -> SearchSpace:
+    """The space the flags describe (``units``: plan's, whose hardware and nodes are the units
+    it compares, not point dimensions)."""
+    if units and args.nodes is not None and len(args.nodes) > 1:
+        raise EpsimError("plan: --nodes is the co-located unit's size and takes one value")
     return SearchSpace(
+        hardware=(None,) if units else _searched(args.hardware),
+        nodes=(None,) if units else _searched(args.nodes),
+        mtp=_searched(args.mtp), max_num_seqs=_searched(args.max_num_seqs),
+        chunked_prefill_size=_searched(args.chunked_prefill_size),
         concurrency=tuple(args.concurrency or DEFAULT_SEARCH_CONCURRENCY),
         # --no-dbo / --no-graph pin the knob off; otherwise the lists say what to try
         dbo=(False,) if args.no_dbo else tuple(args.dbo),
@@ -354,8 +410,13 @@ def search_base_from_args(args: argparse.Namespace, hardware: str) -> Scenario:
             raise EpsimError(f"{flag} takes one value here")
         return values[0] if values else None
 
+    def first(values: tuple[Any, ...] | None) -> Any:  # a searched list: each point sets it
+        return values[0] if values else None
+
     return scenario_from_args(
-        args, hardware=hardware, concurrency=1, disagg=None,
+        args, hardware=hardware, concurrency=1, disagg=None, nodes=first(args.nodes),
+        mtp=first(args.mtp) or 0, max_num_seqs=first(args.max_num_seqs),
+        chunked_prefill_size=first(args.chunked_prefill_size),
         isl=one("--isl", args.isl), osl=one("--osl", args.osl),
         request_rate=one("--request-rate", args.request_rate),
         kv_dtype=Scenario.kv_dtype)  # each point sets its own

@@ -316,6 +316,15 @@ def parse_dp_x_tp(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def parse_ray_address(text: str) -> str:
+    """``auto`` (the running cluster), ``local`` (start one here) or an address
+    (``HOST:PORT``, ``ray://HOST:PORT``); whether it answers is checked when the search starts."""
+    if text in ("auto", "local") or re.fullmatch(
+            r"(ray://)?[A-Za-z0-9][A-Za-z0-9.-]{0,252}:\d{1,5}", text):
+        return text
+    raise EpsimError(f"--ray takes auto, local or HOST:PORT (ray://HOST:PORT), got {_show(text)}")
+
+
 def parse_word(text: str, what: str) -> str:
     """A name made of letters, digits and ``._+-`` (a kernel set: ``aiter``, ``no-aiter``);
     whether the profile has it is checked when the profile is loaded."""
@@ -367,8 +376,10 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.sim.engine_presets import ENGINES
     from epsim.sim.hardware import shipped_profiles
     from epsim.sim.metrics import parse_goodput_item, parse_percentile_metrics, parse_percentiles
+    from epsim.sim.request_traces import shipped_traces
     from epsim.sim.router import ROUTER_NAMES
     from epsim.sim.scenario import parse_disagg
+    from epsim.sim.search import STRATEGIES
     from epsim.sim.serving import DP_BALANCE
     from epsim.sim.slo import parse_slo
     from epsim.sim.step import MODES
@@ -385,6 +396,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--router": Choice(ROUTER_NAMES),
         "--engine": Choice(tuple(ENGINES)),
         "--objective": Choice(tuple(OBJECTIVES)),
+        "--search": Choice(tuple(STRATEGIES)),
         "--method": Choice(tuple(BALANCERS)),
         "--mode": Choice(tuple(MODES)),
         "--slo": Parsed(parse_slo, "an SLO, e.g. median_itl_ms<=100"),
@@ -400,6 +412,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--grid": Name(shipped_grids, "validation grid"),
         "--profile": Name(shipped_profiles, "hardware profile"),
         "--base": Name(shipped_profiles, "hardware profile"),
+        "--dataset-path": Name(shipped_traces, "dataset file"),
     }
 
 
@@ -424,6 +437,7 @@ FLAGS: dict[str, Spec] = {
     "--burstiness": Real(0.0, 1e6, low_open=True),
     # vLLM: 0 <= r < 1, SGLang: 0 <= r <= 1; WorkloadSpec checks the --bench-client's own range
     "--random-range-ratio": Real(0.0, 1.0),
+    "--time-scale": Real(0.0, 1e6, low_open=True),
     "--seed": Integer(0, MAX_SEED),
     "--chunked-prefill-size": Integer(1, MAX_TOKENS),
     # MTP speculative decoding: each draft token's acceptance probability (--mtp: _lazy_flags)
@@ -435,6 +449,9 @@ FLAGS: dict[str, Spec] = {
     "--host-ms-per-step": Real(0.0, 1e4),
     # search and capacity
     "--target-output-throughput": Real(0.0, 1e10, low_open=True),
+    "--workers": Integer(1, 4096),
+    "--trials": Integer(1, 10**5),
+    "--ray": Parsed(parse_ray_address, "auto, local or HOST:PORT", max_len=300),
     # balance
     "--expert-groups": Integer(1, 4096),
     "--redundant": Integer(0, MAX_GPUS),
@@ -463,7 +480,6 @@ FLAGS: dict[str, Spec] = {
     "--csv": OutputFile("--csv"),
     "--plot": OutputFile("--plot"),
     "--out": OutputFile("--out"),
-    "--dataset-path": InputFile("dataset file"),
     "--bench": InputFile("benchmark result file"),
     "--save-result": OutputFile("--save-result"),
     "--previous": InputFile("placement file"),

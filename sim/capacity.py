@@ -20,8 +20,9 @@ from typing import Any
 from epsim.model.errors import EpsimError
 
 from .scenario import Scenario, StepCache, check_scenario, scenario_layout
+from .search import DEFAULT_TRIALS, choose
 from .slo import SLO
-from .tune import SearchSpace, split_errors, tune
+from .tune import SearchOptions, SearchSpace, split_errors, tune
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,21 @@ class _Unit:
 
 @dataclass
 class _Progress:
-    """Points done over every hardware x layout x point, reported through ``report``."""
+    """Points done over every hardware x layout x point, reported through ``report``: each
+    unit's search reports ``n`` of its ``per_unit`` points, after the units before it."""
 
-    total: int
+    per_unit: int
+    units: int
     report: Callable[[int, int], None] | None
-    done: int = 0
+    start: int = 0
 
-    def tick(self, _n: int = 0, _of: int = 0) -> None:
-        self.done += 1
+    def tick(self, n: int, _of: int = 0) -> None:
         if self.report:
-            self.report(self.done, self.total)
+            self.report(self.start + n, self.per_unit * self.units)
+
+    def next_unit(self) -> None:
+        self.start += self.per_unit
+        self.tick(0)
 
 
 def _unit_scenario(base: Scenario, hw: str, layout: tuple[int, int] | None, unit_nodes: int
@@ -121,18 +127,19 @@ def _check_splits(base: Scenario, space: SearchSpace, hardware: Sequence[str],
 
 def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
                unit_layouts: Sequence[tuple[int, int] | None], unit_nodes: int,
-               num_prompts: int | None, cache: StepCache, progress: _Progress) -> _Unit | None:
+               num_prompts: int | None, cache: StepCache, progress: _Progress,
+               options: SearchOptions | None) -> _Unit | None:
     """The layout of ``hw`` with the highest per-node throughput meeting the SLO, if any."""
     best: _Unit | None = None
     for layout in unit_layouts:
         sc = _unit_scenario(base, hw, layout, unit_nodes)
-        start = progress.done
         try:
             res = tune(sc, slo, space, num_prompts=num_prompts, cache=cache,
-                       progress=progress.tick, check_splits=False)
+                       progress=progress.tick, check_splits=False, options=options)
         except EpsimError:  # this hardware/layout cannot run at all (e.g. weights too big)
-            progress.done = start + space.size()
             continue
+        finally:
+            progress.next_unit()
         if res.best is None:
             continue
         p, d = layout if layout else (0, unit_nodes)
@@ -169,13 +176,15 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
                   hardware: Sequence[str], unit_layouts: Sequence[tuple[int, int] | None],
                   unit_nodes: int = 1, gpu_hour_usd: Mapping[str, float] | None = None,
                   num_prompts: int | None = None, cache: StepCache | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> list[CapacityPlan]:
+                  progress: Callable[[int, int], None] | None = None,
+                  options: SearchOptions | None = None) -> list[CapacityPlan]:
     """One :class:`CapacityPlan` per hardware that can meet the SLO, cheapest (or fewest nodes)
     first.
 
     A unit is ``unit_nodes`` co-located nodes (layout ``None``) or a ``(P, D)`` prefill/decode
     split. Units are independent replicas, so ``units = ceil(target / unit throughput)``.
     ``gpu_hour_usd``: USD per GPU-hour by hardware name, ``"*"`` for any other.
+    ``options``: how each unit's search runs (strategy, trials, executor; not the result).
     """
     if not target > 0 or not math.isfinite(target):
         raise EpsimError(f"target output throughput must be a positive number, got {target}")
@@ -183,11 +192,14 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     _check_splits(base, space, hardware, unit_layouts, unit_nodes)
     cache = cache or StepCache()
     prices = gpu_hour_usd or {}
-    bar = _Progress(len(hardware) * len(unit_layouts) * space.size(), progress)
+    opts = options or SearchOptions()
+    grid = choose(opts.strategy, space.size()) == "grid"
+    per_unit = space.size() if grid else (opts.trials or min(DEFAULT_TRIALS, space.size()))
+    bar = _Progress(per_unit, len(hardware) * len(unit_layouts), progress)
     plans: list[CapacityPlan] = []
     for hw in hardware:
         unit = _best_unit(base, slo, space, hw, unit_layouts, unit_nodes, num_prompts, cache,
-                          bar)
+                          bar, opts)
         if unit is not None:
             plans.append(_size(hw, unit, target, prices.get(hw, prices.get("*")),
                                base.instance_nodes))

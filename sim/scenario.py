@@ -37,6 +37,7 @@ from .engine_presets import (
 from .hardware import HardwareProfile, load_profile
 from .instances import aggregate, instance_metrics
 from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
+from .request_traces import arrival_rate
 from .serving import (
     ServingConfig,
     ServingRun,
@@ -315,9 +316,19 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int, settings: EngineSetti
     w = sc.workload
     return {"dataset": w.dataset, "isl": w.isl, "osl": w.osl,
             "max_concurrency": w.max_concurrency,
-            "request_rate": "inf" if math.isinf(w.request_rate) else w.request_rate,
+            "request_rate": "trace" if w.dataset == "trace"
+            else "inf" if math.isinf(w.request_rate) else w.request_rate,
             "seed": w.seed, "bench_client": w.bench_client, **settings.echo(),
             "kv_capacity_tokens_per_rank": kv_capacity_tokens}
+
+
+def _trace_echo(w: WorkloadSpec, requests: Requests) -> dict[str, Any]:
+    """A replayed trace: which, how stretched, and the arrival rate it offered (requests/s over
+    its span); nothing for the other datasets."""
+    if w.dataset != "trace":
+        return {}
+    return {"dataset_path": w.dataset_path, "time_scale": w.time_scale,
+            "trace_arrival_rate": arrival_rate(requests.issue_times_s)}
 
 
 def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
@@ -414,7 +425,8 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
         instances = _instance_entries(run, metrics, sc, lay, {"prefill": pplan}, plan, gpn)
         metrics = aggregate(metrics, instances)
     out = {**_deployment_echo(sc, model, profile, plan, nodes, gpn), **disagg_echo,
-           **_benchmark_echo(sc, budget.kv_capacity_tokens, settings), **metrics}
+           **_benchmark_echo(sc, budget.kv_capacity_tokens, settings),
+           **_trace_echo(sc.workload, requests), **metrics}
     if instances is not None:
         out.update(instance_nodes=sc.instance_nodes, router=sc.router,
                    num_instances=lay.prefill_instances + lay.decode_instances,

@@ -14,6 +14,11 @@ A workload is the list of requests a benchmark client sends and when it may send
                                     ShareGPT conversations (``SHAREGPT_LIKE``), or, with a local
                                     ShareGPT JSON (``dataset_path``), its first-turn prompt and
                                     answer lengths; both filtered as vLLM filters ShareGPT
+                 ``trace``          a request trace's lengths *and arrival times*
+                                    (``sim/request_traces.py``: Azure's CSV columns, a file or a
+                                    shipped name), the first ``num_prompts`` rows (all by
+                                    default), arrivals scaled by ``time_scale``; the open loop's
+                                    rate and burstiness do not apply, a concurrency cap still does
     arrivals     closed loop: ``max_concurrency`` requests in flight at most (a new one is sent
                  when one finishes); open loop: ``request_rate`` requests/s with exponential
                  (Poisson, ``burstiness`` 1) or gamma gaps, or ``inf`` (all sent at time 0).
@@ -35,7 +40,9 @@ import numpy as np
 from epsim.model.config import ModelConfig, check_context_length
 from epsim.model.errors import EpsimError, read_json_file
 
-DATASETS = ("fixed", "random", "sharegpt-like")
+from .request_traces import SHIPPED_TRACES, trace_head
+
+DATASETS = ("fixed", "random", "sharegpt-like", "trace")
 
 
 @dataclass(frozen=True)
@@ -116,21 +123,24 @@ CHARS_PER_TOKEN = 4.0
 class WorkloadSpec:
     """What the benchmark client sends.
 
-    dataset: ``"fixed"``, ``"random"`` or ``"sharegpt-like"``.
-    num_prompts: requests in the benchmark. Example: 4096.
+    dataset: ``"fixed"``, ``"random"``, ``"sharegpt-like"`` or ``"trace"``.
+    num_prompts: requests in the benchmark. Example: 4096. For ``trace``: its first rows
+        (``None``, only there: every row).
     isl / osl: input / output tokens (fixed, random); for sharegpt-like ``osl`` (when given) fixes
         every answer's length as vLLM's ``--sharegpt-output-len`` does. Example: 2000 / 100.
     random_range_ratio: ``r`` of the random dataset, as ``bench_client`` reads it.
     max_concurrency: closed-loop cap on requests in flight (``None``: no cap).
     request_rate: requests/s of the open loop; ``math.inf`` sends everything at time 0.
     burstiness: gamma shape of the inter-arrival gaps (1: Poisson), as vLLM's ``--burstiness``.
-    dataset_path: a local ShareGPT JSON for ``sharegpt-like`` (``None``: the synthetic one).
+    dataset_path: a local ShareGPT JSON for ``sharegpt-like`` (``None``: the synthetic one);
+        the request trace for ``trace`` (a CSV or a shipped name, e.g. ``"azure-conv"``).
+    time_scale: ``trace`` only: arrival times multiplied by this (0.5: twice the rate).
     seed: seeds every random choice. Same seed, same requests.
     bench_client: whose ``--random-range-ratio`` this is (``BENCH_CLIENTS``). Example: "sglang".
     """
 
     dataset: str = "fixed"
-    num_prompts: int = 1000
+    num_prompts: int | None = 1000
     isl: int | None = None
     osl: int | None = None
     random_range_ratio: float = 0.0
@@ -138,6 +148,7 @@ class WorkloadSpec:
     request_rate: float = math.inf
     burstiness: float = 1.0
     dataset_path: str | None = None
+    time_scale: float = 1.0
     seed: int = 0
     bench_client: str = DEFAULT_BENCH_CLIENT
 
@@ -149,8 +160,16 @@ class WorkloadSpec:
         """Check every field; raise :class:`EpsimError` naming the bad value."""
         if self.dataset not in DATASETS:
             raise EpsimError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        if isinstance(self.num_prompts, bool) or not isinstance(self.num_prompts, int) \
-                or self.num_prompts < 1:
+        if self.dataset == "trace":
+            self._validate_trace()
+        elif self.num_prompts is None:
+            raise EpsimError("num-prompts may be omitted only for --dataset trace")
+        elif self.time_scale != 1.0:
+            raise EpsimError("--time-scale stretches a trace's arrivals; use it with "
+                             "--dataset trace")
+        if self.num_prompts is not None and (isinstance(self.num_prompts, bool)
+                                             or not isinstance(self.num_prompts, int)
+                                             or self.num_prompts < 1):
             raise EpsimError(f"num-prompts must be a positive integer, got {self.num_prompts!r}")
         if self.dataset in ("fixed", "random"):
             for name in ("isl", "osl"):
@@ -175,9 +194,27 @@ class WorkloadSpec:
             raise EpsimError(f"request-rate must be positive or inf, got {self.request_rate}")
         if not (math.isfinite(self.burstiness) and self.burstiness > 0):
             raise EpsimError(f"burstiness must be a positive number, got {self.burstiness}")
-        if self.dataset_path is not None and self.dataset != "sharegpt-like":
-            raise EpsimError("--dataset-path is a ShareGPT JSON; use it with --dataset sharegpt-like")
+        if self.dataset_path is not None and self.dataset not in ("sharegpt-like", "trace"):
+            raise EpsimError("--dataset-path is a ShareGPT JSON (--dataset sharegpt-like) or a "
+                             "request trace (--dataset trace)")
+        if self.dataset == "sharegpt-like" and self.dataset_path in SHIPPED_TRACES:
+            raise EpsimError(f"{self.dataset_path} is a shipped request trace; use it with "
+                             "--dataset trace")
         return self
+
+    def _validate_trace(self) -> None:
+        """A trace brings lengths and arrival times: the flags that would set them contradict."""
+        if self.dataset_path is None:
+            raise EpsimError("--dataset trace needs --dataset-path (a CSV with TIMESTAMP, "
+                             f"ContextTokens, GeneratedTokens, or {', '.join(SHIPPED_TRACES)})")
+        for name in ("isl", "osl"):
+            if getattr(self, name) is not None:
+                raise EpsimError(f"the trace dataset brings each request's lengths; drop --{name}")
+        if not math.isinf(self.request_rate) or self.burstiness != 1.0:
+            raise EpsimError("the trace dataset brings its own arrival times; drop "
+                             "--request-rate / --burstiness (--time-scale stretches them)")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise EpsimError(f"time-scale must be a positive number, got {self.time_scale}")
 
 
 @dataclass(frozen=True)
@@ -323,6 +360,12 @@ def longest_request(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE
                + random_length_range(spec.osl, spec.random_range_ratio, client=c)[1])
         return top, (f"the random dataset's longest request (--isl {spec.isl} + --osl "
                      f"{spec.osl} at range ratio {spec.random_range_ratio:g})")
+    if spec.dataset == "trace":
+        trace = trace_head(spec.dataset_path, spec.num_prompts)
+        total = trace.input_lens + trace.output_lens
+        i = int(total.argmax())
+        return int(total[i]), (f"request {i} of the trace {spec.dataset_path} "
+                               f"({int(trace.input_lens[i])} in + {int(trace.output_lens[i])} out)")
     return params.max_total_len, "the sharegpt-like dataset's longest request (its filter's total cap)"
 
 
@@ -354,6 +397,10 @@ def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Req
     spec.validate()
     if model is not None:
         check_context(spec, model)
+    if spec.dataset == "trace":
+        trace = trace_head(spec.dataset_path, spec.num_prompts)
+        return Requests(input_lens=trace.input_lens, output_lens=trace.output_lens,
+                        issue_times_s=trace.arrival_s * spec.time_scale)
     rng = np.random.default_rng(spec.seed)
     n = spec.num_prompts
     if spec.dataset == "fixed":

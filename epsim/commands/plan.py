@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.sim.capacity import plan_capacity
 from epsim.sim.hardware import load_profile
+from epsim.sim.search import choose
 
 from ..common import (
     DEFAULT_SEARCH_HARDWARE,
     Progress,
     add_search_args,
     emit_json,
+    executor_from_args,
     print_columns,
     search_base_from_args,
+    search_diagnostics,
+    search_options_from_args,
     search_space_from_args,
 )
 from ..inputs import add_flag
@@ -28,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "hardware for the SLO, then size the deployment to the target output throughput.")
     add_flag(p, "--target-output-throughput", required=True,
              metavar="TOK_S", help="output tokens/s the deployment must serve")
-    add_search_args(p, hardware_lists=True)
+    add_search_args(p)
     add_flag(p, "--disagg-splits", default=None, metavar="P:D,...",
                    help="prefill:decode node splits to try as units (e.g. 1:1,1:2)")
     p.add_argument("--no-colocated", action="store_true",
@@ -40,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     slo = args.slo
-    space = search_space_from_args(args)
+    space = search_space_from_args(args, units=True)
     hardware = list(args.hardware or (DEFAULT_SEARCH_HARDWARE,))
     for name in hardware:  # every profile readable before any point is simulated
         load_profile(name, kernels=args.kernels)
@@ -58,18 +63,23 @@ def run(args: argparse.Namespace) -> int:
                              f"searched (--hardware {','.join(hardware)})")
     base = search_base_from_args(args, hardware[0])
     bar = Progress("plan", enabled=not args.json)
+    t0 = time.perf_counter()
     try:
-        plans = plan_capacity(base, slo, args.target_output_throughput, space,
-                              hardware=hardware, unit_layouts=layouts,
-                              unit_nodes=args.nodes or 1, gpu_hour_usd=prices,
-                              num_prompts=args.num_prompts, progress=bar)
+        with executor_from_args(args) as executor:
+            options = search_options_from_args(args, executor)
+            plans = plan_capacity(base, slo, args.target_output_throughput, space,
+                                  hardware=hardware, unit_layouts=layouts,
+                                  unit_nodes=(args.nodes or (1,))[0], gpu_hour_usd=prices,
+                                  num_prompts=args.num_prompts, progress=bar, options=options)
     finally:
         bar.close()
     if not plans:
         raise EpsimError(f"no configuration of {', '.join(hardware)} meets the SLO {slo}")
     if args.json:
         emit_json({"slo": str(slo), "target_output_throughput": args.target_output_throughput,
-                   "plans": [c.as_dict() for c in plans]})
+                   "plans": [c.as_dict() for c in plans],
+                   "diagnostics": search_diagnostics(executor, choose(args.search, space.size()),
+                                                     time.perf_counter() - t0)})
         return 0
     print(f"target {args.target_output_throughput:,.0f} output tok/s within {slo}")
     rows: list[dict[str, Any]] = []

@@ -47,6 +47,8 @@ def print_result(r: Mapping[str, Any]) -> None:
     rows = [("Successful requests:", r["completed"]),
             ("Maximum request concurrency:", r["max_concurrency"]),
             ("Request rate (req/s):", r["request_rate"]),
+            *([("Trace arrival rate (req/s):", r["trace_arrival_rate"])]
+              if "trace_arrival_rate" in r else []),
             ("Benchmark duration (s):", r["duration"]),
             ("Total input tokens:", r["total_input_tokens"]),
             ("Total generated tokens:", r["total_output_tokens"]),

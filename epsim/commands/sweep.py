@@ -7,14 +7,25 @@ import csv
 import io
 import itertools
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import staged_path, write_text_atomic
-from epsim.sim.scenario import StepCache, check_scenario, run_scenario
+from epsim.sim.executors import Executor, run_scenario_task, split_diagnostics
+from epsim.sim.scenario import check_scenario
 
-from ..common import Progress, add_scenario_args, emit_json, print_columns, scenario_from_args
+from ..common import (
+    Progress,
+    add_executor_args,
+    add_scenario_args,
+    emit_json,
+    executor_from_args,
+    print_columns,
+    scenario_from_args,
+    search_diagnostics,
+)
 from ..inputs import add_flag, as_list
 
 
@@ -24,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run predict for every combination of the comma lists given (e.g. "
         "--concurrency 1024,2048,3072,4096); print a table, or write --csv / --plot.")
     add_scenario_args(p, lists=True)
+    add_executor_args(p, search=False)
     add_flag(p, "--csv", metavar="OUT", default=None, help="write the results as CSV")
     add_flag(p, "--plot", metavar="OUT.png", default=None,
                    help="plot output throughput against median ITL, one point per concurrency "
@@ -31,8 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None = None
-          ) -> list[dict[str, Any]]:
+def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None = None,
+          executor: Executor | None = None) -> list[dict[str, Any]]:
+    """Every combination of the lists, in ``itertools.product`` order, on ``executor``
+    (serial by default); each row's wall time and step count under ``"diagnostics"``."""
     grid = list(itertools.product(
         as_list(args.concurrency), as_list(args.request_rate), as_list(args.isl),
         as_list(args.osl), as_list(args.kv_dtype)))
@@ -40,13 +54,10 @@ def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None 
                                     kv_dtype=kv) for conc, rate, isl, osl, kv in grid]
     for sc in scenarios:  # every point's lengths, before any point is simulated
         check_scenario(sc)
-    cache = StepCache()
-    rows = []
-    for n, sc in enumerate(scenarios, 1):
-        rows.append(run_scenario(sc, cache))
-        if progress:
-            progress(n, len(grid))
-    return rows
+    # points that differ only in their benchmark share step models: one task each
+    rows = (executor or Executor()).map(run_scenario_task, scenarios, progress,
+                                        group=lambda sc: sc.with_(workload=None))
+    return [split_diagnostics(r) for r in rows]
 
 
 def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -138,8 +149,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()
     bar = Progress("sweep", enabled=not args.json)
+    t0 = time.perf_counter()
     try:
-        rows = sweep(args, bar)
+        with executor_from_args(args) as executor:
+            rows = sweep(args, bar, executor)
     finally:
         bar.close()
     if args.csv:
@@ -147,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         write_plot(rows, args.plot)
     if args.json:
-        emit_json({"results": rows})
+        emit_json({"results": rows, "diagnostics": search_diagnostics(
+            executor, "grid", time.perf_counter() - t0)})
         return 0
     shown = ("max_concurrency", "request_rate", "isl", "osl", "kv_dtype", "output_throughput",
              "decode_throughput", "median_ttft_ms", "median_itl_ms", "p90_itl_ms",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from epsim.sim.tune import TuneResult, tune
@@ -12,8 +13,11 @@ from ..common import (
     Progress,
     add_search_args,
     emit_json,
+    executor_from_args,
     print_columns,
     search_base_from_args,
+    search_diagnostics,
+    search_options_from_args,
     search_space_from_args,
 )
 
@@ -33,25 +37,29 @@ COLS = ("concurrency", "dp", "tp", "ep", "dbo", "graph", "kv_dtype", "output_thr
 
 
 def summary(res: TuneResult, slo: str) -> dict[str, Any]:
-    return {"slo": slo, "objective": res.objective, "best": res.best,
+    return {"slo": slo, "objective": res.objective, "search": res.strategy, "best": res.best,
             "frontier": res.frontier, "points": res.points, "skipped": res.skipped}
 
 
 def run(args: argparse.Namespace) -> int:
     slo = args.slo
     space = search_space_from_args(args)
-    base = search_base_from_args(args, args.hardware or DEFAULT_SEARCH_HARDWARE)
+    base = search_base_from_args(args, (args.hardware or (DEFAULT_SEARCH_HARDWARE,))[0])
     bar = Progress("tune", enabled=not args.json)
+    t0 = time.perf_counter()
     try:
-        res = tune(base, slo, space, objective=args.objective,
-                   num_prompts=args.num_prompts, progress=bar)
+        with executor_from_args(args) as executor:
+            res = tune(base, slo, space, objective=args.objective, num_prompts=args.num_prompts,
+                       progress=bar, options=search_options_from_args(args, executor))
     finally:
         bar.close()
     if args.json:
-        emit_json(summary(res, str(slo)))
+        emit_json({**summary(res, str(slo)), "diagnostics": search_diagnostics(
+            executor, res.strategy, time.perf_counter() - t0)})
         return 0
     cols = tuple(dict.fromkeys([*COLS[:-1], *(k for k, _, _ in slo.terms), COLS[-1]]))
-    print(f"SLO {slo}; maximising {res.objective}; {len(res.points)} points simulated"
+    print(f"SLO {slo}; maximising {res.objective}; {len(res.points)} points simulated "
+          f"({res.strategy} search)"
           + (f", {len(res.skipped)} skipped (first: {res.skipped[0]['reason']})"
              if res.skipped else ""))
     if res.best is None:
