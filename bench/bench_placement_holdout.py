@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -137,26 +138,45 @@ def print_summary(results: dict, methods: list[str], redundant: int) -> None:
         print(f"| {size} | {len(rows)} | " + " | ".join(cells) + " |")
 
 
+def _interleaved(fitters: dict[str, Fitter], stack: np.ndarray, repeats: int
+                 ) -> dict[str, list[tuple[float, float]]]:
+    """``repeats`` rounds, each calling every fitter once in turn (so a loaded machine slows
+    all of them alike): per fitter, (wall ms, CPU ms of this process) of each round."""
+    for fitter in fitters.values():
+        fitter(stack)  # warm caches
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in fitters}
+    for _ in range(repeats):
+        for name, fitter in fitters.items():
+            t, c = time.perf_counter(), time.process_time()
+            fitter(stack)
+            out[name].append(((time.perf_counter() - t) * 1e3, (time.process_time() - c) * 1e3))
+    return out
+
+
 def print_times(fitters: dict[str, Fitter], files: dict[str, np.ndarray], repeats: int,
                 redundant: int) -> None:
     names = list(files)
     sets = [(n,) for n in names] + [names[:2]]
+    ref = "DeepSeek EPLB" if "DeepSeek EPLB" in fitters else None
     print(f"\n### Time to fit all {len(next(iter(files.values())))} MoE layers, R={redundant}: "
-          f"median of {repeats}, wall ms / CPU ms of this process\n")
+          f"median of {repeats} interleaved rounds, wall ms / CPU ms of this process"
+          + (f"; x: {ref}'s time over the method's in the same round (median, wall / CPU)"
+             if ref else "") + f"; load average {os.getloadavg()[0]:.1f}\n")
     print("| method | " + " | ".join(" + ".join(short(f) for f in s) for s in sets) + " |")
     print("|---|" + "---|" * len(sets))
-    for name, fitter in fitters.items():
+    runs = [_interleaved(fitters, np.stack([files[f] for f in fit]), repeats) for fit in sets]
+    for name in fitters:
         cells = []
-        for fit in sets:
-            stack = np.stack([files[f] for f in fit])
-            fitter(stack)  # warm caches
-            wall, cpu = [], []
-            for _ in range(repeats):
-                t, c = time.perf_counter(), time.process_time()
-                fitter(stack)
-                wall.append((time.perf_counter() - t) * 1e3)
-                cpu.append((time.process_time() - c) * 1e3)
-            cells.append(f"{statistics.median(wall):.1f} / {statistics.median(cpu):.1f}")
+        for run in runs:
+            wall = statistics.median(w for w, _ in run[name])
+            cpu = statistics.median(c for _, c in run[name])
+            cell = f"{wall:.1f} / {cpu:.1f}"
+            if ref and name != ref:
+                rw = statistics.median(d[0] / m[0] for m, d in zip(run[name], run[ref], strict=True))
+                rc = statistics.median(d[1] / max(m[1], 1e-9)
+                                       for m, d in zip(run[name], run[ref], strict=True))
+                cell += f" (x{rw:.1f} / x{rc:.1f})"
+            cells.append(cell)
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -32,6 +32,10 @@ from .eplb_pack import EXACT_LIMIT, _all_partitions, greedy_groups, members_of, 
 from .eplb_replicas import _spread_duplicates, replicate_experts
 from .eplb_swaps import swap_round
 
+#: float32 elements of one block of the minmax search (256 KiB: the arrays of a block stay in
+#: a core's L2 cache; a tuning constant, it changes no result)
+_CACHE_FLOATS = 65_536
+
 
 def snapshot_weights(loads: np.ndarray) -> np.ndarray:
     """``[S, layers, E]`` counts -> the same with each snapshot's layer scaled to the snapshots'
@@ -90,29 +94,49 @@ class _MinmaxState:
         and the partner group."""
         R, P = partners.shape
         s = self.w.shape[3]
-        idx = np.arange(R)
+        # rows in blocks whose [block, s, P*s] search arrays stay in the core's cache (about
+        # 5x faster than one pass over all rows on the shared files; same values, same choice)
+        step = max(1, _CACHE_FLOATS // (s * P * s))
+        best = np.concatenate([self._search(rows[c:c + step], a[c:c + step],
+                                            partners[c:c + step])
+                               for c in range(0, R, step)] or [np.zeros(0, dtype=np.int64)])
+        i, jj = best // (P * s), best % (P * s)
+        j, b = jj % s, partners[np.arange(R), jj // s]
+        return self.exact_gain(rows, a, i, b, j), (i, j, b)
+
+    def _search(self, rows: np.ndarray, a: np.ndarray, partners: np.ndarray) -> np.ndarray:
+        """``[R]`` flat index ``i * (P * s) + p * s + j`` of each row's best swap (the
+        lowest such index among equal ones): item ``i`` of ``a`` for item ``j`` of the
+        ``p``-th partner."""
+        R, P = partners.shape
+        snaps, s = self.w.shape[0], self.w.shape[3]
         # the search runs in float32 (half the memory traffic); the chosen swap's gain is then
         # recomputed in float64, so only a swap that truly helps is ever taken
-        w32, sums32 = self.w.astype(np.float32), self.sums.astype(np.float32)
+        wa = self.w[:, rows, a].astype(np.float32)  # [S, R, s]
+        wb = self.w[:, rows[:, None], partners].astype(np.float32).reshape(snaps, R, 1, P * s)
+        sa = self.sums[:, rows, a].astype(np.float32)[:, :, None, None]
+        sb = np.repeat(self.sums[:, rows[:, None], partners].astype(np.float32), s, axis=2)
         after = None  # [R, s, P*s]: the pair's heavier load after each swap, worst snapshot
-        for w, sums in zip(w32, sums32, strict=True):
-            diff = w[rows, a][:, :, None] - w[rows[:, None], partners].reshape(R, 1, P * s)
-            sa = sums[rows, a][:, None, None]
-            sb = np.repeat(sums[rows[:, None], partners], s, axis=1)[:, None, :]
-            load = np.maximum(sa - diff, diff + sb, out=diff)
+        for x in range(snaps):
+            load = wa[x][:, :, None] - wb[x]
+            gone = sa[x] - load
+            np.add(load, sb[x][:, None, :], out=load)
+            np.maximum(gone, load, out=load)
             after = load if after is None else np.maximum(after, load, out=after)
-        pg = np.repeat(partners, s, axis=1)[:, None, :]
-        after[np.broadcast_to(pg == a[:, None, None], after.shape)] = np.inf
+        blocks = after.reshape(R, s, P, s)
+        own = partners == a[:, None]  # a with itself: not a swap
+        if own.any():
+            r_own, p_own = np.nonzero(own)
+            blocks[r_own, :, p_own, :] = np.inf
         if self.log is not None:
-            xa = self.log[rows, a]
-            yb = self.log[rows[:, None], partners].reshape(R, P * s)
-            clash = (self.inc[rows[:, None, None], pg, xa[:, :, None]] > 0) | (
-                self.inc[rows[:, None, None], a[:, None, None], yb[:, None, :]] > 0)
-            after[clash] = np.inf
-        best = np.argmin(after.reshape(R, s * P * s), axis=1)
-        i, jj = best // (P * s), best % (P * s)
-        j, b = jj % s, partners[idx, jj // s]
-        return self.exact_gain(rows, a, i, b, j), (i, j, b)
+            # x (in a) may not join a partner holding x's expert, nor y (in b) join a
+            xa = self.log[rows, a]  # [R, s]
+            yb = self.log[rows[:, None], partners]  # [R, P, s]
+            clash_a = self.inc[rows[:, None, None], partners[:, None, :], xa[:, :, None]] > 0
+            clash_b = self.inc[rows[:, None, None], a[:, None, None], yb] > 0
+            np.copyto(blocks, np.float32(np.inf),
+                      where=clash_a[:, :, :, None] | clash_b[:, None, :, :])
+        return np.argmin(after.reshape(R, s * P * s), axis=1)
 
     def exact_gain(self, rows: np.ndarray, a: np.ndarray, i: np.ndarray, b: np.ndarray,
                    j: np.ndarray) -> np.ndarray:

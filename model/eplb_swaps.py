@@ -28,26 +28,31 @@ def _nearest_differences(wa: np.ndarray, wb: np.ndarray, half: np.ndarray
         ``[R]`` each: the distance ``|wa[i] - wb[j] - half|``, ``i`` and ``j`` of the best pair.
     """
     rows, m2 = wb.shape
-    r_ = np.arange(rows)[:, None]  # plain fancy indexing: cheaper than take_along_axis here
+    m = wa.shape[1]
     targets = wa - half[:, None]
     ob = np.argsort(wb, axis=1)
-    bs = wb[r_, ob]
+    bs = np.take_along_axis(wb, ob, axis=1)
     # merge targets into b's sorted values; count the b's before each target
-    both = np.concatenate([bs, targets], axis=1)
-    merged = np.argsort(both, axis=1)  # ties: either neighbour is checked below
-    below = np.cumsum(merged < m2, axis=1)  # b values at or before each merged position
-    where = np.empty_like(merged)
-    where[r_, merged] = np.arange(both.shape[1])
-    pos = below[r_, where[:, m2:]]  # [R, m] b's <= target
+    merged = np.argsort(np.concatenate([bs, targets], axis=1), axis=1)  # ties: either
+    is_b = merged < m2  # neighbour is checked below
+    below = np.cumsum(is_b, axis=1)  # b values at or before each merged position
+    # scatter the counts at the targets' merged positions into [rows, m] (flat: cheaper
+    # than an inverse permutation)
+    flat = merged + (np.arange(rows) * m - m2)[:, None]
+    tgt = ~is_b
+    pos = np.empty(rows * m, dtype=np.intp)
+    pos[flat[tgt]] = below[tgt]
+    pos = pos.reshape(rows, m)  # [R, m] b's <= target
     lo = np.maximum(pos - 1, 0)
     hi = np.minimum(pos, m2 - 1)
-    dlo = np.abs(targets - bs[r_, lo])
-    dhi = np.abs(targets - bs[r_, hi])
-    jsorted = np.where(dlo <= dhi, lo, hi)
+    dlo = np.abs(targets - np.take_along_axis(bs, lo, axis=1))
+    dhi = np.abs(targets - np.take_along_axis(bs, hi, axis=1))
     dist = np.minimum(dlo, dhi)
     idx = np.arange(rows)
     i = np.argmin(dist, axis=1)
-    return dist[idx, i], i, ob[idx, jsorted[idx, i]]
+    # only the chosen target's neighbour is needed
+    jsorted = np.where(dlo[idx, i] <= dhi[idx, i], lo[idx, i], hi[idx, i])
+    return dist[idx, i], i, ob[idx, jsorted]
 
 
 def swap_round(st: Any, active: np.ndarray, order: np.ndarray, k: int, pairs: int
