@@ -34,6 +34,7 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
+from epsim.sim.a2a import AUTO
 from epsim.sim.engine_presets import EPSIM_CHUNKED_PREFILL
 from epsim.sim.executors import Executor, make_executor
 from epsim.sim.metrics import (
@@ -159,6 +160,15 @@ def add_kernels_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -
              "roofline alone); the fusions the set implies join the plan")
 
 
+def add_a2a_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    add_flag(parser, "--a2a-mode", default=AUTO,
+             help="how EP dispatch/combine run: low_latency (pure RDMA per target GPU, kernels "
+             "that free the compute units: no interference), normal (node-then-GPU: one NIC "
+             "crossing per destination node, forwarded over the node's fabric; occupies compute "
+             "units); auto (default): low_latency for decode and normal for prefill when EP "
+             "spans nodes, normal within one node, as SGLang's --deepep-mode auto")
+
+
 def add_mtp_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
                  lists: bool = False) -> None:
     """``--mtp N`` and ``--mtp-acceptance P``: MTP speculative decoding (step, predict, sweep,
@@ -180,6 +190,7 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False,
     sc = Scenario  # its field defaults are the flags' defaults
     o = parser.add_argument_group("execution options")
     add_kernels_arg(o)
+    add_a2a_arg(o)
     if not search:
         o.add_argument("--dbo", action="store_true",
                        help="two microbatches (dual-batch overlap): the default without --engine "
@@ -286,6 +297,7 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         chunked_prefill_size=v["chunked_prefill_size"], dp_balance=v["dp_balance"],
         mem_fraction=v["mem_fraction"], percentiles=v["metric_percentiles"],
         percentile_metrics=v["percentile_metrics"], kernels=v["kernels"],
+        a2a_mode=v.get("a2a_mode") or AUTO,
         redundant_experts=v["redundant_experts"],
         mtp=v["mtp"], mtp_acceptance=v["mtp_acceptance"],
         engine=v["engine"], max_num_seqs=v["max_num_seqs"],

@@ -75,6 +75,9 @@ class Scenario:
     step_mode: the step simulator's mode.
     kernels: the hardware profile's kernel set (``None``: its default; ``"none"``: the roofline
         alone); the fusions the set implies join both sides' plans. Example: ``"aiter"``.
+    a2a_mode: how EP dispatch/combine run across nodes (``sim/a2a.py``): ``"auto"`` (each
+        step's phase decides, as SGLang's ``--deepep-mode auto``), ``"low_latency"`` or
+        ``"normal"``.
     redundant_experts: replica slots per MoE layer on both sides' plans (``ep`` must divide
         experts + R; the replicas are chosen by the balancer from ``loads``). Example: 32.
     mtp / mtp_acceptance: MTP speculative decoding: draft tokens per decode step (0: off; both
@@ -114,6 +117,7 @@ class Scenario:
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
     step_mode: str = "fast"
     kernels: str | None = None
+    a2a_mode: str = "auto"
     redundant_experts: int = 0
     mtp: int = 0
     mtp_acceptance: float = DEFAULT_ACCEPTANCE
@@ -160,7 +164,7 @@ def _plan_options(sc: Scenario) -> dict[str, Any]:
 
 def scenario_profile(sc: Scenario) -> HardwareProfile:
     """The scenario's hardware with its kernel set selected."""
-    return load_profile(sc.hardware, kernels=sc.kernels)
+    return load_profile(sc.hardware, kernels=sc.kernels, a2a_mode=sc.a2a_mode)
 
 
 def _decode_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
@@ -302,7 +306,7 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
             "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
             "dbo": sc.use_dbo, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
             "disagg": f"{nodes[0]}:{nodes[1]}" if sc.disagg else None,
-            "kernels": profile.kernel_set,
+            "kernels": profile.kernel_set, "a2a_mode": profile.a2a_mode,
             "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
             "redundant_experts": plan.redundant_experts,
             "slots_per_gpu": plan.slots_per_gpu(model),

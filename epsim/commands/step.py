@@ -13,11 +13,11 @@ from epsim.model.loads import read_loads
 from epsim.model.mtp import expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
-from epsim.sim.a2a import AUTO
 from epsim.sim.hardware import load_profile
 from epsim.sim.step import MODES, simulate_step
 
 from ..common import (
+    add_a2a_arg,
     add_hardware_arg,
     add_json_arg,
     add_kernels_arg,
@@ -64,12 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--mode", default=MODES[0],
                    help="fast (vectorised) or exact (simpy, every op of every rank)")
     add_kernels_arg(p)
-    add_flag(p, "--a2a-mode", default=AUTO,
-             help="how EP dispatch/combine run: low_latency (pure RDMA per target GPU, kernels "
-             "that free the compute units: no interference), normal (node-then-GPU: one NIC "
-             "crossing per destination node, forwarded over the node's fabric; occupies compute "
-             "units); auto (default): low_latency for decode and normal for prefill when EP "
-             "spans nodes, normal within one node, as SGLang's --deepep-mode auto")
+    add_a2a_arg(p)
     add_mtp_args(p)
     p.add_argument("--explain", action="store_true",
                    help="show where each op kind's time comes from: the kernel-table points "
