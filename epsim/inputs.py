@@ -359,6 +359,7 @@ def parse_prices(text: str) -> dict[str, float]:
 
 def _lazy_flags() -> dict[str, Spec]:
     """Specs that need other packages' registries (imported once, when a parser is built)."""
+    from epsim.calibrate.bench_fit import FACTORS
     from epsim.calibrate.validate import shipped_grids
     from epsim.model.config import shipped_models
     from epsim.model.eplb import BALANCERS
@@ -382,6 +383,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--bench-client": Choice(tuple(BENCH_CLIENTS)),
         "--dp-balance": Choice(tuple(DP_BALANCE)),
         "--engine": Choice(tuple(ENGINES)),
+        "--factors": Choice(tuple(FACTORS)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--method": Choice(tuple(BALANCERS)),
         "--mode": Choice(tuple(MODES)),
@@ -464,6 +466,7 @@ FLAGS: dict[str, Spec] = {
     "--previous": InputFile("placement file"),
     "--placement": InputFile("placement file"),
     "--from-trace": InputFile("profiler trace"),
+    "--from-bench": InputFile("benchmark result file"),
 }
 
 #: where one command reads a flag with another range
