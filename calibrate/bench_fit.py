@@ -51,6 +51,7 @@ import numpy as np
 from epsim.model.errors import EpsimError
 from epsim.sim.bench_replay import replay
 from epsim.sim.bench_results import BenchResult
+from epsim.sim.engine_presets import HOST_MS_PER_STEP
 from epsim.sim.hardware import load_profile, profile_from_dict
 from epsim.sim.scenario import Scenario, StepCache
 
@@ -95,8 +96,8 @@ FIT_METRICS: dict[str, tuple[str, ...]] = {
     "decode": ("mean_tpot_ms", "mean_itl_ms", "median_tpot_ms", "median_itl_ms"),
     "prefill": ("mean_ttft_ms", "median_ttft_ms"),
 }
-#: the host time the fit starts from without an engine default (ms)
-HOST_START_MS = 4.0
+#: the host time the fit starts from: the engine presets' assumed one (ms)
+HOST_START_MS = HOST_MS_PER_STEP
 
 
 def fit_metrics(bench: BenchResult) -> tuple[str, ...]:
