@@ -44,9 +44,9 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     add_flag(g, "--batch", default=1, help="sequences per rank in the traced pass (default 1)")
     add_flag(g, "--context", default=None,
              help="tokens per sequence (default: the trace name's seqlen)")
-    add_flag(g, "--kv-dtype", default="bf16",
+    add_flag(g, "--kv-dtype", default=None,
              help="attention math dtype of the traced run (default bf16: training's "
-             "FlashAttention)")
+             "FlashAttention; --from-bench: the KV-cache dtype, default fp8)")
     add_flag(g, "--layers", default=None,
              help="MoE layers the scope holds (default: how often its most frequent "
              "annotation occurs)")
@@ -93,7 +93,7 @@ def deployment(args: argparse.Namespace, meta: dict[str, Any], layers: int):
     return Deployment(model=args.model, hardware=hardware, kernels=args.kernels, nodes=nodes,
                       gpus_per_node=per_node, dp=dp, ep=ep, tp=tp, batch=args.batch,
                       context=int(context), layers=args.layers or layers, rank=rank,
-                      kv_dtype=args.kv_dtype, origin=origin)
+                      kv_dtype=args.kv_dtype or "bf16", origin=origin)
 
 
 def run_trace(args: argparse.Namespace) -> int:

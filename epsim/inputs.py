@@ -368,6 +368,7 @@ def parse_prices(text: str) -> dict[str, float]:
 
 def _lazy_flags() -> dict[str, Spec]:
     """Specs that need other packages' registries (imported once, when a parser is built)."""
+    from epsim.calibrate.bench_fit import FACTORS
     from epsim.calibrate.validate import shipped_grids
     from epsim.model.config import shipped_models
     from epsim.model.eplb import BALANCERS
@@ -395,6 +396,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--dp-balance": Choice(tuple(DP_BALANCE)),
         "--router": Choice(ROUTER_NAMES),
         "--engine": Choice(tuple(ENGINES)),
+        "--factors": Choice(tuple(FACTORS)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--search": Choice(tuple(STRATEGIES)),
         "--method": Choice(tuple(BALANCERS)),
@@ -485,6 +487,7 @@ FLAGS: dict[str, Spec] = {
     "--previous": InputFile("placement file"),
     "--placement": InputFile("placement file"),
     "--from-trace": InputFile("profiler trace"),
+    "--from-bench": InputFile("benchmark result file"),
 }
 
 #: where one command reads a flag with another range

@@ -27,6 +27,11 @@ overlapped and a factor on the roofline (``efficiency.op_overhead_s`` / ``op_tim
 factor (``overhead + scale * flops / F + bytes_scale * bytes / B``); and a per-peer all-to-all
 latency. Shipped GPU profiles have none of these, so their times are the plain roofline.
 
+Profiles fitted to measured runs (``epsim calibrate --from-bench``) carry
+``efficiency.op_final_scale``: a factor per op class, kind or group on the op's *final* time,
+whatever timed it (a kernel table or this roofline; :func:`final_scaled`, applied once per op by
+``op_time`` and by ``kernel_cost``'s timers).
+
 Measured kernel tables: where the profile's selected kernel set (``HardwareProfile.kernel_set``)
 has a table for an op, ``op_time`` takes the table's time (``epsim.sim.kernel_cost``); this
 roofline is the fallback, and without a kernel set the only model.
@@ -223,11 +228,21 @@ def op_time(op: Op, profile: HardwareProfile, top_k: int | None = None) -> float
     set's table where it has one (``top_k``: the model's, for a fused MoE op whose dims lack
     it), else the roofline (:func:`roofline_op_time`)."""
     if profile.active_kernels is not None:
-        from epsim.sim import kernel_cost  # built on this module
+        from epsim.sim import kernel_cost  # built on this module (it applies final_scale)
 
         return kernel_cost.op_seconds(op, profile, lambda: roofline_op_time(op, profile),
                                       top_k=top_k)
-    return roofline_op_time(op, profile)
+    return final_scaled(op, profile, roofline_op_time(op, profile))
+
+
+def final_scaled(op: Op, profile: HardwareProfile, seconds):
+    """``seconds`` (an op's final time, any shape) times the profile's fitted
+    ``op_final_scale`` factor of the op's class; unchanged without one (no shipped profile has
+    any)."""
+    e = profile.efficiency
+    if e is None or not e.op_final_scale:
+        return seconds
+    return seconds * e.final_scale(op_class(op))
 
 
 def roofline_op_time(op: Op, profile: HardwareProfile) -> float:

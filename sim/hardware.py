@@ -66,6 +66,15 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
       comm_concurrency       collectives one rank can have in flight at once (default 1: a GPU's
                              one communication stream; 2 for torch's gloo, whose two worker
                              threads run asynchronous collectives side by side)
+    fitted by ``epsim calibrate --from-bench`` (and ``--from-trace``) to measured runs of one
+    stack; they act under any kernel set (no shipped profile has them):
+      op_final_scale         {factor: multiplier} on an op's final time (kernel table or
+                             roofline, after every other figure): a key is an op class
+                             (``gemm.batched``), an op kind, or a group of kinds
+                             (``SCALE_GROUPS``: attention, communication, other); the most
+                             specific key present wins, absent ones are 1
+      host_ms_per_step       the engine's host time per step measured on this stack: used under
+                             ``--engine`` when ``--host-ms-per-step`` is not given
     sources["efficiency.<key>"] gives each one's source (optional keys included when present).
 
 Optional:
@@ -93,6 +102,7 @@ from typing import Any
 import numpy as np
 
 from epsim.model.errors import EpsimError
+from epsim.model.opgraph import OP_KINDS
 from epsim.model.shipped import shipped_names, shipped_text
 from epsim.sim.a2a import AUTO, check_choice
 from epsim.sim.kernels import NONE, KernelSet, KernelSets, parse_kernels
@@ -133,8 +143,17 @@ _FRACTION_KEYS = ("hbm_fraction", "comm_compute_slowdown")
 OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "op_overhead_s", "op_time_scale", "op_bytes_scale", "roofline", "a2a_latency_per_peer_s", "combine_latency_s",
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
-    "rank_compute_slowdown_by_kind", "comm_concurrency",
+    "rank_compute_slowdown_by_kind", "comm_concurrency", "op_final_scale", "host_ms_per_step",
 )
+#: the groups of op kinds an ``op_final_scale`` key may name (besides a kind or an op class)
+SCALE_GROUPS: dict[str, tuple[str, ...]] = {
+    "attention": ("attention_decode", "attention_prefill"),
+    "communication": ("dispatch", "combine", "all_reduce", "all_gather"),
+    "other": ("norm", "rope", "router", "elementwise", "embedding", "lm_head", "sample"),
+}
+#: the keys ``op_final_scale`` accepts
+SCALE_KEYS: tuple[str, ...] = (*SCALE_GROUPS, *OP_KINDS, "gemm.batched")
+_GROUP_OF = {kind: group for group, kinds in SCALE_GROUPS.items() for kind in kinds}
 
 
 @dataclass(frozen=True)
@@ -168,6 +187,10 @@ class Efficiency:
     rank_compute_slowdown_by_kind: ``{op class: {ranks: factor}}``, empty unless fitted.
     comm_concurrency: collectives in flight at once per rank. Example: 1 (GPU), 2 (gloo).
         Example: ``{"norm": {2: 1.3, 4: 1.5}, "attention_decode": {2: 1.15, 4: 1.9}}``.
+    op_final_scale: ``{class, kind or group: factor}`` on the final op time, empty unless fitted.
+        Example: ``{"attention": 1.3, "grouped_gemm": 0.8}``.
+    host_ms_per_step: the engine's host time per step fitted to one stack, ``None`` unless
+        fitted. Example: 6.0.
     """
 
     gemm_flops_fraction: Mapping[str, float]
@@ -195,6 +218,8 @@ class Efficiency:
     rank_compute_slowdown_by_kind: Mapping[str, Mapping[int, float]] = field(
         default_factory=dict)
     comm_concurrency: int = 1
+    op_final_scale: Mapping[str, float] = field(default_factory=dict)
+    host_ms_per_step: float | None = None
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
@@ -233,6 +258,18 @@ class Efficiency:
     def bytes_scale(self, kind: str) -> float:
         """Factor on the bytes term of ``kind`` under ``roofline == "sum"`` (1 unless fitted)."""
         return self._lookup(self.op_bytes_scale, kind, 1.0)
+
+    def final_scale(self, op_class: str) -> float:
+        """Factor on the final time of an op of ``op_class`` (``gemm.batched`` -> ``gemm`` ->
+        its group; 1 unless fitted)."""
+        table = self.op_final_scale
+        if not table:
+            return 1.0
+        kind = op_class.split(".")[0]
+        for key in (op_class, kind, _GROUP_OF.get(kind)):
+            if key in table:
+                return table[key]
+        return 1.0
 
     def core_share(self, ranks_per_node: int, kind: str | None = None) -> float:
         """How much longer a compute op (of op class ``kind``) takes when ``ranks_per_node``
@@ -294,7 +331,7 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise EpsimError(f"{where}: efficiency.roofline must be max or sum, got "
                              f"{obj['roofline']!r}")
         out["roofline"] = obj["roofline"]
-    for key in ("op_overhead_s", "op_time_scale", "op_bytes_scale"):
+    for key in ("op_overhead_s", "op_time_scale", "op_bytes_scale", "op_final_scale"):
         if key not in obj:
             continue
         table = obj[key]
@@ -302,7 +339,11 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise EpsimError(f"{where}: efficiency.{key} must be an object {{op kind: number}}")
         out[key] = {str(k): _non_negative(v, f"{where}: efficiency.{key}.{k}")
                     for k, v in table.items()}
-    for key in ("a2a_latency_per_peer_s", "combine_latency_per_peer_s"):
+    unknown = set(out.get("op_final_scale", {})) - set(SCALE_KEYS)
+    if unknown:
+        raise EpsimError(f"{where}: efficiency.op_final_scale names no op kind, class or group: "
+                         f"{', '.join(sorted(unknown))} (one of {', '.join(SCALE_KEYS)})")
+    for key in ("a2a_latency_per_peer_s", "combine_latency_per_peer_s", "host_ms_per_step"):
         if key in obj:
             out[key] = _non_negative(obj[key], f"{where}: efficiency.{key}")
     if "combine_latency_s" in obj:

@@ -261,7 +261,16 @@ def _seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] |
              captured: bool, mode: A2AMode | None = None) -> Any:
     """The table's seconds at the op's own features (``swept`` None: ``[1]``) or at every value
     ``swept()`` gives its swept feature, times the set's speedups; ``fallback()`` (times them)
-    where the set has no table for the op."""
+    where the set has no table for the op; then times the profile's fitted ``op_final_scale``
+    (``cost.final_scaled``: every timed op passes here or through ``cost.op_time`` once)."""
+    return cost.final_scaled(op, profile, _unscaled(op, profile, swept, fallback, top_k, nodes,
+                                                    captured, mode))
+
+
+def _unscaled(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] | None,
+              fallback: Callable[[], Any], top_k: int | None, nodes: np.ndarray | None,
+              captured: bool, mode: A2AMode | None) -> Any:
+    """:func:`_seconds` before the profile's fitted ``op_final_scale``."""
     plan = _plan(op, profile, top_k, nodes, mode)
     if plan is None:
         return fallback()

@@ -344,8 +344,14 @@ def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
     overrides = EngineOverrides(
         max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
         chunked_prefill_size=sc.chunked_prefill_size, cuda_graph_max_bs=sc.cuda_graph_max_bs,
-        dbo=sc.dbo, host_ms_per_step=sc.host_ms_per_step)
+        dbo=sc.dbo, host_ms_per_step=sc.host_ms_per_step if sc.host_ms_per_step is not None
+        else _fitted_host_ms(profile))
     return engine_settings(sc.engine, deployment, overrides)
+
+
+def _fitted_host_ms(profile: HardwareProfile) -> float | None:
+    """A profile fitted to measured runs may carry the engine's host time on that stack."""
+    return profile.efficiency.host_ms_per_step if profile.efficiency is not None else None
 
 
 def engine_step_time(cache: StepCache, model: ModelConfig, plan: ParallelPlan,

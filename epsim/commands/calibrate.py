@@ -11,6 +11,7 @@ import time
 
 from epsim.model.errors import EpsimError
 
+from ..calibrate_bench import add_bench_args, run_bench_fit
 from ..calibrate_trace import add_trace_args, run_trace
 from ..common import add_json_arg, emit_json, print_table
 from ..inputs import add_flag
@@ -30,13 +31,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "figures then come from --base)")
     add_flag(p, "--out", default=None, metavar="PROFILE.json",
                    help="where to write the fitted profile (tables go beside it; with "
-                   "--from-trace: the profile with the trace's per-kind factors)")
+                   "--from-trace: the profile with the trace's per-kind factors; --from-bench: the "
+                   "profile fitted to the runs)")
     p.add_argument("--quick", action="store_true", help="a small subset of every sweep (seconds; "
                    "for tests, not for a profile you rely on)")
     add_flag(p, "--base", metavar="HW", default=None,
                    help="--device cuda: shipped profile whose communication figures are kept "
                    "(default h200)")
     add_trace_args(p)
+    add_bench_args(p)
     add_json_arg(p)
     p.set_defaults(run=run)
 
@@ -44,10 +47,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib.util
 
+    if args.from_trace and args.from_bench:
+        raise EpsimError("--from-trace and --from-bench are two fits: give one")
     if args.from_trace:
         return run_trace(args)
+    if args.from_bench:
+        return run_bench_fit(args)
     if args.out is None:
         raise EpsimError("--out PROFILE.json is required (unless --from-trace)")
+    if args.factors:
+        raise EpsimError("--factors names what --from-bench fits: give --from-bench FILES")
 
     try:
         has_torch = importlib.util.find_spec("torch") is not None

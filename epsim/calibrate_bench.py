@@ -1,0 +1,121 @@
+"""``epsim calibrate --from-bench FILES... --hardware PROFILE --out PROFILE [deployment flags]``
+(part of ``epsim calibrate``): the flags and the run. The fit is ``epsim.calibrate.bench_fit``
+(its docstring: the factors, the metrics fitted, the identifiability rule); this module builds
+the deployment, reads the files, calls, writes the profile and prints.
+
+The deployment flags are ``epsim validate --bench``'s (model, hardware, plan, kernel set, engine
+and its overrides, MTP); ``--model``, ``--hardware``, ``--kernels``, ``--nodes``, ``--dp``,
+``--ep``, ``--tp`` and ``--kv-dtype`` are shared with ``--from-trace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from epsim.model.errors import EpsimError
+
+from .common import add_engine_args, add_mtp_args, emit_json, print_table, scenario_from_args
+from .inputs import add_flag
+
+#: the factors fitted without --factors (host joins them under --engine)
+DEFAULT_FACTORS = ("attention", "grouped_gemm")
+#: what scenario_from_args reads that calibrate's parser does not define
+_SCENARIO_DEFAULTS: dict[str, Any] = {
+    "disagg": None, "chunked_prefill_size": None, "dp_balance": "round_robin",
+    "mem_fraction": None, "goodput": None, "kv_dtype": None,
+}
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("from measured benchmark runs (--from-bench)")
+    add_flag(g, "--from-bench", nargs="+", default=None, metavar="FILE",
+             help="vllm bench serve --save-result JSONs / SGLang bench_serving lines of one "
+             "deployment: fit --factors to them by least squares (each run replayed as "
+             "validate --bench does) and write the fitted profile to --out")
+    add_flag(g, "--factors", lists=True, default=None,
+             help="the factors fitted (comma list; default attention,grouped_gemm, plus host "
+             "under --engine): per op class multipliers on the final op time, host: the "
+             "engine's host ms per step")
+    add_flag(g, "--gpus-per-node", default=None, help="GPUs per node (default: the profile's)")
+    add_flag(g, "--redundant-experts", default=0, metavar="R",
+             help="replica slots per MoE layer (default 0)")
+    add_flag(g, "--loads", default=None, metavar="NAME|FILE",
+             help="expert load statistics for routing (default: synthetic)")
+    g.add_argument("--dbo", action="store_true", help="two microbatches (dual-batch overlap)")
+    g.add_argument("--no-dbo", action="store_true", help="one microbatch")
+    g.add_argument("--no-eplb", action="store_true", help="contiguous expert placement")
+    g.add_argument("--no-graph", action="store_true", help="eager launches")
+    add_flag(g, "--bench-client", default=None,
+             help="the client of files without a format marker: vllm or sglang")
+    add_flag(g, "--seed", default=0, help="seeds routing and drawn arrivals (default 0)")
+    g.add_argument("--no-loo", action="store_true",
+                   help="skip the leave-one-out refits (one fit per run)")
+    add_mtp_args(g)
+    add_engine_args(p)
+
+
+def _scenario(args: argparse.Namespace):
+    from epsim.sim.scenario import Scenario
+
+    missing = {k: v for k, v in _SCENARIO_DEFAULTS.items() if getattr(args, k, None) is None}
+    missing["kv_dtype"] = args.kv_dtype or Scenario.kv_dtype
+    missing["mem_fraction"] = Scenario.mem_fraction
+    # the workload is a placeholder: replay() puts each file's in its place
+    return scenario_from_args(
+        args, **missing, dataset="fixed", isl=1, osl=1, concurrency=None, num_prompts=1,
+        random_range_ratio=0.0, request_rate=math.inf, burstiness=1.0, dataset_path=None,
+        metric_percentiles=(50.0,), percentile_metrics=("ttft",), bench_client=None)
+
+
+def run_bench_fit(args: argparse.Namespace) -> int:
+    from epsim.calibrate.bench_fit import fit_bench, fitted_profile
+    from epsim.model.outputs import write_text_atomic
+    from epsim.sim.bench_results import read_bench_file
+
+    if args.model is None or args.hardware is None:
+        raise EpsimError("--from-bench needs --model and --hardware: the deployment that ran "
+                         "the benchmarks")
+    if args.out is None:
+        raise EpsimError("--from-bench needs --out PROFILE.json (the fitted profile)")
+    runs = [read_bench_file(f, args.bench_client) for f in args.from_bench]
+    sc = _scenario(args)
+    names = tuple(args.factors) if args.factors else (
+        DEFAULT_FACTORS + (("host",) if sc.engine else ()))
+    report = fit_bench(runs, sc, names, loo=not args.no_loo)
+    deployment = {"model": sc.model, "hardware": sc.hardware, "nodes": sc.nodes,
+                  "gpus_per_node": sc.gpus_per_node, "dp": sc.dp, "tp": sc.tp, "ep": sc.ep,
+                  "kernels": sc.kernels, "engine": sc.engine, "dbo": sc.use_dbo,
+                  "graph": sc.graph, "eplb": sc.eplb, "kv_dtype": sc.kv_dtype, "mtp": sc.mtp,
+                  "host_ms_per_step": sc.host_ms_per_step}
+    obj = fitted_profile(report, str(args.hardware), args.from_bench, deployment)
+    write_text_atomic(json.dumps(obj, indent=2) + "\n", args.out)
+    out = {"profile": args.out, "factors": report["factors"], "start": report["start"],
+           "runs": report["runs"], "leave_one_out": report["leave_one_out"],
+           "iterations": report["iterations"], "evaluations": report["evaluations"],
+           "sources": {k: v for k, v in obj["sources"].items()
+                       if k in ("efficiency.op_final_scale", "efficiency.host_ms_per_step")}}
+    if args.json:
+        emit_json(out)
+    else:
+        _print(out)
+    return 0
+
+
+def _print(out: dict[str, Any]) -> None:
+    rows = [("profile", out["profile"])]
+    for name, value in out["factors"].items():
+        unit = " ms" if name == "host" else "x"
+        rows.append((f"  {name}", f"{value:.4g}{unit} (from {out['start'][name]:.4g})"))
+    for run in out["runs"]:
+        rows.append((f"  {run['run']}", ", ".join(
+            f"{m} {v['measured']:.4g} -> {v['predicted']:.4g} ({v['error_pct']:+.2f}%)"
+            for m, v in run["metrics"].items())))
+    for row in out["leave_one_out"]:
+        text = ", ".join(f"{m} {v['error_pct']:+.2f}%" for m, v in row["metrics"].items()) \
+            if row["determined"] else f"not determined by the others: {row['why']}"
+        rows.append((f"  left out {row['run']}", text))
+    rows.append(("fit", f"{out['iterations']} iterations, {out['evaluations']} replays"))
+    print_table(rows, title="epsim calibrate --from-bench")

@@ -1,0 +1,243 @@
+"""calibrate --from-bench: the fitted factors' mechanism (op_final_scale on the final op time,
+a fitted host time), the fit (Levenberg-Marquardt, the identifiability rule, leave-one-out) and
+a recovery test: runs simulated under known factors, written as vLLM files, fitted back."""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+
+from epsim.calibrate import bench_fit as bf
+from epsim.model.config import load_model
+from epsim.model.errors import EpsimError
+from epsim.model.opgraph import Batch
+from epsim.model.plan import make_plan
+from epsim.sim.hardware import load_profile, profile_from_dict
+from epsim.sim.step import simulate_step
+
+
+def perturbed(raw, scale=None, host=None):
+    obj = json.loads(json.dumps(raw))
+    if scale is not None:
+        obj["efficiency"]["op_final_scale"] = scale
+        obj["sources"]["efficiency.op_final_scale"] = "test: known factors"
+    if host is not None:
+        obj["efficiency"]["host_ms_per_step"] = host
+        obj["sources"]["efficiency.host_ms_per_step"] = "test: known host time"
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# The mechanism
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernels", ["aiter", "none"])
+def test_final_scale_multiplies_each_class_under_any_kernel_set(kernels):
+    model = load_model("tiny-deepseek")
+    plan = make_plan(model, nodes=1, gpus_per_node=2, dp=2, ep=2, microbatches=1)
+    base = load_profile("mi300x", kernels=kernels)
+    scale = {"attention": 1.3, "grouped_gemm": 0.8, "communication": 2.0}
+    fitted = profile_from_dict(perturbed(base.raw, scale)).with_kernels(kernels)
+    batch = Batch.decode(16, 1000)
+    before = simulate_step(model, plan, batch, base).op_kinds_ms
+    after = simulate_step(model, plan, batch, fitted).op_kinds_ms
+    factor = {"attention_decode": 1.3, "grouped_gemm": 0.8, "dispatch": 2.0, "combine": 2.0}
+    assert set(factor) <= set(before)
+    for kind, ms in before.items():
+        assert after[kind] == pytest.approx(ms * factor.get(kind, 1.0), rel=1e-9), kind
+
+
+def test_the_most_specific_scale_key_wins_and_unknown_keys_are_refused():
+    raw = load_profile("mi300x").raw
+    e = profile_from_dict(perturbed(raw, {"gemm": 2.0, "gemm.batched": 3.0, "other": 0.5,
+                                          "norm": 0.25})).require_efficiency()
+    assert (e.final_scale("gemm"), e.final_scale("gemm.batched")) == (2.0, 3.0)
+    assert (e.final_scale("norm"), e.final_scale("rope"), e.final_scale("dispatch")) == \
+        (0.25, 0.5, 1.0)
+    assert load_profile("mi300x").require_efficiency().final_scale("gemm") == 1.0
+    with pytest.raises(EpsimError, match="names no op kind, class or group: atention"):
+        profile_from_dict(perturbed(raw, {"atention": 1.2}))
+
+
+def test_a_fitted_host_time_acts_under_an_engine_and_a_flag_overrides_it(epsim, tmp_path):
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(perturbed(load_profile("mi300x").raw, host=6.0)))
+    common = ["predict", "--model", "tiny-deepseek", "--gpus-per-node", "2", "--dp", "2",
+              "--ep", "2", "--isl", "64", "--osl", "8", "--concurrency", "2", "--json"]
+    tpot = {}
+    for label, extra in (("shipped", ["--hardware", "mi300x", "--engine", "vllm"]),
+                         ("fitted", ["--hardware", str(path), "--engine", "vllm"]),
+                         ("flag", ["--hardware", str(path), "--engine", "vllm",
+                                   "--host-ms-per-step", "5"])):
+        r = epsim(*common, *extra)
+        assert r.returncode == 0, r.stderr
+        tpot[label] = json.loads(r.stdout)["mean_tpot_ms"]
+    # the tiny model's GPU step is far below the host time, which it overlaps: TPOT = host
+    assert tpot == pytest.approx({"shipped": 4.0, "fitted": 6.0, "flag": 5.0})
+
+
+# --------------------------------------------------------------------------------------------
+# The fit and the identifiability rule, on an analytic stand-in for the simulator
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    source: str
+    measured: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+
+class Analytic(bf.Simulator):
+    """TPOT = attention * a + moe * m (ms) and TTFT = 10 * (attention * a + moe * m'), where
+    each run has its own (a, m, m')."""
+
+    def __init__(self, shares, truth, names=("attention", "grouped_gemm"), ttft=True):
+        self.names, self.shares, self.evaluations = tuple(names), shares, 0
+        self.runs = [Run(f"run{i}", MappingProxyType(self._metrics(s, truth, ttft)))
+                     for i, s in enumerate(shares)]
+        self.ttft = ttft
+
+    @staticmethod
+    def _metrics(share, f, ttft):
+        a, m, mp = share
+        out = {"mean_tpot_ms": f["attention"] * a + f.get("grouped_gemm", 1.0) * m}
+        if ttft:
+            out["mean_ttft_ms"] = 10 * (f["attention"] * a + f.get("grouped_gemm", 1.0) * mp)
+        return out
+
+    def predict(self, theta, which=None):
+        f = dict(zip(self.names, np.exp(theta), strict=True))
+        idx = which if which is not None else range(len(self.runs))
+        self.evaluations += len(idx)
+        return [self._metrics(self.shares[i], f, self.ttft) for i in idx]
+
+
+TRUTH = {"attention": 1.3, "grouped_gemm": 0.8}
+
+
+def test_levenberg_marquardt_recovers_the_factors_of_an_analytic_model():
+    sim = Analytic([(2.0, 8.0, 1.0), (6.0, 4.0, 3.0), (1.0, 1.0, 9.0)], TRUTH)
+    theta, iterations = bf._fit(sim, [0, 1, 2], np.zeros(2))
+    assert np.exp(theta) == pytest.approx([1.3, 0.8], rel=1e-6)
+    assert 0 < iterations < 30
+
+
+def test_counting_more_factors_than_measurements_is_refused_naming_what_each_needs():
+    sim = Analytic([(2.0, 8.0, 1.0)], TRUTH, ttft=False)
+    with pytest.raises(EpsimError) as exc:
+        bf.check_identifiable(sim, [0], np.zeros(2))
+    text = str(exc.value)
+    assert "2 factors (attention, grouped_gemm) need at least 2 measurements" in text
+    assert "1 run gives 1" in text and "grouped_gemm: TPOT/ITL at two concurrencies" in text
+
+
+def test_a_factor_that_moves_nothing_is_refused():
+    # runs whose TPOT has no MoE share at all
+    sim = Analytic([(2.0, 0.0, 0.0), (6.0, 0.0, 0.0)], TRUTH, ttft=False)
+    with pytest.raises(EpsimError, match="factor grouped_gemm moves none of the fitted metrics"):
+        bf.check_identifiable(sim, [0, 1], np.zeros(2))
+
+
+def test_factors_that_move_the_runs_alike_are_refused():
+    # the same attention:MoE mix in both runs (2:8 and 1:4): only their sum is determined
+    sim = Analytic([(2.0, 8.0, 0.0), (1.0, 4.0, 0.0)], TRUTH, ttft=False)
+    with pytest.raises(EpsimError, match="factors attention, grouped_gemm move the fitted "
+                       "metrics of these 2 runs alike"):
+        bf.check_identifiable(sim, [0, 1], np.zeros(2))
+    # another mix in the second run determines both
+    ok = Analytic([(2.0, 8.0, 0.0), (6.0, 1.0, 0.0)], TRUTH, ttft=False)
+    bf.check_identifiable(ok, [0, 1], np.zeros(2))
+
+
+def test_leave_one_out_predicts_each_run_from_the_others_or_says_why_not():
+    sim = Analytic([(2.0, 8.0, 1.0), (6.0, 4.0, 3.0), (1.0, 1.0, 9.0)], TRUTH, ttft=False)
+    rows = bf.leave_one_out(sim, np.zeros(2))
+    assert [r["determined"] for r in rows] == [True, True, True]
+    for row in rows:  # exact data: each run predicted to fit precision from the other two
+        assert row["factors"]["attention"] == pytest.approx(1.3, rel=1e-6)
+        assert abs(row["metrics"]["mean_tpot_ms"]["error_pct"]) < 1e-4
+    two = Analytic([(2.0, 8.0, 1.0), (6.0, 4.0, 3.0)], TRUTH, ttft=False)
+    rows = bf.leave_one_out(two, np.zeros(2))
+    assert [r["determined"] for r in rows] == [False, False]
+    assert "need at least 2 measurements" in rows[0]["why"]
+
+
+# --------------------------------------------------------------------------------------------
+# Recovery: runs simulated under known factors, fitted back through the CLI
+# --------------------------------------------------------------------------------------------
+
+#: a 6-layer DeepSeek-V3 (1 dense + 5 MoE layers): the decode step at concurrency 1 is
+#: shorter than a 6 ms host time, at 64 x 4096 and 512 x 512 longer (GPU-bound)
+RUNS = ((1, 512), (64, 4096), (512, 512))
+
+
+def small_v3(tmp_path):
+    from conftest import REPO
+
+    cfg = json.loads((REPO / "model/configs/deepseek-v3.json").read_text())
+    cfg.update(num_hidden_layers=6, first_k_dense_replace=1, num_nextn_predict_layers=0)
+    path = tmp_path / "ds6.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_calibrate_from_bench_recovers_known_factors(epsim, tmp_path):
+    model = small_v3(tmp_path)
+    truth = tmp_path / "truth.json"
+    truth.write_text(json.dumps(perturbed(load_profile("mi300x").raw,
+                                          {"attention": 1.3, "grouped_gemm": 0.8}, 6.0)))
+    deployment = ["--model", model, "--dp", "8", "--ep", "8", "--engine", "vllm"]
+    files = []
+    for conc, isl in RUNS:
+        out = tmp_path / f"run-{conc}.json"
+        r = epsim("predict", *deployment, "--hardware", str(truth), "--concurrency", str(conc),
+                  "--isl", str(isl), "--osl", "16", "--save-result", str(out), "--save-detailed")
+        assert r.returncode == 0, r.stderr
+        files.append(str(out))
+    fitted = tmp_path / "fit.json"
+    r = epsim("calibrate", "--from-bench", *files, *deployment, "--hardware", "mi300x",
+              "--out", str(fitted), "--no-loo", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["start"] == {"attention": 1.0, "grouped_gemm": 1.0, "host": 4.0}
+    for name, value in {"attention": 1.3, "grouped_gemm": 0.8, "host": 6.0}.items():
+        assert abs(report["factors"][name] / value - 1) < 0.02, (name, report["factors"])
+    obj = json.loads(fitted.read_text())
+    eff = obj["efficiency"]
+    assert set(eff["op_final_scale"]) == {"attention", "grouped_gemm"}
+    assert eff["host_ms_per_step"] == pytest.approx(report["factors"]["host"])
+    source = obj["sources"]["efficiency.op_final_scale"]
+    for f in files:
+        digest = hashlib.sha256(open(f, "rb").read()).hexdigest()
+        assert f"{f} (sha256 {digest})" in source
+    record = obj["calibration"]["from_bench"]
+    assert record["deployment"]["engine"] == "vllm" and record["deployment"]["dp"] == 8
+    assert record["date"] in source and obj["name"] == "mi300x-bench-fit"
+    # the fitted profile loads and predicts the measured run it was fitted to
+    r = epsim("validate", "--bench", files[1], *deployment, "--hardware", str(fitted), "--json")
+    assert r.returncode == 0, r.stderr
+    tpot = json.loads(r.stdout)["metrics"]["mean_tpot_ms"]
+    assert abs(tpot["error_pct"]) < 0.5
+
+
+def test_from_bench_refusals_are_one_line(epsim, tmp_path):
+    from conftest import REPO
+
+    example = str(REPO / "tests/data/bench/vllm-example.json")
+    base = ["calibrate", "--from-bench", example, "--model", "deepseek-v3", "--hardware",
+            "mi300x", "--dp", "8", "--ep", "8", "--out", str(tmp_path / "p.json")]
+    for argv, message in (
+            (base + ["--engine", "vllm"], "3 factors (attention, grouped_gemm, host) need at "
+             "least 3 measurements; 1 run gives"),
+            (base + ["--factors", "attention,host"], "acts under --engine only"),
+            (base[:-2], "needs --out"),
+            (["calibrate", "--factors", "attention", "--out", str(tmp_path / "q.json")],
+             "give --from-bench")):
+        r = epsim(*argv)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (argv, r.stderr)
+        assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "p.json").exists()
