@@ -115,6 +115,11 @@ def run_trace(args: argparse.Namespace) -> int:
         out["deployment"] = dep.to_json()
         out["comparison"] = tc.compare(mapping.kind_us(), simulated)
         if args.out:
+            if args.annotations == ():  # --annotations all
+                # a training trace's backward kernels (FlashAttention's bwd, the weight grads)
+                # would be fitted against a forward step
+                raise EpsimError("--out fits a forward step: keep the forward annotations (the "
+                                 "default) or name forward ones with --annotations, not all")
             out.update(_fit(args, trace, dep, mapping))
     elif args.out:
         raise EpsimError("--out fits factors against the simulator: give --model")

@@ -165,8 +165,9 @@ def add_a2a_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> No
              help="how EP dispatch/combine run: low_latency (pure RDMA per target GPU, kernels "
              "that free the compute units: no interference), normal (node-then-GPU: one NIC "
              "crossing per destination node, forwarded over the node's fabric; occupies compute "
-             "units); auto (default): low_latency for decode and normal for prefill when EP "
-             "spans nodes, normal within one node, as SGLang's --deepep-mode auto")
+             "units); auto (default): across nodes as SGLang's --deepep-mode auto (low_latency "
+             "for decode, normal for a step with any prefill), normal within one node (epsim's "
+             "assumption; SGLang would pick low_latency there)")
 
 
 def add_mtp_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,

@@ -374,6 +374,7 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.model.eplb import BALANCERS
     from epsim.model.loads import shipped_loads
     from epsim.model.plan import KV_DTYPES, MAX_MTP
+    from epsim.sim.a2a import A2A_CHOICES
     from epsim.sim.engine_presets import ENGINES
     from epsim.sim.hardware import shipped_profiles
     from epsim.sim.metrics import parse_goodput_item, parse_percentile_metrics, parse_percentiles
@@ -415,6 +416,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--profile": Name(shipped_profiles, "hardware profile"),
         "--base": Name(shipped_profiles, "hardware profile"),
         "--dataset-path": Name(shipped_traces, "dataset file"),
+        "--a2a-mode": Choice(A2A_CHOICES),  # how EP dispatch/combine run (epsim.sim.a2a)
     }
 
 
@@ -475,8 +477,6 @@ FLAGS: dict[str, Spec] = {
     "--splits": Parsed(parse_dp_x_tp, "DPxTP (e.g. 4x2)", max_len=32),
     "--gpu-hour-usd": Parsed(parse_prices, "a price, or HARDWARE=PRICE,..."),
     "--kernels": Parsed(parse_kernel_set, "a kernel set name", max_len=64),
-    # how EP dispatch/combine run (epsim.sim.a2a.A2A_CHOICES)
-    "--a2a-mode": Choice(("auto", "low_latency", "normal")),
     # outputs and inputs
     "--trace": OutputFile("--trace"),
     "--csv": OutputFile("--csv"),

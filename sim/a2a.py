@@ -17,10 +17,12 @@ AMD), and the engine picks one per step:
   it slows by ``efficiency.comm_compute_slowdown``, as every collective did before modes existed.
 
 ``--a2a-mode auto`` resolves per step as SGLang's ``--deepep-mode auto`` does (``DeepEPMode.resolve``
-in sgl-project/sglang ``python/sglang/srt/layers/moe/utils.py`` @ d737979c: normal when the batch
-has prefill ("extend") tokens, low_latency otherwise) when the EP group spans nodes; within one
-node it is ``normal``, which there is exactly epsim's model before modes existed (no NIC traffic
-to de-duplicate, the comm kernel occupying compute units).
+in sgl-project/sglang ``python/sglang/srt/layers/moe/utils.py`` @ d737979c: normal when any DP
+rank's batch has prefill ("extend") tokens, low_latency otherwise) when the EP group spans nodes.
+Within one node SGLang's auto would still pick low_latency for decode; epsim's auto keeps
+``normal`` there, an assumption of its own (no NIC traffic to de-duplicate; the intra-node
+exchange charged as before modes existed, its kernel occupying compute units, which MORI's and
+DeepEP's intra-node kernels do). ``--a2a-mode low_latency`` gives SGLang's choice in one node.
 """
 
 from __future__ import annotations
@@ -75,6 +77,18 @@ def resolve(choice: str, phase: str, spans_nodes: bool) -> A2AMode:
     check_choice(choice)
     name = _AUTO[(spans_nodes, phase)] if choice == AUTO else choice
     return A2A_MODES[name]
+
+
+def with_prefill_choice(choice: str, spans_nodes: bool) -> str:
+    """The choice a decode batch's exchanges take in a step where some rank prefills: the
+    prefill's, on every rank (one all-to-all runs in one mode; SGLang OR-reduces
+    ``is_extend_in_batch`` over the DP ranks before ``DeepEPMode.resolve``,
+    sgl-project/sglang python/sglang/srt/layers/moe/utils.py @ d737979c). ``choice`` itself
+    where the phases agree, so such steps share the decode batches' step models."""
+    if choice != AUTO or resolve(AUTO, "decode", spans_nodes) == resolve(AUTO, "prefill",
+                                                                         spans_nodes):
+        return choice
+    return resolve(AUTO, "prefill", spans_nodes).name
 
 
 def spans_nodes(nodes: np.ndarray | None) -> bool:

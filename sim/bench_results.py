@@ -273,8 +273,9 @@ class _Workload:
         n = _number(obj, key, source, integer=True)
         if obj.get("num_prompts") is not None and key == "completed":
             prompts = _number(obj, "num_prompts", source, integer=True)
-            failed = obj.get("failed") or 0
-            if _disagree(n + int(failed), prompts):
+            failed = _number(obj, "failed", source, integer=True, positive=False) \
+                if obj.get("failed") is not None else 0
+            if _disagree(n + failed, prompts):
                 raise EpsimError(f"{source}: completed {n} + failed {failed} disagree with "
                                  f"num_prompts {prompts}")
             if failed:

@@ -1,7 +1,10 @@
 """A simulated benchmark written as ``vllm bench serve --save-result`` writes a measured one.
 
-:func:`vllm_result` builds the object with every key vLLM's ``main_async()`` and
-``benchmark()`` write (vllm-project/vllm vllm/benchmarks/serve.py at 009e6d4a), in their order,
+:func:`vllm_result` builds the object with the keys vLLM's ``main_async()`` and ``benchmark()``
+write (vllm-project/vllm vllm/benchmarks/serve.py at 009e6d4a), in their order, but for the
+statistics of two populations vLLM adds under conditions (``*_client_queue_time_ms`` with a
+concurrency cap, ``*_e2el_including_client_queue_ms`` at a finite rate): not written yet,
+though their populations are computed below;
 from a finished :class:`~epsim.sim.serving.ServingRun` and its metrics; epsim's own figures
 (the deployment, decode throughput, the step breakdown, ...) go under the ``"epsim"`` key, where
 no vLLM reader looks. Without ``detailed`` the per-request lists vLLM drops without
@@ -89,6 +92,8 @@ def max_concurrent_requests(run: ServingRun) -> int:
 
 def _setup(result: Mapping[str, Any], label: str | None) -> dict[str, Any]:
     rate = result.get("request_rate", "inf")
+    if rate == "trace":  # a replayed trace: its offered rate (the arrivals go with the file)
+        rate = result["trace_arrival_rate"]
     return {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": BACKEND,
             "backend": BACKEND, "label": label, "model_id": result.get("model"),
             "tokenizer_id": result.get("model"), "num_prompts": result["num_prompts"],

@@ -19,16 +19,25 @@ from __future__ import annotations
 import numpy as np
 
 try:  # numba compiles the walk; without it the same code runs as Python (slower, equal results)
-    from numba import njit
+    import numba
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
-    def njit(*args, **kwargs):  # type: ignore[no-redef]
-        def wrap(fn):
-            fn.py_func = fn
-            return fn
-        return wrap(args[0]) if args and callable(args[0]) else wrap
+    numba = None
 
 
-@njit(cache=True)
+def _compiled(fn):
+    """``fn`` compiled by numba, cached on disk where numba finds a writable place (beside the
+    module, else its user cache); compiled per process where it finds none; as Python without
+    numba (``fn.py_func`` is the Python function either way)."""
+    if numba is None:  # pragma: no cover
+        fn.py_func = fn
+        return fn
+    try:
+        return numba.njit(cache=True)(fn)
+    except RuntimeError:  # "cannot cache function ...: no locator available" (read-only install)
+        return numba.njit(fn)
+
+
+@_compiled
 def _fluid(t0: float, w: float, iv_from: np.ndarray, iv_to: np.ndarray, head: int, tail: int,
            r: int, s: float) -> float:
     """End of ``w`` seconds of compute from ``t0`` on rank ``r``, at ``1 - s`` inside the
@@ -51,7 +60,7 @@ def _fluid(t0: float, w: float, iv_from: np.ndarray, iv_to: np.ndarray, head: in
     return t + w
 
 
-@njit(cache=True)
+@_compiled
 def walk(coll, first, last, group, cat, ops_ptr, ops_idx, waits_ptr, waits_idx,  # noqa: PLR0913
          work, cats, floor, host_sync, host_release_s, quiet, launch_s, eager, slots, s,
          launch_cat,

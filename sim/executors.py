@@ -257,12 +257,24 @@ class RayExecutor(Executor):
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                for i, value in zip(tasks[ref], ray.get(ref), strict=True):
+                for i, value in zip(tasks[ref], _ray_values(ray, ref), strict=True):
                     out[i] = value
                 done += len(tasks[ref])
                 if progress:
                     progress(done, len(items))
         return [_unwrap(v) for v in out]
+
+
+def _ray_values(ray: Any, ref: Any) -> list[Any]:
+    """A Ray task's results; a worker or node that died on the way is one line, as the pool's."""
+    died = tuple(getattr(ray.exceptions, name) for name in (
+        "WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "LocalRayletDiedError")
+        if hasattr(ray.exceptions, name))
+    try:
+        return ray.get(ref)
+    except died as exc:
+        raise EpsimError(f"a Ray worker died while evaluating points ({type(exc).__name__}); "
+                         "see the Ray dashboard or logs for why") from None
 
 
 #: every executor by name

@@ -21,7 +21,7 @@ before the prefill starts), and under a closed-loop benchmark every queue is emp
 steps, so almost every request would tie and go to instance 0. Outstanding requests are what
 the policy's name says and what the router itself can count.
 
-The instances are co-simulated in one event loop (``sim/serving.py``), so the load a router
+The instances are co-simulated in one event loop (``sim/serving_loop.py``), so the load a router
 reads is each instance's at the moment the request is routed: exact, not an estimate.
 """
 

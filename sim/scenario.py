@@ -21,12 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from epsim.model import accounting
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError
 from epsim.model.mtp import DEFAULT_ACCEPTANCE, expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, ParallelPlan, make_plan, with_implied_fusions
 
+from . import a2a
 from .engine_presets import (
     Deployment,
     EngineOverrides,
@@ -359,9 +362,12 @@ def engine_step_time(cache: StepCache, model: ModelConfig, plan: ParallelPlan,
                      ) -> EngineStepTime:
     """One side's step costs: each (graph, DBO) variant of ``plan`` a cached step model (a
     variant no step meets is never simulated), run under the engine's step policy."""
-    def variant(graph: bool, dbo: bool) -> StepTimeModel:
+    spans = a2a.spans_nodes(np.arange(plan.world_size) // plan.gpus_per_node)
+    mixed = profile.with_a2a_mode(a2a.with_prefill_choice(profile.a2a_mode, spans))
+
+    def variant(graph: bool, dbo: bool, with_prefill: bool = False) -> StepTimeModel:
         return cache.get(model, plan.with_(graph_mode=graph, microbatches=2 if dbo else 1),
-                         profile, sc)
+                         mixed if with_prefill else profile, sc)
 
     return EngineStepTime(variant, settings.step_policy(sc.graph))
 

@@ -4,9 +4,10 @@ What happens in a call:
 
 1. the op graph of one rank (``epsim.model.graph.build_step_graph``) is compiled into a
    :class:`sim.engine.Program`: every op's cost-model time (:mod:`sim.cost`), the host's issue
-   times (eager) or the graph-replay costs (captured), the collective groups. Compilation is
-   memoised per (model, plan, batch, profile), so repeated calls (the serving simulator's) pay
-   only for steps 2-4;
+   times (eager) or the graph-replay costs (captured), the collective groups
+   (:mod:`sim.step_compile`). The program's structure is built once per plan and phase; a new
+   batch is costed on it, and each compiled batch is memoised, so repeated calls (the serving
+   simulator's) pay only for steps 2-4;
 2. this step's routing is sampled (:mod:`sim.routing`): per MoE layer, microbatch and rank a
    multinomial over the load statistics, mapped to GPUs by the placement (balanced by
    ``epsim.model.eplb.balance_placement`` unless ``eplb=False``: then contiguous);

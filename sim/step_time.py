@@ -184,7 +184,7 @@ class SimulatedStepTime(MemoStepTime):
 # --------------------------------------------------------------------------------------------
 
 #: the step-time model of one variant of the plan: ``(captured graph?, two microbatches?)``
-Variants = Callable[[bool, bool], StepTimeModel]
+Variants = Callable[..., StepTimeModel]
 
 
 @dataclass(frozen=True)
@@ -220,9 +220,10 @@ class StepPolicy:
 class EngineStepTime:
     """A step's parts costed under a :class:`StepPolicy` (one per side of a deployment and run).
 
-    ``variants(graph, dbo)`` gives the step-time model of that variant of the plan (each is a
-    memoised model of a :class:`~epsim.sim.scenario.StepCache`, so a variant no step needs is
-    never simulated). ``touched`` records, per model first used, its exact-call count then, so
+    ``variants(graph, dbo[, with_prefill])`` gives the step-time model of that variant of the
+    plan (``with_prefill``: for a decode batch in a step where some rank prefills, whose EP
+    exchanges run as the prefill's, ``sim.a2a.with_prefill_choice``). Each is a memoised model
+    of a :class:`~epsim.sim.scenario.StepCache`, so a variant no step needs is never simulated. ``touched`` records, per model first used, its exact-call count then, so
     the run can report the evaluations it made itself.
     """
 
@@ -234,12 +235,14 @@ class EngineStepTime:
     @classmethod
     def of(cls, model: StepTimeModel, policy: StepPolicy | None = None) -> EngineStepTime:
         """Every variant is ``model`` (an analytic model, or a plan costed as it is)."""
-        return cls(lambda graph, dbo: model, policy)
+        return cls(lambda graph, dbo, with_prefill=False: model, policy)
 
-    def _variant(self, graph: bool, tokens: int, prefill: bool) -> StepTimeModel:
+    def _variant(self, graph: bool, tokens: int, prefill: bool, with_prefill: bool = False
+                 ) -> StepTimeModel:
         p = self.policy
         floor = p.dbo_min_prefill_tokens if prefill else p.dbo_min_decode_tokens
-        model = self.variants(graph, p.dbo and tokens > floor)
+        dbo = p.dbo and tokens > floor
+        model = self.variants(graph, dbo, True) if with_prefill else self.variants(graph, dbo)
         if id(model) not in self.touched:
             self.touched[id(model)] = (model, int(getattr(model, "calls", 0)))
         return model
@@ -253,7 +256,7 @@ class EngineStepTime:
     def decode(self, seqs: int, context: int, any_prefill: bool = False) -> StepCost:
         """The busiest rank's decode batch: ``seqs`` sequences of ``context`` tokens each."""
         graph = self.decode_graph(seqs, any_prefill)
-        return self._variant(graph, seqs, False).decode(seqs, context)
+        return self._variant(graph, seqs, False, any_prefill).decode(seqs, context)
 
     def prefill(self, seqs: int, prompt: int, prefix: int) -> StepCost:
         """One rank's prefill chunk: ``seqs`` sequences of ``prompt - prefix`` new tokens."""

@@ -212,3 +212,36 @@ def test_single_node_auto_and_normal_are_the_model_before_modes(kernels):
     assert ll.op_kinds_ms["dispatch"] == auto.op_kinds_ms["dispatch"]
     assert ll.compute_slowdown_ms == pytest.approx(0.0, abs=1e-9)
     assert ll.step_s < auto.step_s
+
+
+def test_a_decode_batch_beside_a_prefill_runs_its_exchanges_as_the_prefill():
+    # one all-to-all runs in one mode: across nodes, auto makes a step with any prefilling rank
+    # run every rank's exchanges in the prefill's (normal) mode, as SGLang's OR over DP ranks
+    from epsim.sim.scenario import Scenario, StepCache, engine_step_time
+    from epsim.sim.step_time import StepPolicy
+    from epsim.sim.workload import WorkloadSpec
+
+    assert a2a.with_prefill_choice("auto", True) == "normal"
+    assert a2a.with_prefill_choice("auto", False) == "auto"  # the phases agree: no new model
+    assert a2a.with_prefill_choice("low_latency", True) == "low_latency"
+
+    class Recording(StepCache):
+        def get(self, model, plan, profile, sc):
+            self.modes.append(profile.a2a_mode)
+            return super().get(model, plan, profile, sc)
+
+    class Settings:
+        def step_policy(self, graph):
+            return StepPolicy()
+
+    r1 = load_model("deepseek-r1")
+    plan = make_plan(r1, dp=16, ep=16, nodes=2)
+    sc = Scenario(model="deepseek-r1", hardware="mi300x", dp=16, ep=16, nodes=2,
+                  workload=WorkloadSpec(num_prompts=8, isl=500, osl=8))
+    cache = Recording()
+    cache.modes = []
+    engine = engine_step_time(cache, r1, plan, load_profile("mi300x"), sc, Settings())
+    alone = engine.decode(8, 500)
+    beside = engine.decode(8, 500, any_prefill=True)
+    assert cache.modes == ["auto", "normal"]
+    assert beside.seconds != alone.seconds  # the normal exchanges cost otherwise

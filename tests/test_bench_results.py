@@ -253,6 +253,30 @@ def test_a_saved_prediction_validates_against_itself(epsim, tmp_path, workload, 
     assert report["workload"]["lengths"] == ("listed" if detailed else "mean of the totals")
 
 
+def test_a_saved_trace_replay_validates_against_itself(epsim, tmp_path):
+    # a request trace's arrivals: the file says its offered rate, the detail lists the arrivals
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     + "".join(f"{0.01 * i:.2f},{40 + i},{3 + i % 4}\n" for i in range(12)))
+    out = tmp_path / "result.json"
+    r = epsim("predict", *TINY, "--dataset", "trace", "--dataset-path", str(trace),
+              "--save-result", str(out), "--save-detailed")
+    assert r.returncode == 0, r.stderr
+    saved = json.loads(out.read_text())
+    assert isinstance(saved["request_rate"], float)  # a number, as vLLM writes it
+    r = epsim("validate", "--bench", str(out), *TINY, "--json")
+    assert r.returncode == 0, r.stderr
+    for name, m in json.loads(r.stdout)["metrics"].items():
+        assert m["error_pct"] is not None and abs(m["error_pct"]) < 1e-6, (name, m)
+
+
+@pytest.mark.parametrize("change", [{"failed": "x"}, {"epsim": {"seed": "abc"}}])
+def test_bad_values_in_a_result_file_are_one_line(epsim, tmp_path, change):
+    path = write(tmp_path, {**VLLM, "completed": 10, "num_prompts": 11, "failed": 1, **change})
+    r = epsim("validate", "--bench", str(path), *TINY)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
 def test_validate_bench_errors_are_one_line(epsim, tmp_path):
     bad = write(tmp_path, {"hello": 1})
     for argv in (["validate", "--bench", str(bad), *TINY],

@@ -105,7 +105,7 @@ def test_step_policy_runs_large_decode_batches_eagerly_and_hides_the_host_time()
             return super().decode(seqs, context)
 
     models = {(g, d): Tagged((g, d)) for g in (True, False) for d in (True, False)}
-    costs = EngineStepTime(lambda g, d: models[(g, d)],
+    costs = EngineStepTime(lambda g, d, *_: models[(g, d)],
                            StepPolicy(graph=True, dbo=True, graph_max_bs=512,
                                       dbo_min_decode_tokens=32, host_s=0.0015))
     costs.decode(512, 100)

@@ -162,6 +162,8 @@ def test_cli_fit_reproduces_the_measured_times_and_says_where_they_came_from(tmp
 @pytest.mark.parametrize("argv,needle", [
     (["--annotations", "nope(F)"], "no annotation named nope(F)"),
     (["--out", "PLACEHOLDER"], "give --model"),
+    (["--model", "tiny-deepseek", "--annotations", "all", "--out", "PLACEHOLDER"],
+     "fits a forward step"),
     (["--model", "tiny-deepseek", "--hardware", "h800"], None),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, argv, needle):

@@ -129,7 +129,11 @@ def run_bench(args: argparse.Namespace) -> int:
         raise EpsimError("--bench needs --model and --hardware: the deployment that ran it")
     bench = read_bench_file(args.bench, args.bench_client)
     if args.seed is None:
-        args.seed = int(bench.epsim.get("seed", 0))
+        seed = bench.epsim.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise EpsimError(f"{args.bench}: epsim.seed must be a non-negative integer, got "
+                             f"{seed!r}")
+        args.seed = seed
     # the scenario's workload is a placeholder: replay() puts the file's in its place
     sc = scenario_from_args(
         args, dataset="fixed", isl=1, osl=1, concurrency=None, num_prompts=1,
