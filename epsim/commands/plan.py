@@ -12,18 +12,20 @@ from epsim.sim.hardware import load_profile
 from epsim.sim.search import choose
 
 from ..common import (
-    DEFAULT_SEARCH_HARDWARE,
     Progress,
-    add_search_args,
     emit_json,
-    executor_from_args,
     print_columns,
+)
+from ..inputs import add_flag
+from ..search_args import (
+    DEFAULT_SEARCH_HARDWARE,
+    add_search_args,
+    executor_from_args,
     search_base_from_args,
     search_diagnostics,
     search_options_from_args,
     search_space_from_args,
 )
-from ..inputs import add_flag
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

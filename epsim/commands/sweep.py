@@ -18,15 +18,17 @@ from epsim.sim.scenario import check_scenario
 
 from ..common import (
     Progress,
-    add_executor_args,
     add_scenario_args,
     emit_json,
-    executor_from_args,
     print_columns,
     scenario_from_args,
-    search_diagnostics,
 )
 from ..inputs import add_flag, as_list
+from ..search_args import (
+    add_executor_args,
+    executor_from_args,
+    search_diagnostics,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

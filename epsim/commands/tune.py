@@ -9,12 +9,14 @@ from typing import Any
 from epsim.sim.tune import TuneResult, tune
 
 from ..common import (
-    DEFAULT_SEARCH_HARDWARE,
     Progress,
-    add_search_args,
     emit_json,
-    executor_from_args,
     print_columns,
+)
+from ..search_args import (
+    DEFAULT_SEARCH_HARDWARE,
+    add_search_args,
+    executor_from_args,
     search_base_from_args,
     search_diagnostics,
     search_options_from_args,

@@ -1,0 +1,117 @@
+"""The flags of a search (sweep, tune, plan): the SLO, the search space, and where the points
+run (``sim/executors.py``) and how they are picked (``sim/search.py``); docs/performance.md."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from epsim.model.errors import EpsimError
+from epsim.sim.executors import Executor, make_executor
+from epsim.sim.scenario import Scenario
+from epsim.sim.search import DEFAULT_TRIALS, GRID_MAX_POINTS
+from epsim.sim.tune import OBJECTIVES, SearchOptions, SearchSpace
+
+from .common import add_scenario_args, scenario_from_args
+from .inputs import add_flag
+
+# --------------------------------------------------------------------------------------------
+# A search: scenario + SLO + search space (tune, plan)
+# --------------------------------------------------------------------------------------------
+
+#: the concurrencies tune and plan try when --concurrency is not given
+DEFAULT_SEARCH_CONCURRENCY = (256, 512, 1024, 2048, 3072, 4096)
+#: the hardware tune and plan search when --hardware is not given
+DEFAULT_SEARCH_HARDWARE = "mi300x"
+
+
+def add_search_args(parser: argparse.ArgumentParser) -> None:
+    """A scenario (comma lists, hardware optional) plus the SLO, the search space (a comma list
+    on each searched flag: tune searches several hardware profiles, plan compares them) and how
+    the search runs (``add_executor_args``)."""
+    add_scenario_args(parser, lists=True, hardware_required=False, hardware_lists=True,
+                      search=True)
+    g = parser.add_argument_group("SLO and search space")
+    add_flag(g, "--slo", required=True,
+             help='bounds on metric keys, e.g. "median_itl_ms<=100,p90_ttft_ms<=5000"')
+    add_flag(g, "--objective", default=OBJECTIVES[0],
+             help=f"what to maximise (default {OBJECTIVES[0]})")
+    add_flag(g, "--dbo", lists=True, default="on,off", help="DBO values to try (default on,off)")
+    add_flag(g, "--graph", lists=True, default="on", help="graph-mode values to try (default on)")
+    add_flag(g, "--splits", lists=True, default=None,
+             help="dp x tp splits to try, e.g. 8x1,4x2,1x8 (default: the plan's own)")
+    parser.set_defaults(concurrency=None)
+    add_executor_args(parser, search=True)
+
+
+def add_executor_args(parser: argparse.ArgumentParser, *, search: bool) -> None:
+    """Where the points run (sweep, tune, plan) and, for a search, how they are picked."""
+    g = parser.add_argument_group("where the points run (docs/performance.md)")
+    add_flag(g, "--workers", default=None, metavar="N",
+             help="local worker processes (default: the cores this process may use; 1: serial)")
+    add_flag(g, "--ray", default=None, metavar="auto|local|ADDRESS",
+             help="run the points as Ray tasks: auto joins the running cluster, local starts "
+             "one here, or a cluster address (pip install 'epsim[ray]')")
+    if search:
+        add_flag(g, "--search", default="auto",
+                 help=f"every point (grid) or optuna's TPE sampler with the SLO as a constraint "
+                 f"(default auto: grid up to {GRID_MAX_POINTS} points)")
+        add_flag(g, "--trials", default=None, metavar="N",
+                 help=f"optuna's trials (default {DEFAULT_TRIALS}, at most the space's size)")
+
+
+def executor_from_args(args: argparse.Namespace) -> Executor:
+    """The executor ``--workers`` / ``--ray`` ask for (a context manager owning its workers)."""
+    return make_executor(args.workers, args.ray)
+
+
+def search_options_from_args(args: argparse.Namespace, executor: Executor) -> SearchOptions:
+    return SearchOptions(strategy=args.search, trials=args.trials, executor=executor)
+
+
+def search_diagnostics(executor: Executor, strategy: str, wall_s: float) -> dict[str, Any]:
+    """What ran a search and how long it took: the JSON's ``"diagnostics"`` (not results)."""
+    return {**executor.describe(), "search": strategy, "wall_s": wall_s}
+
+
+def _searched(values: tuple[Any, ...] | None) -> tuple[Any, ...]:
+    """A comma list as a search dimension: two or more values; one is the base's own."""
+    return tuple(values) if values is not None and len(values) > 1 else (None,)
+
+
+def search_space_from_args(args: argparse.Namespace, *, units: bool = False) -> SearchSpace:
+    """The space the flags describe (``units``: plan's, whose hardware and nodes are the units
+    it compares, not point dimensions)."""
+    if units and args.nodes is not None and len(args.nodes) > 1:
+        raise EpsimError("plan: --nodes is the co-located unit's size and takes one value")
+    return SearchSpace(
+        hardware=(None,) if units else _searched(args.hardware),
+        nodes=(None,) if units else _searched(args.nodes),
+        mtp=_searched(args.mtp), max_num_seqs=_searched(args.max_num_seqs),
+        chunked_prefill_size=_searched(args.chunked_prefill_size),
+        concurrency=tuple(args.concurrency or DEFAULT_SEARCH_CONCURRENCY),
+        # --no-dbo / --no-graph pin the knob off; otherwise the lists say what to try
+        dbo=(False,) if args.no_dbo else tuple(args.dbo),
+        graph=(False,) if args.no_graph else tuple(args.graph),
+        splits=tuple(args.splits) if args.splits else (None,),
+        kv_dtype=tuple(args.kv_dtype),
+    )
+
+
+def search_base_from_args(args: argparse.Namespace, hardware: str) -> Scenario:
+    """The scenario the search varies (first value of each list stands in until varied)."""
+    def one(flag: str, values: tuple[Any, ...] | None) -> Any:
+        if values is not None and len(values) > 1:
+            raise EpsimError(f"{flag} takes one value here")
+        return values[0] if values else None
+
+    def first(values: tuple[Any, ...] | None) -> Any:  # a searched list: each point sets it
+        return values[0] if values else None
+
+    return scenario_from_args(
+        args, hardware=hardware, concurrency=1, disagg=None, nodes=first(args.nodes),
+        mtp=first(args.mtp) or 0, max_num_seqs=first(args.max_num_seqs),
+        chunked_prefill_size=first(args.chunked_prefill_size),
+        isl=one("--isl", args.isl), osl=one("--osl", args.osl),
+        request_rate=one("--request-rate", args.request_rate),
+        kv_dtype=Scenario.kv_dtype)  # each point sets its own
