@@ -30,7 +30,7 @@ import numpy as np
 
 from .eplb_pack import EXACT_LIMIT, _all_partitions, greedy_groups, members_of, partition_count
 from .eplb_replicas import _spread_duplicates, replicate_experts
-from .eplb_swaps import swap_round
+from .eplb_swaps import move_log_counts, swap_round
 
 #: float32 elements of one block of the minmax search (256 KiB: the arrays of a block stay in
 #: a core's L2 cache; a tuning constant, it changes no result)
@@ -154,11 +154,7 @@ class _MinmaxState:
         if len(rows) == 0:
             return
         if self.log is not None:
-            x, y = self.log[rows, ga, i], self.log[rows, gb, j]
-            np.add.at(self.inc, (rows, ga, x), -1)
-            np.add.at(self.inc, (rows, gb, x), 1)
-            np.add.at(self.inc, (rows, gb, y), -1)
-            np.add.at(self.inc, (rows, ga, y), 1)
+            move_log_counts(self.inc, self.log, rows, ga, i, gb, j)
         for arr in (self.mem,) + (() if self.log is None else (self.log,)):
             x, y = arr[rows, ga, i].copy(), arr[rows, gb, j].copy()
             arr[rows, ga, i], arr[rows, gb, j] = y, x

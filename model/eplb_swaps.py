@@ -141,6 +141,18 @@ def refine_swaps(weights: np.ndarray, groups: np.ndarray, num_groups: int,
     return st.groups(s)
 
 
+def move_log_counts(inc: np.ndarray, log: np.ndarray, rows: np.ndarray, ga: np.ndarray,
+                    i: np.ndarray, gb: np.ndarray, j: np.ndarray) -> None:
+    """Before item ``i`` of group ``ga`` and item ``j`` of group ``gb`` are exchanged in each row:
+    move their logical experts' counts ``inc`` ``[rows, groups, experts]`` (``log``: the logical
+    expert of each item) from the group each leaves to the group it joins."""
+    x, y = log[rows, ga, i], log[rows, gb, j]
+    np.add.at(inc, (rows, ga, x), -1)
+    np.add.at(inc, (rows, gb, x), 1)
+    np.add.at(inc, (rows, gb, y), -1)
+    np.add.at(inc, (rows, ga, y), 1)
+
+
 @dataclass
 class _SwapState:
     """Mutable state of :func:`refine_swaps` (rows = layers, k groups of s items each).
@@ -291,11 +303,7 @@ class _SwapState:
         if len(rows) == 0:
             return
         if self.log is not None:
-            x, y = self.log[rows, ga, i], self.log[rows, gb, j]
-            np.add.at(self.inc, (rows, ga, x), -1)
-            np.add.at(self.inc, (rows, gb, x), 1)
-            np.add.at(self.inc, (rows, gb, y), -1)
-            np.add.at(self.inc, (rows, ga, y), 1)
+            move_log_counts(self.inc, self.log, rows, ga, i, gb, j)
         extra = tuple(x for x in (self.hm, self.log) if x is not None)
         for arr in (self.w, self.mem) + extra:
             x, y = arr[rows, ga, i].copy(), arr[rows, gb, j].copy()
