@@ -256,17 +256,15 @@ def simulate_serving(requests: Requests, config: ServingConfig,
     loop.run()
     if np.isnan(st.done).any():  # a scheduling bug, never a user error
         raise AssertionError(f"{int(np.isnan(st.done).sum())} requests never finished")
+    itl_ids = np.concatenate(st.itl_ids) if st.itl_ids else np.zeros(0, dtype=np.int64)
     return ServingRun(
         requests=requests, send_s=st.send, first_token_s=st.first, done_s=st.done,
         itls_s=np.concatenate(st.itls) if st.itls else np.zeros(0), steps=server.steps,
         config=config, sim_calls=_calls_made((decode, prefill)),
         max_running_per_rank=server.peak, preemptions=server.counters.preemptions,
-        itl_request_ids=(np.concatenate(st.itl_ids) if st.itl_ids
-                         else np.zeros(0, dtype=np.int64)),
-        speculation=spec.metrics(), instance=st.owner, request_preemptions=st.preemptions,
-        prefill_instance=server.prefill_instance,
-        itl_instance=np.repeat(np.array(st.itl_owner, dtype=np.int64),
-                               [len(a) for a in st.itls]),
+        itl_request_ids=itl_ids, speculation=spec.metrics(), instance=st.owner,
+        request_preemptions=st.preemptions, prefill_instance=server.prefill_instance,
+        itl_instance=st.owner[itl_ids],  # a request decodes on the instance routed to
     )
 
 

@@ -33,8 +33,7 @@ class RequestState:
     tokens computed toward :meth:`prefill_target`. rank: the dp rank that decodes it.
     owner: the instance that decodes it (0 with one instance). preemptions: times its KV was
     taken back. itls: the inter-token gaps, one array per step; itl_ids: the requests those gaps
-    belong to, the same shapes; itl_owner: the instance each array's requests decode on (one
-    step's requests share an instance).
+    belong to, the same shapes.
     """
 
     def __init__(self, req: Requests) -> None:
@@ -52,7 +51,6 @@ class RequestState:
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.itls: list[np.ndarray] = []
         self.itl_ids: list[np.ndarray] = []
-        self.itl_owner: list[int] = []
 
     def prefill_target(self, i: int) -> int:
         """Tokens request ``i`` computes before it decodes: its prompt, plus the tokens it had
@@ -68,7 +66,6 @@ class RequestState:
         returns those now finished."""
         self.itls.append(t - self.last[ids])
         self.itl_ids.append(ids.copy())
-        self.itl_owner.append(int(self.owner[ids[0]]))
         self.last[ids] = t
         self.generated[ids] += 1 if counts is None else counts
         return ids[self.generated[ids] >= self.osl[ids]]
