@@ -66,6 +66,12 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
       comm_concurrency       collectives one rank can have in flight at once (default 1: a GPU's
                              one communication stream; 2 for torch's gloo, whose two worker
                              threads run asynchronous collectives side by side)
+      a2a_host_block_by_group_s  {"dispatch" | "combine": {group size: seconds}}: how long an
+                             eager host is held inside the call that issues the exchange,
+                             measured per group size (gloo: the dispatch's blocking count
+                             exchange; the combine's asynchronous call, which returns only when
+                             the rank's threads get a core); absent: a dispatch holds the host
+                             for its whole fixed cost, a combine not at all
     fitted by ``epsim calibrate --from-bench`` (and ``--from-trace``) to measured runs of one
     stack; they act under any kernel set (no shipped profile has them):
       op_final_scale         {factor: multiplier} on an op's final time (kernel table or
@@ -144,6 +150,7 @@ OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "op_overhead_s", "op_time_scale", "op_bytes_scale", "roofline", "a2a_latency_per_peer_s", "combine_latency_s",
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
     "rank_compute_slowdown_by_kind", "comm_concurrency", "op_final_scale", "host_ms_per_step",
+    "a2a_host_block_by_group_s",
 )
 #: the groups of op kinds an ``op_final_scale`` key may name (besides a kind or an op class)
 SCALE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -186,6 +193,8 @@ class Efficiency:
         (4 local ranks on a 2-core CPU): ``{2: 1.4, 4: 2.1}``.
     rank_compute_slowdown_by_kind: ``{op class: {ranks: factor}}``, empty unless fitted.
     comm_concurrency: collectives in flight at once per rank. Example: 1 (GPU), 2 (gloo).
+    a2a_host_block_by_group_s: ``{kind: {group size: seconds}}``, empty unless fitted. Example
+        (gloo, 2 cores): ``{"dispatch": {2: 3.6e-3, 4: 9.8e-3}, "combine": {2: 5e-4, 4: 4e-3}}``.
         Example: ``{"norm": {2: 1.3, 4: 1.5}, "attention_decode": {2: 1.15, 4: 1.9}}``.
     op_final_scale: ``{class, kind or group: factor}`` on the final op time, empty unless fitted.
         Example: ``{"attention": 1.3, "grouped_gemm": 0.8}``.
@@ -220,18 +229,13 @@ class Efficiency:
     comm_concurrency: int = 1
     op_final_scale: Mapping[str, float] = field(default_factory=dict)
     host_ms_per_step: float | None = None
+    a2a_host_block_by_group_s: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
         table = self.a2a_latency_by_group_s.get(kind)
         if table:
-            points = sorted(table.items())
-            xs = [float(g) for g, _ in points]
-            ys = [v for _, v in points]
-            if group_size > xs[-1] and len(xs) > 1:
-                slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-                return ys[-1] + slope * (group_size - xs[-1])
-            return float(np.interp(group_size, xs, ys))
+            return _interpolate(table, group_size)
         base, per_peer = self.a2a_latency_s, self.a2a_latency_per_peer_s
         if kind == "combine":
             if self.combine_latency_s is not None:
@@ -239,6 +243,14 @@ class Efficiency:
             if self.combine_latency_per_peer_s is not None:
                 per_peer = self.combine_latency_per_peer_s
         return base + per_peer * max(0, group_size - 1)
+
+    def host_block(self, kind: str, group_size: int) -> float | None:
+        """Seconds an eager host is held issuing a ``kind`` exchange in a group of
+        ``group_size`` (``a2a_host_block_by_group_s``, interpolated as ``a2a_latency``); None
+        where not measured: a dispatch then holds the host for its latency, a combine not at
+        all."""
+        table = self.a2a_host_block_by_group_s.get(kind)
+        return _interpolate(table, group_size) if table else None
 
     @staticmethod
     def _lookup(table: Mapping[str, float], kind: str, default: float) -> float:
@@ -292,6 +304,18 @@ class Efficiency:
         if dtype in self.gemm_flops_fraction:
             return self.gemm_flops_fraction[dtype]
         return self.gemm_flops_fraction["bf16"]
+
+
+def _interpolate(table: Mapping[int, float], group_size: int) -> float:
+    """A measured ``{group size: seconds}`` table at ``group_size``: linear in between, the
+    last two points' slope beyond (never falling), the first point below."""
+    points = sorted(table.items())
+    xs = [float(g) for g, _ in points]
+    ys = [v for _, v in points]
+    if group_size > xs[-1] and len(xs) > 1:
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        return ys[-1] + slope * (group_size - xs[-1])
+    return float(np.interp(group_size, xs, ys))
 
 
 def _non_negative(value: Any, where: str) -> float:
@@ -348,14 +372,15 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
             out[key] = _non_negative(obj[key], f"{where}: efficiency.{key}")
     if "combine_latency_s" in obj:
         out["combine_latency_s"] = _number(obj, "combine_latency_s", f"{where}: efficiency")
-    if "a2a_latency_by_group_s" in obj:
-        table = obj["a2a_latency_by_group_s"]
+    for key in ("a2a_latency_by_group_s", "a2a_host_block_by_group_s"):
+        if key not in obj:
+            continue
+        table = obj[key]
         if not isinstance(table, Mapping) or not set(table) <= {"dispatch", "combine"}:
-            raise EpsimError(f"{where}: efficiency.a2a_latency_by_group_s must be an object "
+            raise EpsimError(f"{where}: efficiency.{key} must be an object "
                              "{dispatch|combine: {group size: seconds}}")
-        out["a2a_latency_by_group_s"] = {
-            kind: _int_keyed(sub, f"{where}: efficiency.a2a_latency_by_group_s.{kind}")
-            for kind, sub in table.items()}
+        out[key] = {kind: _int_keyed(sub, f"{where}: efficiency.{key}.{kind}")
+                    for kind, sub in table.items()}
     if "rank_compute_slowdown_by_kind" in obj:
         table = obj["rank_compute_slowdown_by_kind"]
         if not isinstance(table, Mapping):

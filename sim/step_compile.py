@@ -314,11 +314,7 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                            if op.is_collective else 0 for op in ops], dtype=np.int64)
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(len(ops), eff.graph_launch_s if captured else 0.0)
-    host_sync = np.array([(not captured) and op.kind == "dispatch" for op in ops])
-    # the host waits for the dispatch's count exchange, a latency-bound exchange of its group
-    host_release_s = np.array([
-        cost.collective_latency(op.kind, profile, captured, int(group_size[i])) if host_sync[i]
-        else 0.0 for i, op in enumerate(ops)])
+    host_sync, host_release_s = _host_holds(ops, group_size, profile, captured)
     # exchanges whose kernels free the compute units once their messages are issued
     quiet = np.array([op.kind in EXCHANGES and not exchange.occupies_cus for op in ops])
     program = Program(
@@ -350,6 +346,29 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         top_k=top_k, row_tokens=row_tokens, draft_tokens=draft_tokens,
         draft_mask=np.array([op.draft is not None for op in ops], dtype=bool),
         exchange=exchange)
+
+
+def _host_holds(ops: Sequence[Op], group_size: np.ndarray, profile: HardwareProfile,
+                captured: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``host_sync`` and ``host_release_s`` of the program: eager, the host waits for a
+    dispatch's count exchange (a latency-bound exchange of its group) before it issues more; a
+    profile that measured how long issuing each exchange holds the host
+    (``a2a_host_block_by_group_s``, CPU runtimes) gives that instead, and a combine holds it too
+    where measured (gloo's asynchronous call returns only once the rank's threads got a core)."""
+    eff = profile.require_efficiency()
+    sync = np.zeros(len(ops), dtype=bool)
+    release = np.zeros(len(ops))
+    if captured:
+        return sync, release
+    for i, op in enumerate(ops):
+        if op.kind not in ("dispatch", "combine"):
+            continue
+        held = eff.host_block(op.kind, int(group_size[i]))
+        if held is None and op.kind == "dispatch":
+            held = cost.collective_latency(op.kind, profile, captured, int(group_size[i]))
+        if held is not None:
+            sync[i], release[i] = True, held
+    return sync, release
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in the routing step
