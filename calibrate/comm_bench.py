@@ -12,6 +12,10 @@ that measure:
   time-sliced on shared cores) counts, as it does in the runtime; a repeat's time is the slowest
   rank's. Rows carry the bytes the simulator
   charges the busiest link (graph's ``bytes_per_token`` times the nominal rows per peer).
+  Each exchange's call is timed too (``host_s``): how long it holds the issuing thread before
+  it returns (the dispatch's blocking count exchange; the combine's asynchronous call, which
+  returns only once gloo's threads and the rank's main thread have had a core), the time an
+  eager host cannot issue the next op.
 * ``contention``: a fixed probe of runtime kernels (RMSNorm, a skinny GEMM, SiLU) run by every
   rank at once, alone and while a large all-to-all is in flight on every rank. Set against the
   same probe in one process (``probe_alone``), this gives how the ranks share the cores and how
@@ -112,15 +116,20 @@ def _rank_main(spec: dict[str, Any], rank: int) -> dict[str, Any]:
                 dist.barrier()
                 _probe(torch, px, pw, pnw, busy)
                 t0 = time.perf_counter()
-                recv = comm.dispatch_dynamic(x, slots, weights, slots_per_rank).wait()
+                pending = comm.dispatch_dynamic(x, slots, weights, slots_per_rank)
+                tc = time.perf_counter()  # the call returned: its blocking count exchange done
+                recv = pending.wait()
                 t1 = time.perf_counter()
                 _probe(torch, px, pw, pnw, busy)
                 t2 = time.perf_counter()
-                comm.combine_dynamic(recv.x, recv.layout).wait()
+                pending = comm.combine_dynamic(recv.x, recv.layout)
+                ti = time.perf_counter()  # the asynchronous call returned
+                pending.wait()
                 t3 = time.perf_counter()
                 if rep >= 2:
                     out["a2a"].append({"tokens": tokens, "rep": rep, "dispatch_s": t1 - t0,
-                                       "combine_s": t3 - t2})
+                                       "dispatch_host_s": tc - t0, "combine_s": t3 - t2,
+                                       "combine_host_s": ti - t2})
         # contention: every rank runs the probe at once, then again under a large exchange
         x, w, nw = probe_inputs(torch)
         rounds = spec["probe_rounds"]
@@ -218,16 +227,36 @@ def run_ranks(world: int, tokens: tuple[int, ...], repeats: int, probe_rounds: i
     return results
 
 
+def _per_repeat(gathered: list[Any], tokens: int, column: str, over_ranks: Any
+                ) -> list[float]:
+    """Sorted per-repeat times of ``column`` at ``tokens``, each ``over_ranks`` (max: the
+    slowest rank's, min: the last to arrive's, fmean: the average rank's) of the ranks'
+    (``gathered``: per round, every rank's results)."""
+    times = []
+    for ranks in gathered:
+        per_rep: dict[int, list[float]] = {}
+        for r in ranks:
+            for row in r["a2a"]:
+                if row["tokens"] == tokens:
+                    per_rep.setdefault(row["rep"], []).append(row[column])
+        times.extend(over_ranks(v) for v in per_rep.values())
+    return sorted(times)
+
+
 def comm_sweep(worlds: tuple[int, ...] = (2, 4), tokens: tuple[int, ...] = A2A_TOKENS,
                repeats: int = 20, probe_rounds: int = 40, probe_repeats: int = 7,
-               comm_rows: int = 8192, busy_rounds: int = 10, rounds: int = 2
-               ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run the exchange and contention benchmarks at each world size.
+               comm_rows: int = 8192, busy_rounds: int = 10, rounds: int = 2,
+               before_launch: Any = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run the exchange and contention benchmarks at each world size (``before_launch``, a
+    callable, runs before each launch: the machine probe).
 
     Returns:
         ``a2a``: one row per (world, kind, tokens): ``time_s`` (median over repeats of the slowest
         rank), ``p10_s``, ``p90_s``, ``link_bytes`` (the busiest link's bytes as the simulator
-        charges them), ``peers`` (world - 1).
+        charges them), ``peers`` (world - 1), ``last_s`` (median over repeats of the least rank
+        time: the last rank to arrive waits only for the exchange itself, no peer), ``host_s``
+        (the time inside the call that issues the exchange: the least rank's for a dispatch,
+        whose call ends with the count exchange, the ranks' mean for a combine).
         ``contention``: one row per world size: ``alone_s`` (median probe time of rank 0 while
         the others wait), ``probe_s`` (every rank at once, median over ranks and repeats),
         ``probe_under_comm_s`` (the same with a large all-to-all in flight), ``comm_alone_s``
@@ -238,26 +267,26 @@ def comm_sweep(worlds: tuple[int, ...] = (2, 4), tokens: tuple[int, ...] = A2A_T
     gathered: dict[int, list[Any]] = {w: [] for w in worlds}
     for _ in range(rounds):  # rounds alternate the world sizes (background load is bursty)
         for world in worlds:
+            if before_launch is not None:
+                before_launch()
             gathered[world].append(run_ranks(world, tokens, repeats, probe_rounds,
                                              probe_repeats, comm_rows, busy_rounds)["ranks"])
     for world in worlds:
         for kind in ("dispatch", "combine"):
             for t in tokens:
-                times = []
-                for ranks in gathered[world]:
-                    # a repeat lasts as long as its slowest rank
-                    per_rep: dict[int, float] = {}
-                    for r in ranks:
-                        for row in r["a2a"]:
-                            if row["tokens"] == t:
-                                per_rep[row["rep"]] = max(per_rep.get(row["rep"], 0.0),
-                                                          row[f"{kind}_s"])
-                    times.extend(per_rep.values())
-                times.sort()
+                times = _per_repeat(gathered[world], t, f"{kind}_s", max)
+                last = _per_repeat(gathered[world], t, f"{kind}_s", min)
+                # the dispatch's call ends with its count exchange, a meeting of every rank: the
+                # last to arrive waits least (the straggler is added by the fit); the combine's
+                # call is each rank's own, held while its threads wait for a core: the average
+                host = _per_repeat(gathered[world], t, f"{kind}_host_s",
+                                   min if kind == "dispatch" else statistics.fmean)
                 a2a_rows.append({"world": world, "kind": kind, "tokens": t,
                                  "peers": world - 1, "link_bytes": link_bytes(kind, t, world),
                                  "time_s": statistics.median(times), "p10_s": times[0],
-                                 "p90_s": times[-1], "repeats": len(times)})
+                                 "p90_s": times[-1], "repeats": len(times),
+                                 "last_s": statistics.median(last),
+                                 "host_s": statistics.median(host)})
         cont = [r["contention"] for ranks in gathered[world] for r in ranks]
         cont_rows.append({
             "world": world,

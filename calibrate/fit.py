@@ -283,6 +283,62 @@ def fit_comm(df: pd.DataFrame) -> CommFit:
     return CommFit(latency, bandwidth, float(np.median(err)))
 
 
+def fit_host_block(df: pd.DataFrame) -> dict[str, dict[int, float]]:
+    """``{dispatch|combine: {world: seconds}}``: how long issuing an exchange holds the host, at
+    decode's message sizes: per (kind, world) the fixed part of a non-negative line through the
+    rows' ``host_s`` over ``link_bytes`` (relative errors). The size-dependent part (the call's
+    own row gathering) is left out: at the few kilobytes of a decode step it is a few percent.
+
+    Args:
+        df: the all-to-all rows (``kind``, ``world``, ``link_bytes``, ``host_s``); rows without
+            ``host_s`` (tables of an older epsim) give an empty result.
+    """
+    if df.empty or "host_s" not in df or df["host_s"].isna().all():
+        return {}
+    out: dict[str, dict[int, float]] = {}
+    for (kind, world), sub in df.dropna(subset=["host_s"]).groupby(["kind", "world"]):
+        t = np.maximum(sub["host_s"].to_numpy(dtype=float), 1e-9)
+        a, _, _ = _ls_overhead_scale(sub["link_bytes"].to_numpy(dtype=float), t, None)
+        out.setdefault(str(kind), {})[int(world)] = max(a, 1e-9)
+    return out
+
+
+def fit_straggler(ranks: pd.DataFrame) -> dict[str, dict[int, float]]:
+    """``{dispatch|combine: {world: seconds}}``: how long after the average rank the last one
+    reaches an exchange in a decode step of ``world`` local ranks (the ranks sweep's
+    ``straggler_s``, median over its exchanges). Empty without the column (older tables) or
+    without multi-rank exchanges."""
+    if ranks is None or ranks.empty or "straggler_s" not in ranks:
+        return {}
+    rows = ranks.dropna(subset=["straggler_s"])
+    rows = rows[rows["kind"].isin(("dispatch", "combine")) & (rows["world"] > 1)]
+    out: dict[str, dict[int, float]] = {}
+    for (kind, world), sub in rows.groupby(["kind", "world"]):
+        out.setdefault(str(kind), {})[int(world)] = float(sub["straggler_s"].median())
+    return out
+
+
+def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> tuple[CommFit, dict]:
+    """The exchange model the simulator's identical ranks need: the latency the last rank to
+    arrive sees (the all-to-all table's ``last_s``) plus the straggler (:func:`fit_straggler`),
+    per kind and world; one bandwidth. Without either column (tables of an older epsim), the
+    slowest rank's time (``time_s``) alone, which holds a straggler after the benchmark's own
+    short compute.
+
+    Returns:
+        The fit (its latencies include the straggler) and ``{"latency_s", "straggler_s"}``, the
+        parts, for the profile's record.
+    """
+    late = fit_straggler(ranks) if ranks is not None else {}
+    if not late or "last_s" not in a2a or a2a["last_s"].isna().any():
+        return fit_comm(a2a), {}
+    pure = fit_comm(a2a.assign(time_s=a2a["last_s"]))
+    latency = {k: {w: v + late.get(k, {}).get(w, 0.0) for w, v in t.items()}
+               for k, t in pure.latency_s.items()}
+    return (CommFit(latency, pure.bandwidth, pure.rel_err),
+            {"latency_s": pure.latency_s, "straggler_s": late})
+
+
 def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,
                       skip: Sequence[str] = ("grouped_gemm", "dispatch", "combine")
                       ) -> dict[int, float]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,22 +243,30 @@ RANKS_POINTS: tuple[tuple[int, int], ...] = ((6, 160), (96, 40), (20, 400))
 
 
 def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[int, int]],
-                worlds: Sequence[int] = (1, 2, 4), steps: int = 5, rounds: int = 2
-                ) -> pd.DataFrame:
+                worlds: Sequence[int] = (1, 2, 4), steps: int = 5, rounds: int = 2,
+                before_launch: Callable[[], Any] | None = None) -> pd.DataFrame:
     """The op sweep's configurations again on ``world`` local ranks (EP over all of them, no
     DBO), through ``epsim.runtime.launch.launch_local`` as ``epsim run`` starts them: how much slower
     each op runs when it shares the machine with the other ranks and their exchanges (world 1
-    in the same way gives the reference).
+    in the same way gives the reference). ``before_launch`` runs before each launch (the
+    machine probe).
 
     Returns:
         One row per (shape, world, batch, context, op id): ``kind``, ``time_s`` (median over the
-        timed steps, ranks and ``rounds``), ``repeats``.
+        timed steps, ranks and ``rounds``), ``repeats``; exchanges (dispatch, combine) also
+        ``straggler_s``: median over the timed steps of the mean minus the least of the ranks'
+        times from issue to the end of their wait. The exchange ends on every rank at about one
+        moment, so a rank's time is how long before the last one it arrived plus the exchange's
+        own latency: mean minus least is how long after the average rank the last one arrives
+        (the expected latest of ``world`` jittered arrivals, less the average), what a
+        simulator whose ranks arrive together must add.
     """
     from epsim.runtime import RunOptions, launch_local
 
     points = list(points)
     samples: dict[tuple, tuple[str, list[float]]] = {}
-    for _ in range(rounds):  # rounds alternate the world sizes (background load is bursty)
+    arrivals: dict[tuple, list[float]] = {}  # (config, op id, round, step) -> per-rank times
+    for rnd in range(rounds):  # rounds alternate the world sizes (background load is bursty)
         for world in worlds:
             options, keys = [], []
             for shape in shapes:
@@ -267,6 +275,8 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                     options.append(RunOptions(model=str(path), world_size=world, batch=batch,
                                               context=context, steps=steps, trace=True))
                     keys.append((shape.name, batch, context))
+            if before_launch is not None:
+                before_launch()
             summaries = launch_local(options, world)
             for (name, batch, context), summary in zip(keys, summaries, strict=True):
                 for e in summary["trace_events"]:
@@ -274,7 +284,15 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                         continue  # warm-up
                     key = (name, world, batch, context, e.op_id)
                     samples.setdefault(key, (e.kind, []))[1].append(e.dur_us * 1e-6)
+                    if e.kind in ("dispatch", "combine"):
+                        arrivals.setdefault((key, rnd, e.args["step"]), []).append(
+                            e.dur_us * 1e-6)
+    late: dict[tuple, list[float]] = {}
+    for (key, _, _), times in arrivals.items():
+        late.setdefault(key, []).append(statistics.fmean(times) - min(times))
     rows = [{"shape": name, "world": world, "batch": batch, "context": context, "op_id": op_id,
-             "kind": kind, "time_s": statistics.median(times), "repeats": len(times)}
-            for (name, world, batch, context, op_id), (kind, times) in samples.items()]
+             "kind": kind, "time_s": statistics.median(times), "repeats": len(times),
+             **({"straggler_s": statistics.median(late[key])} if key in late else {})}
+            for key, (kind, times) in samples.items()
+            for name, world, batch, context, op_id in [key]]
     return pd.DataFrame(rows)

@@ -170,8 +170,11 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     }
     if device == "cpu":
         obj["compute_units"] = 1
+    exchange_parts: dict[str, Any] = {}
     if a2a is not None and not a2a.empty:
-        cf = F.fit_comm(a2a)
+        cf, parts = F.fit_exchange(a2a, ranks)
+        exchange_parts = {k: {kind: {str(w): v for w, v in t.items()} for kind, t in p.items()}
+                          for k, p in parts.items()}
         obj["fabric"] = {"topology": "full_mesh", "links_per_gpu": 63,
                          "link_bandwidth": cf.bandwidth}
         obj["nic_bandwidth_per_gpu"] = cf.bandwidth
@@ -188,6 +191,12 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         })
         what = (f"t = latency[kind][world] + link_bytes / W over the runtime's dispatch_dynamic "
                 f"/ combine_dynamic between compute (median |error| {cf.rel_err:.0%})")
+        if parts:
+            what += ("; latency = what the last rank to arrive waits (a2a last_s) + how long after "
+                     "the average rank the last one arrives in a decode step (ranks straggler_s: "
+                     + ", ".join(f"{k} W={w}: {v * 1e3:.2f} ms" for k, t in
+                                 sorted(parts["straggler_s"].items()) for w, v in sorted(t.items()))
+                     + ")")
         sources.update({
             "fabric": src("a2a", "every local rank reaches every other (loopback); the "
                           "fitted W per link"),
@@ -201,6 +210,20 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                                                    "combine latency"),
             "efficiency.collective_latency_graph_s": src("a2a", "as collective_latency_s"),
         })
+        held = F.fit_host_block(a2a)
+        # the dispatch's count exchange waits for the last rank too; the combine's call is the
+        # rank's own (its time does not shrink for the last to arrive)
+        late = parts.get("straggler_s", {}).get("dispatch", {})
+        if "dispatch" in held:
+            held["dispatch"] = {w: v + late.get(w, 0.0) for w, v in held["dispatch"].items()}
+        if held:
+            eff["a2a_host_block_by_group_s"] = {k: {str(g): v for g, v in sorted(t.items())}
+                                                for k, t in held.items()}
+            sources["efficiency.a2a_host_block_by_group_s"] = src(
+                "a2a", "host_s: the time inside the call that issues the exchange (dispatch: "
+                "its blocking count exchange, the last rank to arrive's time plus the dispatch "
+                "straggler of the ranks sweep; combine: gloo's asynchronous call, the ranks' "
+                "mean), fixed part of a line over link bytes, per kind and world size")
     else:
         if base is None:
             raise EpsimError("no all-to-all measurements and no --base profile to take the "
@@ -258,7 +281,7 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     obj["calibration"] = {
         "device": device, "machine": machine_info, "when": when, "tables": csv_names,
         "configs": configs,
-        "fit": {"flops": comp.flops, "bandwidth": comp.bandwidth,
+        "fit": {"flops": comp.flops, "bandwidth": comp.bandwidth, "exchange": exchange_parts,
                 "median_abs_rel_err_by_kind": comp.rel_err, "rows_by_kind": comp.rows},
     }
     profile_from_dict(obj, name)  # the simulator accepts it, or this is a bug
@@ -281,7 +304,7 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
     """
     from epsim.model.config import load_model
 
-    from . import comm_bench, micro
+    from . import comm_bench, micro, probe
     from .validate import shape_signature
 
     out = Path(out)
@@ -312,6 +335,11 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
                             repeats=5 if quick else 15, device=device)
     ops = pd.concat([ops, gemm], ignore_index=True)
     ranks = pd.DataFrame()
+    probes: list[float] = []  # the machine-state probe around the sweeps validation leans on
+
+    def sample() -> None:
+        probes.append(probe.core_probe())
+
     if device == "cpu":
         say("the same ops on 2 and 4 local ranks")
         with tempfile.TemporaryDirectory(prefix="epsim-calib-shapes-") as folder:
@@ -319,13 +347,14 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
                                       micro.QUICK_POINTS[:1] if quick else micro.RANKS_POINTS,
                                       worlds=(1, 2) if quick else (1, 2, 4),
                                       steps=3 if quick else 8,
-                                      rounds=1 if quick else 3)
+                                      rounds=1 if quick else 3, before_launch=sample)
         say("all-to-all and contention (world sizes 2 and 4)")
         a2a, cont = comm_bench.comm_sweep(
             worlds=(2,) if quick else (2, 4), tokens=comm_bench.QUICK_A2A_TOKENS if quick else comm_bench.A2A_TOKENS,
             repeats=3 if quick else 12, probe_rounds=10 if quick else 40,
             probe_repeats=2 if quick else 5, comm_rows=1024 if quick else 8192,
-            rounds=1 if quick else 2)
+            rounds=1 if quick else 2, before_launch=sample)
+        sample()
     else:
         a2a, cont = pd.DataFrame(), pd.DataFrame()
     tables = {"ops": ops, "steps": steps, "ranks": ranks, "a2a": a2a, "contention": cont}
@@ -352,5 +381,7 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
     name = out.name[: -len(".json")] if out.name.endswith(".json") else out.name
     obj = profile_from_tables(tables, name, device, machine(),
                               {t: p.name for t, p in paths.items()}, configs, base)
+    if probes:
+        obj["calibration"]["probe"] = probe.probe_record(probes)
     write_json_atomic(obj, out)
     return obj
