@@ -37,16 +37,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="epsim calibrate --quick")
     ap.add_argument("--repeats", type=int, default=4,
                     help="validate's passes over the grid (each case judged on the median of "
-                    "its timed steps over every pass; default 4)")
+                    "its passes' medians; default 4)")
     args = ap.parse_args()
     folder = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="epsim-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     profile = folder / "cpu-fitted.json"
+    load0 = os.getloadavg()[0]
     r, t_cal = epsim("calibrate", "--out", str(profile), "--json",
                      *(["--quick"] if args.quick else []))
     if r.returncode != 0:
         print(r.stderr, file=sys.stderr)
         return r.returncode
+    load1 = os.getloadavg()[0]
     r, t_val = epsim("validate", "--profile", str(profile), "--json", "--repeats",
                      str(args.repeats), "--plot", str(folder / "validation.png"))
     if r.returncode != 0:
@@ -57,14 +59,20 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores; folder {folder}")
     print(f"calibrate wall {t_cal:.1f} s, validate wall {t_val:.1f} s, "
           f"total {t_cal + t_val:.1f} s ({(t_cal + t_val) / 60:.1f} min; acceptance <= 15 min)")
-    print("| configuration | measured ms (p10-p90) | predicted ms | error |")
-    print("|---|---|---|---|")
+    print(f"load average (1 min): before calibrate {load0:.2f}, after it {load1:.2f}, "
+          f"around validate {report['load_average']['before']} -> "
+          f"{report['load_average']['after']} (its own ranks included)")
+    print("| configuration | measured ms: median of passes (pass medians) | spread | "
+          "predicted ms | error |")
+    print("|---|---|---|---|---|")
     for c in report["cases"]:
-        print(f"| {c['label']} | {c['measured_ms']:.2f} ({c['measured_p10_ms']:.1f}-"
-              f"{c['measured_p90_ms']:.1f}) | {c['predicted_ms']:.2f} | {c['error_pct']:+.1f}% |")
+        passes = ", ".join(f"{v:.1f}" for v in c["measured_pass_ms"])
+        print(f"| {c['label']} | {c['measured_ms']:.2f} ({passes}) | "
+              f"{c['pass_spread_pct']:.0f}% | {c['predicted_ms']:.2f} | {c['error_pct']:+.1f}% |")
     print(f"|error|: median {report['median_abs_error_pct']:.1f}%, p90 "
           f"{report['p90_abs_error_pct']:.1f}%, max {report['max_abs_error_pct']:.1f}% "
-          f"(targets: median <= 5%, max <= 15%)")
+          f"(targets: median <= 5%, max <= 15%); pass spread median "
+          f"{report['median_pass_spread_pct']:.0f}%, max {report['max_pass_spread_pct']:.0f}%")
     print("per op kind (ms summed over the cases; median per-case error):")
     for kind, v in sorted(report["per_kind"].items()):
         err = v["median_error_pct"]

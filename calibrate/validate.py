@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -167,25 +168,29 @@ def check_disjoint(calibration_configs: Sequence[Mapping[str, Any]], cases: Sequ
 
 
 def run_cases(cases: Sequence[Case], steps: int, repeats: int = 1, device: str = "cpu",
-              timeout_s: float = 120.0) -> list[dict[str, Any]]:
+              timeout_s: float = 120.0, before_launch: Callable[[], Any] | None = None
+              ) -> list[dict[str, Any]]:
     """Run every case on the runtime; per case the measured step times and per-kind op times.
 
     Each pass runs the cases of one world size in one launch, then the next world size's;
     ``repeats`` passes alternate so that slow drifts and bursts of the machine's background load
-    are spread over every case.
+    are spread over every case. ``before_launch`` runs before each launch (the machine probe).
 
     Returns:
         Per case (in order): ``step_ms`` (every timed step of every pass: the slowest rank's),
-        ``kind_ms`` ({kind: [per timed step: mean over ranks of the kind's summed op time]}).
+        ``pass_ms`` (per pass, the median of its timed steps), ``kind_ms`` ({kind: [per timed
+        step: mean over ranks of the kind's summed op time]}).
     """
     from epsim.runtime import RunOptions, launch_local
 
-    out: list[dict[str, Any]] = [{"step_ms": [], "kind_ms": {}} for _ in cases]
+    out: list[dict[str, Any]] = [{"step_ms": [], "pass_ms": [], "kind_ms": {}} for _ in cases]
     worlds = sorted({c.world_size for c in cases})
     # passes alternate between the world sizes, so a burst of background load on the machine
     # lands on some steps of many cases rather than on every step of a few
     for _ in range(repeats):
         for world in worlds:
+            if before_launch is not None:
+                before_launch()
             index = [i for i, c in enumerate(cases) if c.world_size == world]
             options = [RunOptions(model=cases[i].model, world_size=world, batch=cases[i].batch,
                                   context=cases[i].context, steps=steps, dp=cases[i].dp,
@@ -194,7 +199,9 @@ def run_cases(cases: Sequence[Case], steps: int, repeats: int = 1, device: str =
                        for i in index]
             summaries = launch_local(options, world, timeout_s=timeout_s)
             for i, summary in zip(index, summaries, strict=True):
-                out[i]["step_ms"].extend(_timed_steps(summary, steps))
+                timed = _timed_steps(summary, steps)
+                out[i]["step_ms"].extend(timed)
+                out[i]["pass_ms"].append(statistics.median(timed))
                 for kind, per_step in _kind_ms(summary, world, steps).items():
                     out[i]["kind_ms"].setdefault(kind, []).extend(per_step)
     return out
@@ -248,12 +255,31 @@ def simulate_case(case: Case, profile: HardwareProfile, steps: int) -> dict[str,
     return {"step_ms": step_ms, "kind_ms": kind_ms}
 
 
+def adjust_for_load(cases: Sequence[Case], predicted: Sequence[Mapping[str, Any]],
+                    ratio: float, cores: int) -> list[dict[str, Any]]:
+    """The predictions scaled by the machine's state: each case's times times
+    ``probe.load_factor(ratio, world size, cores)``, which each result keeps as
+    ``load_factor`` beside its ``unadjusted_step_ms``."""
+    from .probe import load_factor
+
+    out = []
+    for case, p in zip(cases, predicted, strict=True):
+        f = load_factor(ratio, case.world_size, cores)
+        out.append({"step_ms": [v * f for v in p["step_ms"]],
+                    "kind_ms": {k: [v * f for v in vs] for k, vs in p["kind_ms"].items()},
+                    "unadjusted_step_ms": list(p["step_ms"]), "load_factor": f})
+    return out
+
+
 def compare(cases: Sequence[Case], measured: Sequence[Mapping[str, Any]],
             predicted: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The validation report (``epsim validate --json``)."""
     rows = []
     for case, m, p in zip(cases, measured, predicted, strict=True):
-        meas = statistics.median(m["step_ms"])
+        # judged on the median of its passes' medians: a pass run while the machine was busy
+        # moves the case as little as a slow step moves a pass
+        passes = m.get("pass_ms") or [statistics.median(m["step_ms"])]
+        meas = statistics.median(passes)
         pred = statistics.median(p["step_ms"])
         kinds = sorted(set(m["kind_ms"]) | set(p["kind_ms"]))
         per_kind = {}
@@ -267,9 +293,18 @@ def compare(cases: Sequence[Case], measured: Sequence[Mapping[str, Any]],
                      "error_pct": (pred - meas) / meas * 100,
                      "measured_p10_ms": float(np.percentile(m["step_ms"], 10)),
                      "measured_p90_ms": float(np.percentile(m["step_ms"], 90)),
+                     "measured_pass_ms": [float(v) for v in passes],
+                     "pass_spread_pct": (max(passes) - min(passes)) / meas * 100,
+                     "pass_error_pct": [(pred - v) / v * 100 for v in passes],
                      "timed_steps": len(m["step_ms"]), "per_kind_ms": per_kind})
+        if "load_factor" in p:
+            rows[-1]["load_factor"] = p["load_factor"]
+            rows[-1]["predicted_unadjusted_ms"] = statistics.median(p["unadjusted_step_ms"])
     errs = np.abs([r["error_pct"] for r in rows])
+    spreads = [r["pass_spread_pct"] for r in rows]
     return {"cases": rows,
+            "median_pass_spread_pct": float(np.median(spreads)),
+            "max_pass_spread_pct": float(np.max(spreads)),
             "median_abs_error_pct": float(np.median(errs)),
             "p90_abs_error_pct": float(np.percentile(errs, 90)),
             "max_abs_error_pct": float(np.max(errs))}
@@ -335,6 +370,14 @@ def kind_summary(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
             for k, d in out.items()}
 
 
+def _load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return None
+
+
 def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int = 2,
              device: str = "cpu", plot_path: str | Path | None = None, log: Any = None,
              **kwargs: Any) -> dict[str, Any]:
@@ -373,15 +416,41 @@ def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int
         raise EpsimError("epsim validate runs the runtime, which needs torch: "
                          "pip install 'epsim[runtime]'")
     say(f"running {len(cases)} configurations x {repeats} on the runtime")
-    measured = run_cases(cases, steps, repeats=repeats, device=device)
+    reference = calib.get("probe") if isinstance(calib, Mapping) else None
+    samples: list[float] = []
+    hook = None
+    if reference:
+        from .probe import core_probe
+
+        def hook() -> None:
+            samples.append(core_probe(int(reference["processes"])))
+    load_before = _load_average()
+    measured = run_cases(cases, steps, repeats=repeats, device=device, before_launch=hook)
+    if hook is not None:
+        hook()  # and once after the last launch
+    load_after = _load_average()
     say("simulating them")
     predicted = [simulate_case(c, prof, steps) for c in cases]
+    probe_report = None
+    if reference and samples:
+        ratio = statistics.median(samples) / float(reference["seconds"])
+        cores = int(reference["processes"])
+        predicted = adjust_for_load(cases, predicted, ratio, cores)
+        probe_report = {"calibration_s": float(reference["seconds"]), "validation_s": samples,
+                        "ratio": ratio, "cores": cores, "extra_threads": cores * (ratio - 1.0)}
     report = compare(cases, measured, predicted)
+    # the machine probe (epsim.calibrate.probe): plain compute, no grid configuration; the
+    # predictions are scaled by the change in the machine's state it saw (None: the profile
+    # has no probe, nothing is scaled)
+    report["machine_probe"] = probe_report
     report["profile"] = str(profile)
     report["grid"] = str(grid)
     report["steps"] = steps
     report["repeats"] = repeats
     report["disjoint_from_calibration"] = bool(configs)
+    # the machine's 1-minute load average before and after the runs (their own ranks included
+    # in the second): other jobs on shared cores are the largest source of run-to-run spread
+    report["load_average"] = {"before": load_before, "after": load_after}
     report["per_kind"] = kind_summary(report)
     if plot_path is not None:
         plot(report, plot_path)

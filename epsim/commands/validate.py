@@ -108,12 +108,16 @@ def run_grid(args: argparse.Namespace) -> int:
         emit_json(report)
         return 0
     print(f"epsim validate: {report['profile']} on {len(report['cases'])} configurations")
-    print(f"  {'configuration':<40} {'measured ms':>11} {'predicted ms':>12} {'error':>8}")
+    print(f"  {'configuration':<40} {'measured ms':>11} {'passes':>8} {'predicted ms':>12} "
+          f"{'error':>8}")
     for c in report["cases"]:
-        print(f"  {c['label']:<40} {c['measured_ms']:>11.2f} {c['predicted_ms']:>12.2f} "
-              f"{c['error_pct']:>+7.1f}%")
+        print(f"  {c['label']:<40} {c['measured_ms']:>11.2f} {c['pass_spread_pct']:>7.1f}% "
+              f"{c['predicted_ms']:>12.2f} {c['error_pct']:>+7.1f}%")
+    load = report["load_average"]
     print(f"  |error| median {report['median_abs_error_pct']:.1f}%, p90 "
           f"{report['p90_abs_error_pct']:.1f}%, max {report['max_abs_error_pct']:.1f}%; "
+          f"each case: the median of its {report['repeats']} passes (spread: max - min over "
+          f"the median); load average {load['before']} -> {load['after']}; "
           f"wall {report['wall_s']:.1f} s")
     if args.plot:
         print(f"  plot: {args.plot}")

@@ -1,0 +1,175 @@
+"""How long issuing an exchange holds an eager host (``a2a_host_block_by_group_s``): the fit
+from the all-to-all table, the profile key, the program the simulator builds from it, and the
+validation report judged on the median of its passes."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from epsim.calibrate.fit import fit_host_block
+from epsim.calibrate.validate import Case, compare
+from epsim.model.config import load_model
+from epsim.model.errors import EpsimError
+from epsim.model.graph import build_step_graph
+from epsim.model.opgraph import Batch
+from epsim.model.plan import make_plan
+from epsim.sim.hardware import load_profile, profile_from_dict
+from epsim.sim.step_compile import _host_holds
+
+
+def _with(key: str, value) -> dict:
+    raw = json.loads(json.dumps(load_profile("mi300x").raw))
+    raw["efficiency"][key] = value
+    raw["sources"][f"efficiency.{key}"] = "test"
+    return raw
+
+
+def test_fit_keeps_the_fixed_part_of_the_call_time():
+    # host_s = 3 ms + 2e-8 s per link byte (dispatch, world 4), 0.5 ms flat (combine, world 2)
+    rows = [{"kind": "dispatch", "world": 4, "link_bytes": b, "host_s": 3e-3 + 2e-8 * b}
+            for b in (100.0, 2e3, 1e5)]
+    rows += [{"kind": "combine", "world": 2, "link_bytes": b, "host_s": 5e-4}
+             for b in (100.0, 1e5)]
+    held = fit_host_block(pd.DataFrame(rows))
+    assert held["dispatch"][4] == pytest.approx(3e-3, rel=1e-6)
+    assert held["combine"][2] == pytest.approx(5e-4, rel=1e-6)
+    # tables written before the column existed fit nothing
+    assert fit_host_block(pd.DataFrame(rows).drop(columns=["host_s"])) == {}
+
+
+def test_profile_key_interpolates_and_is_checked():
+    e = profile_from_dict(_with("a2a_host_block_by_group_s",
+                                {"dispatch": {"2": 4e-3, "4": 10e-3}})).require_efficiency()
+    assert e.host_block("dispatch", 3) == pytest.approx(7e-3)
+    assert e.host_block("dispatch", 8) == pytest.approx(10e-3 + 3e-3 * 4)  # the last slope
+    assert e.host_block("combine", 4) is None  # not measured
+    assert load_profile("mi300x").require_efficiency().host_block("dispatch", 8) is None
+    with pytest.raises(EpsimError, match="a2a_host_block_by_group_s must be"):
+        profile_from_dict(_with("a2a_host_block_by_group_s", {"count": {"2": 1e-3}}))
+
+
+def _ops(world: int):
+    model = load_model("tiny-deepseek")
+    plan = make_plan(model, nodes=1, gpus_per_node=world, dp=world, tp=1, ep=world)
+    graph = build_step_graph(model, plan, Batch.decode(4, 64))
+    ops = [graph.ops[o] for o in graph.schedule.order()]
+    groups = np.array([world if op.is_collective else 0 for op in ops])
+    return ops, groups
+
+
+def test_measured_host_block_holds_the_host_on_both_exchanges():
+    ops, groups = _ops(4)
+    raw = _with("a2a_host_block_by_group_s", {"dispatch": {"2": 4e-3, "4": 10e-3},
+                                              "combine": {"2": 5e-4, "4": 3e-3}})
+    sync, release = _host_holds(ops, groups, profile_from_dict(raw), captured=False)
+    kinds = [op.kind for op in ops]
+    for i, k in enumerate(kinds):
+        want = {"dispatch": 10e-3, "combine": 3e-3}.get(k, 0.0)
+        assert release[i] == pytest.approx(want) and sync[i] == (k in ("dispatch", "combine"))
+    assert kinds.count("dispatch") == kinds.count("combine") > 0
+    # inside a captured graph the host holds nothing
+    sync, release = _host_holds(ops, groups, profile_from_dict(raw), captured=True)
+    assert not sync.any() and not release.any()
+
+
+def test_without_the_key_a_dispatch_holds_the_host_for_its_latency_and_a_combine_not():
+    ops, groups = _ops(4)
+    prof = load_profile("mi300x")
+    sync, release = _host_holds(ops, groups, prof, captured=False)
+    lat = prof.require_efficiency().a2a_latency("dispatch", 4)
+    for i, op in enumerate(ops):
+        assert sync[i] == (op.kind == "dispatch")
+        assert release[i] == pytest.approx(lat if op.kind == "dispatch" else 0.0)
+
+
+def test_a_case_is_judged_on_the_median_of_its_passes():
+    # three passes of three steps: medians 10, 30 (a busy pass), 12 -> the case measures 12,
+    # where the median over all nine steps would be 12 too but a pass of 30s would move it
+    steps = [9.0, 10.0, 11.0, 29.0, 30.0, 31.0, 11.0, 12.0, 13.0]
+    measured = [{"step_ms": steps, "pass_ms": [10.0, 30.0, 12.0], "kind_ms": {}},
+                {"step_ms": [10.0, 10.0, 40.0, 40.0], "pass_ms": [10.0, 40.0, 10.0],
+                 "kind_ms": {}}]
+    predicted = [{"step_ms": [13.2], "kind_ms": {}}, {"step_ms": [11.0], "kind_ms": {}}]
+    rep = compare([Case("m", 2, 8, 64), Case("m", 4, 8, 64)], measured, predicted)
+    a, b = rep["cases"]
+    assert a["measured_ms"] == 12.0 and a["error_pct"] == pytest.approx(10.0)
+    assert a["pass_spread_pct"] == pytest.approx((30 - 10) / 12 * 100)
+    assert a["pass_error_pct"] == pytest.approx([32.0, -56.0, 10.0])
+    # the pooled steps' median would be 25 (two slow steps of four); the passes say 10
+    assert b["measured_ms"] == 10.0 and b["pass_spread_pct"] == pytest.approx(300.0)
+    assert rep["median_pass_spread_pct"] == pytest.approx((300 + 500 / 3) / 2)
+    assert rep["max_pass_spread_pct"] == pytest.approx(300.0)
+
+
+def test_straggler_is_the_median_over_the_sweeps_exchanges():
+    from epsim.calibrate.fit import fit_straggler
+
+    ranks = pd.DataFrame([
+        {"kind": "dispatch", "world": 4, "straggler_s": v} for v in (2e-3, 3e-3, 7e-3)] + [
+        {"kind": "combine", "world": 2, "straggler_s": 1e-3},
+        {"kind": "norm", "world": 4, "straggler_s": np.nan}])
+    assert fit_straggler(ranks) == {"dispatch": {4: pytest.approx(3e-3)},
+                                    "combine": {2: pytest.approx(1e-3)}}
+    assert fit_straggler(ranks.drop(columns=["straggler_s"])) == {}
+
+
+def test_exchange_latency_is_the_last_arrivals_plus_the_straggler():
+    from epsim.calibrate.fit import fit_exchange
+
+    # the last rank to arrive waits 2 ms (dispatch, w2) / 1 ms (combine, w2) + bytes / 1e8;
+    # the slowest rank's time holds 5 ms more (the benchmark's own straggler)
+    a2a = pd.DataFrame([{"kind": k, "world": 2, "link_bytes": b,
+                         "last_s": lat + b / 1e8, "time_s": lat + 5e-3 + b / 1e8}
+                        for k, lat in (("dispatch", 2e-3), ("combine", 1e-3))
+                        for b in (1e3, 1e5, 1e6)])
+    ranks = pd.DataFrame([{"kind": "dispatch", "world": 2, "straggler_s": 1.5e-3},
+                          {"kind": "combine", "world": 2, "straggler_s": 0.5e-3}])
+    fit, parts = fit_exchange(a2a, ranks)
+    assert fit.latency_s["dispatch"][2] == pytest.approx(3.5e-3, rel=1e-6)
+    assert fit.latency_s["combine"][2] == pytest.approx(1.5e-3, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(1e8, rel=1e-6)
+    assert parts["latency_s"]["dispatch"][2] == pytest.approx(2e-3, rel=1e-6)
+    # without the ranks' stragglers: the slowest rank's time, as before
+    old, none = fit_exchange(a2a, None)
+    assert old.latency_s["dispatch"][2] == pytest.approx(7e-3, rel=1e-6) and none == {}
+
+
+@pytest.mark.parametrize("ratio, world, want", [
+    (1.5, 2, 1.5),    # one more busy thread on 2 cores: 3 threads where the 2 ranks were
+    (1.5, 4, 1.25),   # 5 threads where 4 ranks were
+    (1.0, 4, 1.0),    # the machine as at calibration
+    (0.75, 2, 0.75),  # half a thread less than at calibration
+])
+def test_load_factor_is_processor_sharing(ratio, world, want):
+    from epsim.calibrate.probe import load_factor
+
+    assert load_factor(ratio, world, cores=2) == pytest.approx(want)
+
+
+def test_predictions_follow_the_machine_probe():
+    from epsim.calibrate.validate import adjust_for_load
+
+    cases = [Case("m", 2, 8, 64), Case("m", 4, 8, 64)]
+    predicted = [{"step_ms": [10.0, 12.0], "kind_ms": {"gemm": [1.0, 2.0]}},
+                 {"step_ms": [40.0], "kind_ms": {}}]
+    # the probe ran 1.5x as long as at calibration on 2 cores: world 2 x1.5, world 4 x1.25
+    a, b = adjust_for_load(cases, predicted, 1.5, cores=2)
+    assert a["step_ms"] == pytest.approx([15.0, 18.0]) and a["load_factor"] == 1.5
+    assert a["kind_ms"]["gemm"] == pytest.approx([1.5, 3.0])
+    assert b["step_ms"] == pytest.approx([50.0]) and b["unadjusted_step_ms"] == [40.0]
+    measured = [{"step_ms": [15.0], "kind_ms": {}}, {"step_ms": [50.0], "kind_ms": {}}]
+    rep = compare(cases, measured, [a, b])
+    assert [c["error_pct"] for c in rep["cases"]] == pytest.approx([10.0, 0.0])
+    assert rep["cases"][0]["predicted_unadjusted_ms"] == pytest.approx(11.0)
+    assert rep["cases"][1]["load_factor"] == pytest.approx(1.25)
+
+
+def test_core_probe_times_its_loop():
+    from epsim.calibrate.probe import core_probe, probe_record
+
+    seconds = core_probe(processes=2, loop=2000, repeats=2)
+    assert 0 < seconds < 5
+    rec = probe_record([3.0, 1.0, 2.0])
+    assert rec["seconds"] == 2.0 and rec["samples"] == [3.0, 1.0, 2.0]
