@@ -173,3 +173,15 @@ def test_core_probe_times_its_loop():
     assert 0 < seconds < 5
     rec = probe_record([3.0, 1.0, 2.0])
     assert rec["seconds"] == 2.0 and rec["samples"] == [3.0, 1.0, 2.0]
+
+
+def test_exchange_times_per_repeat_over_the_ranks():
+    from epsim.calibrate.comm_bench import _per_repeat
+
+    # one round, two ranks, two repeats at 16 tokens (and a row at 8 tokens to be ignored)
+    ranks = [{"a2a": [{"tokens": 16, "rep": 2, "t_s": 5.0}, {"tokens": 16, "rep": 3, "t_s": 1.0},
+                      {"tokens": 8, "rep": 2, "t_s": 99.0}]},
+             {"a2a": [{"tokens": 16, "rep": 2, "t_s": 3.0}, {"tokens": 16, "rep": 3, "t_s": 4.0}]}]
+    assert _per_repeat([ranks], 16, "t_s", max) == [4.0, 5.0]   # the slowest rank's
+    assert _per_repeat([ranks], 16, "t_s", min) == [1.0, 3.0]   # the last to arrive's
+    assert _per_repeat([ranks], 16, "t_s", np.mean) == [2.5, 4.0]
