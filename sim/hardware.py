@@ -72,6 +72,11 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
                              exchange; the combine's asynchronous call, which returns only when
                              the rank's threads get a core); absent: a dispatch holds the host
                              for its whole fixed cost, a combine not at all
+      exchange_straggler_fraction  {group size: fraction}: the last rank reaches an EP exchange
+                             this fraction of the compute since the previous exchange after the
+                             average one (ranks time-sliced on shared cores drift apart in
+                             proportion to the work between two meetings); the exchange and the
+                             host's wait on a dispatch last that much longer (absent: 0)
     fitted by ``epsim calibrate --from-bench`` (and ``--from-trace``) to measured runs of one
     stack; they act under any kernel set (no shipped profile has them):
       op_final_scale         {factor: multiplier} on an op's final time (kernel table or
@@ -150,7 +155,7 @@ OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "op_overhead_s", "op_time_scale", "op_bytes_scale", "roofline", "a2a_latency_per_peer_s", "combine_latency_s",
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
     "rank_compute_slowdown_by_kind", "comm_concurrency", "op_final_scale", "host_ms_per_step",
-    "a2a_host_block_by_group_s",
+    "a2a_host_block_by_group_s", "exchange_straggler_fraction",
 )
 #: the groups of op kinds an ``op_final_scale`` key may name (besides a kind or an op class)
 SCALE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -195,6 +200,8 @@ class Efficiency:
     comm_concurrency: collectives in flight at once per rank. Example: 1 (GPU), 2 (gloo).
     a2a_host_block_by_group_s: ``{kind: {group size: seconds}}``, empty unless fitted. Example
         (gloo, 2 cores): ``{"dispatch": {2: 3.6e-3, 4: 9.8e-3}, "combine": {2: 5e-4, 4: 4e-3}}``.
+    exchange_straggler_fraction: ``{ranks: fraction}``, empty unless fitted. Example (2 cores):
+        ``{2: 0.05, 4: 0.4}``.
         Example: ``{"norm": {2: 1.3, 4: 1.5}, "attention_decode": {2: 1.15, 4: 1.9}}``.
     op_final_scale: ``{class, kind or group: factor}`` on the final op time, empty unless fitted.
         Example: ``{"attention": 1.3, "grouped_gemm": 0.8}``.
@@ -230,6 +237,7 @@ class Efficiency:
     op_final_scale: Mapping[str, float] = field(default_factory=dict)
     host_ms_per_step: float | None = None
     a2a_host_block_by_group_s: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    exchange_straggler_fraction: Mapping[int, float] = field(default_factory=dict)
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
@@ -251,6 +259,15 @@ class Efficiency:
         all."""
         table = self.a2a_host_block_by_group_s.get(kind)
         return _interpolate(table, group_size) if table else None
+
+    def straggler_fraction(self, group_size: int) -> float:
+        """The last rank's lateness at an exchange per second of compute since the previous
+        one (``exchange_straggler_fraction``; 0 at one rank, linear in between; 0 unless
+        fitted)."""
+        table = self.exchange_straggler_fraction
+        if not table:
+            return 0.0
+        return max(0.0, _interpolate({1: 0.0, **table}, group_size))
 
     @staticmethod
     def _lookup(table: Mapping[str, float], kind: str, default: float) -> float:
@@ -389,6 +406,9 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
         out["rank_compute_slowdown_by_kind"] = {
             str(kind): _int_keyed(sub, f"{where}: efficiency.rank_compute_slowdown_by_kind.{kind}")
             for kind, sub in table.items()}
+    if "exchange_straggler_fraction" in obj:
+        out["exchange_straggler_fraction"] = _int_keyed(
+            obj["exchange_straggler_fraction"], f"{where}: efficiency.exchange_straggler_fraction")
     if "rank_compute_slowdown" in obj:
         out["rank_compute_slowdown"] = _int_keyed(obj["rank_compute_slowdown"],
                                                   f"{where}: efficiency.rank_compute_slowdown")

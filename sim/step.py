@@ -252,6 +252,9 @@ def _apply_routing(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
         swept["experts"] = expert_tokens()
     work[di_idx] = (times[0] + node_s)[..., None]
     work[co_idx] = (times[1] + node_s)[..., None]
+    if comp.straggler is not None:  # the last rank's lateness, re-timed exchanges too
+        work[di_idx] += comp.straggler[di_idx][..., None]
+        work[co_idx] += comp.straggler[co_idx][..., None]
     return replace(prog, work=work), swept
 
 

@@ -89,6 +89,9 @@ class Compiled:
     #: what the routing step works out once per compiled batch (its ops' uniform-routing times)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
     exchange: a2a.A2AMode | None = None
+    #: ``[n]`` seconds each EP exchange waits for its last rank beyond the average one (included
+    #: in ``program``; the routing step adds them to the exchanges it re-times); None: none
+    straggler: np.ndarray | None = None
 
     @property
     def captured(self) -> bool:
@@ -226,11 +229,16 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
     ops = tuple(rep_ops[j] for j in s.rep_index.tolist())
     work = rep_work[s.rep_index]
     prog = first.program
+    late = _stragglers(ops, work, profile, plan)
+    release = prog.host_release_s
+    if late is not None:
+        work = work + late
+        _, release = _host_holds(ops, prog.group_size, profile, first.captured, late)
     program = replace(prog, work=np.tile(work[:, None], (1, prog.ranks)),
-                      steps=_reshare(s, prog.steps, work - prog.node_s))
+                      steps=_reshare(s, prog.steps, work - prog.node_s), host_release_s=release)
     row_tokens, mb_tokens, draft_tokens = _routed_tokens(ops, first.routed, model)
     return replace(first, ops=ops, program=program, row_tokens=row_tokens, mb_tokens=mb_tokens,
-                   draft_tokens=draft_tokens, batch=batch, memo={})
+                   draft_tokens=draft_tokens, batch=batch, memo={}, straggler=late)
 
 
 def _reshare(s: _Structure, steps: StepPlan | None, net: np.ndarray) -> StepPlan | None:
@@ -310,11 +318,14 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     nodes_of = np.arange(ranks) // plan.gpus_per_node
     exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
     work = _op_work(ops, plan, profile, captured, top_k, exchange)
+    late = _stragglers(ops, work, profile, plan)
+    if late is not None:
+        work = work + late
     group_size = np.array([(ranks if op.dims["group"] == "ep" else plan.tp)
                            if op.is_collective else 0 for op in ops], dtype=np.int64)
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(len(ops), eff.graph_launch_s if captured else 0.0)
-    host_sync, host_release_s = _host_holds(ops, group_size, profile, captured)
+    host_sync, host_release_s = _host_holds(ops, group_size, profile, captured, late)
     # exchanges whose kernels free the compute units once their messages are issued
     quiet = np.array([op.kind in EXCHANGES and not exchange.occupies_cus for op in ops])
     program = Program(
@@ -345,16 +356,19 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         kind_index=np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64),
         top_k=top_k, row_tokens=row_tokens, draft_tokens=draft_tokens,
         draft_mask=np.array([op.draft is not None for op in ops], dtype=bool),
-        exchange=exchange)
+        exchange=exchange, straggler=late)
 
 
 def _host_holds(ops: Sequence[Op], group_size: np.ndarray, profile: HardwareProfile,
-                captured: bool) -> tuple[np.ndarray, np.ndarray]:
+                captured: bool, late: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """``host_sync`` and ``host_release_s`` of the program: eager, the host waits for a
     dispatch's count exchange (a latency-bound exchange of its group) before it issues more; a
     profile that measured how long issuing each exchange holds the host
     (``a2a_host_block_by_group_s``, CPU runtimes) gives that instead, and a combine holds it too
-    where measured (gloo's asynchronous call returns only once the rank's threads got a core)."""
+    where measured (gloo's asynchronous call returns only once the rank's threads got a core).
+    ``late``: the exchanges' stragglers (:func:`_stragglers`): a dispatch's count exchange waits
+    for the last rank, so its hold grows by the dispatch's."""
     eff = profile.require_efficiency()
     sync = np.zeros(len(ops), dtype=bool)
     release = np.zeros(len(ops))
@@ -368,7 +382,30 @@ def _host_holds(ops: Sequence[Op], group_size: np.ndarray, profile: HardwareProf
             held = cost.collective_latency(op.kind, profile, captured, int(group_size[i]))
         if held is not None:
             sync[i], release[i] = True, held
+            if late is not None and op.kind == "dispatch":
+                release[i] += late[i]
     return sync, release
+
+
+def _stragglers(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
+                plan: ParallelPlan) -> np.ndarray | None:
+    """``[len(ops)]`` seconds each EP exchange waits for its last rank beyond the average one:
+    ``exchange_straggler_fraction`` times the compute issued since the previous exchange (in
+    issue order; ``work`` includes the ranks' sharing of the cores). None without the key
+    (every GPU profile) or without peers."""
+    eff = profile.require_efficiency()
+    frac = eff.straggler_fraction(min(plan.world_size, plan.gpus_per_node))
+    if frac <= 0.0 or plan.world_size < 2:
+        return None
+    late = np.zeros(len(ops))
+    since = 0.0
+    for i, op in enumerate(ops):
+        if op.kind in EXCHANGES:
+            late[i] = frac * since
+            since = 0.0
+        elif not op.is_collective:
+            since += work[i]
+    return late
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in the routing step
