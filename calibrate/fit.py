@@ -303,40 +303,50 @@ def fit_host_block(df: pd.DataFrame) -> dict[str, dict[int, float]]:
     return out
 
 
-def fit_straggler(ranks: pd.DataFrame) -> dict[str, dict[int, float]]:
-    """``{dispatch|combine: {world: seconds}}``: how long after the average rank the last one
-    reaches an exchange in a decode step of ``world`` local ranks (the ranks sweep's
-    ``straggler_s``, median over its exchanges). Empty without the column (older tables) or
-    without multi-rank exchanges."""
-    if ranks is None or ranks.empty or "straggler_s" not in ranks:
-        return {}
-    rows = ranks.dropna(subset=["straggler_s"])
+def fit_straggler(ranks: pd.DataFrame) -> tuple[dict[int, float], dict[int, float]]:
+    """How long after the average rank the last one reaches an exchange in a decode step of
+    ``world`` local ranks: ``straggler = fixed[world] + fraction[world] * segment`` (the ranks
+    sweep's ``straggler_s`` over its ``segment_s``, the compute since the previous exchange), a
+    non-negative fit on relative errors over every exchange row of that world size.
+
+    Returns:
+        ``(fixed, fraction)``: ``{world: seconds}`` and ``{world: fraction}``; empty without the
+        columns (older tables) or without multi-rank exchanges.
+    """
+    if ranks is None or ranks.empty or not {"straggler_s", "segment_s"} <= set(ranks):
+        return {}, {}
+    rows = ranks.dropna(subset=["straggler_s", "segment_s"])
     rows = rows[rows["kind"].isin(("dispatch", "combine")) & (rows["world"] > 1)]
-    out: dict[str, dict[int, float]] = {}
-    for (kind, world), sub in rows.groupby(["kind", "world"]):
-        out.setdefault(str(kind), {})[int(world)] = float(sub["straggler_s"].median())
-    return out
+    fixed: dict[int, float] = {}
+    fraction: dict[int, float] = {}
+    for world, sub in rows.groupby("world"):
+        t = np.maximum(sub["straggler_s"].to_numpy(dtype=float), 1e-7)
+        a, k, _ = _ls_overhead_scale(sub["segment_s"].to_numpy(dtype=float), t, None)
+        fixed[int(world)], fraction[int(world)] = a, k
+    return fixed, fraction
 
 
 def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> tuple[CommFit, dict]:
     """The exchange model the simulator's identical ranks need: the latency the last rank to
-    arrive sees (the all-to-all table's ``last_s``) plus the straggler (:func:`fit_straggler`),
-    per kind and world; one bandwidth. Without either column (tables of an older epsim), the
-    slowest rank's time (``time_s``) alone, which holds a straggler after the benchmark's own
-    short compute.
+    arrive sees (the all-to-all table's ``last_s``) plus the straggler's fixed part
+    (:func:`fit_straggler`), per kind and world; one bandwidth; the straggler's part that grows
+    with the compute between exchanges is the profile's ``exchange_straggler_fraction``. Without
+    the columns (tables of an older epsim), the slowest rank's time (``time_s``) alone, which
+    holds a straggler after the benchmark's own short compute.
 
     Returns:
-        The fit (its latencies include the straggler) and ``{"latency_s", "straggler_s"}``, the
-        parts, for the profile's record.
+        The fit (its latencies include the straggler's fixed part) and ``{"latency_s",
+        "straggler_fixed_s", "straggler_fraction"}``, for the profile's record (empty: no split).
     """
-    late = fit_straggler(ranks) if ranks is not None else {}
-    if not late or "last_s" not in a2a or a2a["last_s"].isna().any():
+    fixed, fraction = fit_straggler(ranks) if ranks is not None else ({}, {})
+    if not fixed or "last_s" not in a2a or a2a["last_s"].isna().any():
         return fit_comm(a2a), {}
     pure = fit_comm(a2a.assign(time_s=a2a["last_s"]))
-    latency = {k: {w: v + late.get(k, {}).get(w, 0.0) for w, v in t.items()}
+    latency = {k: {w: v + fixed.get(w, 0.0) for w, v in t.items()}
                for k, t in pure.latency_s.items()}
     return (CommFit(latency, pure.bandwidth, pure.rel_err),
-            {"latency_s": pure.latency_s, "straggler_s": late})
+            {"latency_s": pure.latency_s, "straggler_fixed_s": fixed,
+             "straggler_fraction": fraction})
 
 
 def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,

@@ -259,13 +259,15 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         moment, so a rank's time is how long before the last one it arrived plus the exchange's
         own latency: mean minus least is how long after the average rank the last one arrives
         (the expected latest of ``world`` jittered arrivals, less the average), what a
-        simulator whose ranks arrive together must add.
+        simulator whose ranks arrive together must add; and ``segment_s``: the median over the
+        timed steps of the ranks' mean compute time since the previous exchange (in issue
+        order), which the straggler grows with.
     """
     from epsim.runtime import RunOptions, launch_local
 
     points = list(points)
     samples: dict[tuple, tuple[str, list[float]]] = {}
-    arrivals: dict[tuple, list[float]] = {}  # (config, op id, round, step) -> per-rank times
+    arrivals: dict[tuple, list[tuple[float, float]]] = {}  # per (op, round, step): the ranks'
     for rnd in range(rounds):  # rounds alternate the world sizes (background load is bursty)
         for world in worlds:
             options, keys = [], []
@@ -284,15 +286,39 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                         continue  # warm-up
                     key = (name, world, batch, context, e.op_id)
                     samples.setdefault(key, (e.kind, []))[1].append(e.dur_us * 1e-6)
-                    if e.kind in ("dispatch", "combine"):
-                        arrivals.setdefault((key, rnd, e.args["step"]), []).append(
-                            e.dur_us * 1e-6)
-    late: dict[tuple, list[float]] = {}
-    for (key, _, _), times in arrivals.items():
-        late.setdefault(key, []).append(statistics.fmean(times) - min(times))
+                for op_id, step, wait, since in exchange_records(summary["trace_events"]):
+                    arrivals.setdefault(((name, world, batch, context, op_id), rnd, step),
+                                        []).append((wait, since))
+    late: dict[tuple, list[tuple[float, float]]] = {}
+    for (key, _, _), per_rank in arrivals.items():
+        waits = [w for w, _ in per_rank]
+        late.setdefault(key, []).append((statistics.fmean(waits) - min(waits),
+                                         statistics.fmean(s for _, s in per_rank)))
     rows = [{"shape": name, "world": world, "batch": batch, "context": context, "op_id": op_id,
              "kind": kind, "time_s": statistics.median(times), "repeats": len(times),
-             **({"straggler_s": statistics.median(late[key])} if key in late else {})}
+             **({"straggler_s": statistics.median(v for v, _ in late[key]),
+                 "segment_s": statistics.median(v for _, v in late[key])}
+                if key in late else {})}
             for key, (kind, times) in samples.items()
             for name, world, batch, context, op_id in [key]]
     return pd.DataFrame(rows)
+
+
+def exchange_records(events: Iterable[Any]) -> list[tuple[str, int, float, float]]:
+    """``(op id, step, seconds from issue to the end of its wait, compute seconds since the
+    previous exchange)`` of every exchange in timed steps' trace events, rank by rank in issue
+    order."""
+    by_rank: dict[tuple[int, int], list[Any]] = {}
+    for e in events:
+        if e.args.get("step", 0) >= 1:
+            by_rank.setdefault((e.rank, e.args["step"]), []).append(e)
+    out = []
+    for (_, step), evs in sorted(by_rank.items()):
+        since = 0.0
+        for e in sorted(evs, key=lambda e: e.start_us):
+            if e.kind in ("dispatch", "combine"):
+                out.append((e.op_id, step, e.dur_us * 1e-6, since))
+                since = 0.0
+            elif e.stream == "compute":
+                since += e.dur_us * 1e-6
+    return out

@@ -173,8 +173,11 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     exchange_parts: dict[str, Any] = {}
     if a2a is not None and not a2a.empty:
         cf, parts = F.fit_exchange(a2a, ranks)
-        exchange_parts = {k: {kind: {str(w): v for w, v in t.items()} for kind, t in p.items()}
-                          for k, p in parts.items()}
+        exchange_parts = {"latency_s": {k: {str(w): v for w, v in t.items()}
+                                        for k, t in parts["latency_s"].items()},
+                          **{k: {str(w): v for w, v in parts[k].items()}
+                             for k in ("straggler_fixed_s", "straggler_fraction")}} \
+            if parts else {}
         obj["fabric"] = {"topology": "full_mesh", "links_per_gpu": 63,
                          "link_bandwidth": cf.bandwidth}
         obj["nic_bandwidth_per_gpu"] = cf.bandwidth
@@ -192,11 +195,17 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         what = (f"t = latency[kind][world] + link_bytes / W over the runtime's dispatch_dynamic "
                 f"/ combine_dynamic between compute (median |error| {cf.rel_err:.0%})")
         if parts:
-            what += ("; latency = what the last rank to arrive waits (a2a last_s) + how long after "
-                     "the average rank the last one arrives in a decode step (ranks straggler_s: "
-                     + ", ".join(f"{k} W={w}: {v * 1e3:.2f} ms" for k, t in
-                                 sorted(parts["straggler_s"].items()) for w, v in sorted(t.items()))
-                     + ")")
+            what += ("; latency = what the last rank to arrive waits (a2a last_s) + the fixed part "
+                     "of how long after the average rank the last one arrives in a decode step "
+                     "(ranks straggler_s: " + ", ".join(
+                         f"W={w}: {v * 1e3:.2f} ms" for w, v in
+                         sorted(parts["straggler_fixed_s"].items())) + ")")
+            eff["exchange_straggler_fraction"] = {
+                str(w): v for w, v in sorted(parts["straggler_fraction"].items())}
+            sources["efficiency.exchange_straggler_fraction"] = src(
+                "ranks", "straggler_s = fixed + fraction * segment_s over the ranks sweep's "
+                "exchanges (mean minus least of the ranks' exchange times; the ranks' compute "
+                "since the previous exchange), non-negative, per world size")
         sources.update({
             "fabric": src("a2a", "every local rank reaches every other (loopback); the "
                           "fitted W per link"),
@@ -213,7 +222,7 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         held = F.fit_host_block(a2a)
         # the dispatch's count exchange waits for the last rank too; the combine's call is the
         # rank's own (its time does not shrink for the last to arrive)
-        late = parts.get("straggler_s", {}).get("dispatch", {})
+        late = parts.get("straggler_fixed_s", {})
         if "dispatch" in held:
             held["dispatch"] = {w: v + late.get(w, 0.0) for w, v in held["dispatch"].items()}
         if held:

@@ -103,19 +103,25 @@ def test_a_case_is_judged_on_the_median_of_its_passes():
     assert rep["max_pass_spread_pct"] == pytest.approx(300.0)
 
 
-def test_straggler_is_the_median_over_the_sweeps_exchanges():
+def test_straggler_is_a_fixed_part_plus_a_share_of_the_compute_between_exchanges():
     from epsim.calibrate.fit import fit_straggler
 
-    ranks = pd.DataFrame([
-        {"kind": "dispatch", "world": 4, "straggler_s": v} for v in (2e-3, 3e-3, 7e-3)] + [
-        {"kind": "combine", "world": 2, "straggler_s": 1e-3},
-        {"kind": "norm", "world": 4, "straggler_s": np.nan}])
-    assert fit_straggler(ranks) == {"dispatch": {4: pytest.approx(3e-3)},
-                                    "combine": {2: pytest.approx(1e-3)}}
-    assert fit_straggler(ranks.drop(columns=["straggler_s"])) == {}
+    # world 4: straggler = 1 ms + 0.4 x segment; world 2: 0.2 ms flat
+    ranks = pd.DataFrame(
+        [{"kind": "dispatch", "world": 4, "segment_s": g, "straggler_s": 1e-3 + 0.4 * g}
+         for g in (2e-3, 10e-3)]
+        + [{"kind": "combine", "world": 4, "segment_s": 1e-3, "straggler_s": 1.4e-3}]
+        + [{"kind": "combine", "world": 2, "segment_s": g, "straggler_s": 2e-4}
+           for g in (1e-3, 8e-3)]
+        + [{"kind": "norm", "world": 4, "segment_s": np.nan, "straggler_s": np.nan}])
+    fixed, fraction = fit_straggler(ranks)
+    assert fixed[4] == pytest.approx(1e-3, rel=1e-6)
+    assert fraction[4] == pytest.approx(0.4, rel=1e-6)
+    assert fixed[2] == pytest.approx(2e-4, rel=1e-6) and fraction[2] == pytest.approx(0.0)
+    assert fit_straggler(ranks.drop(columns=["segment_s"])) == ({}, {})
 
 
-def test_exchange_latency_is_the_last_arrivals_plus_the_straggler():
+def test_exchange_latency_is_the_last_arrivals_plus_the_fixed_straggler():
     from epsim.calibrate.fit import fit_exchange
 
     # the last rank to arrive waits 2 ms (dispatch, w2) / 1 ms (combine, w2) + bytes / 1e8;
@@ -124,16 +130,59 @@ def test_exchange_latency_is_the_last_arrivals_plus_the_straggler():
                          "last_s": lat + b / 1e8, "time_s": lat + 5e-3 + b / 1e8}
                         for k, lat in (("dispatch", 2e-3), ("combine", 1e-3))
                         for b in (1e3, 1e5, 1e6)])
-    ranks = pd.DataFrame([{"kind": "dispatch", "world": 2, "straggler_s": 1.5e-3},
-                          {"kind": "combine", "world": 2, "straggler_s": 0.5e-3}])
+    ranks = pd.DataFrame([{"kind": "dispatch", "world": 2, "segment_s": g,
+                           "straggler_s": 5e-4 + 0.1 * g} for g in (1e-3, 5e-3)])
     fit, parts = fit_exchange(a2a, ranks)
-    assert fit.latency_s["dispatch"][2] == pytest.approx(3.5e-3, rel=1e-6)
+    assert fit.latency_s["dispatch"][2] == pytest.approx(2.5e-3, rel=1e-6)
     assert fit.latency_s["combine"][2] == pytest.approx(1.5e-3, rel=1e-6)
     assert fit.bandwidth == pytest.approx(1e8, rel=1e-6)
     assert parts["latency_s"]["dispatch"][2] == pytest.approx(2e-3, rel=1e-6)
+    assert parts["straggler_fraction"][2] == pytest.approx(0.1, rel=1e-6)
     # without the ranks' stragglers: the slowest rank's time, as before
     old, none = fit_exchange(a2a, None)
     assert old.latency_s["dispatch"][2] == pytest.approx(7e-3, rel=1e-6) and none == {}
+
+
+def test_exchange_records_sum_the_compute_since_the_previous_exchange():
+    from epsim.calibrate.micro import exchange_records
+    from epsim.model.trace import TraceEvent
+
+    def ev(op, kind, stream, start, dur, rank=0, step=1):
+        return TraceEvent(op, kind, rank, stream, start, dur, args={"step": step})
+
+    events = [ev("a", "norm", "compute", 0, 100), ev("b", "router", "compute", 100, 300),
+              ev("d", "dispatch", "comm", 400, 2000), ev("e", "grouped_gemm", "compute", 2400, 500),
+              ev("c", "combine", "comm", 2900, 1000), ev("w", "norm", "compute", 0, 9, step=0)]
+    assert exchange_records(events) == [("d", 1, pytest.approx(2e-3), pytest.approx(4e-4)),
+                                        ("c", 1, pytest.approx(1e-3), pytest.approx(5e-4))]
+
+
+def test_stragglers_grow_with_the_compute_issued_since_the_previous_exchange():
+    from epsim.sim.step_compile import _stragglers
+
+    ops, groups = _ops(4)
+    raw = _with("exchange_straggler_fraction", {"2": 0.1, "4": 0.5})
+    prof = profile_from_dict(raw)
+    assert prof.require_efficiency().straggler_fraction(3) == pytest.approx(0.3)
+    assert prof.require_efficiency().straggler_fraction(1) == 0.0
+    work = np.array([0.0 if op.is_collective else 1e-3 for op in ops])
+    plan = make_plan(load_model("tiny-deepseek"), nodes=1, gpus_per_node=4, dp=4, tp=1, ep=4)
+    late = _stragglers(ops, work, prof, plan)
+    since = 0
+    for i, op in enumerate(ops):
+        if op.kind in ("dispatch", "combine"):
+            assert late[i] == pytest.approx(0.5 * since * 1e-3)  # half a ms per op since
+            since = 0
+        else:
+            assert late[i] == 0.0
+            since += not op.is_collective
+    assert late.max() > 0
+    # the dispatch's host hold grows by its straggler; GPU profiles have none
+    sync, release = _host_holds(ops, groups, prof, captured=False, late=late)
+    lat = prof.require_efficiency().a2a_latency("dispatch", 4)
+    i = next(i for i, op in enumerate(ops) if op.kind == "dispatch")
+    assert release[i] == pytest.approx(lat + late[i])
+    assert _stragglers(ops, work, load_profile("mi300x"), plan) is None
 
 
 @pytest.mark.parametrize("ratio, world, want", [
