@@ -342,8 +342,9 @@ def _non_negative(value: Any, where: str) -> float:
     return float(value)
 
 
-def _int_keyed(table: Any, where: str) -> dict[int, float]:
-    """``{"2": 1.5, ...}`` -> ``{2: 1.5}``: positive integer keys, positive values."""
+def _int_keyed(table: Any, where: str, zero: bool = False) -> dict[int, float]:
+    """``{"2": 1.5, ...}`` -> ``{2: 1.5}``: positive integer keys, positive values (``zero``:
+    non-negative)."""
     if not isinstance(table, Mapping) or not table:
         raise EpsimError(f"{where} must be a non-empty object {{positive integer: number}}")
     parsed = {}
@@ -354,7 +355,7 @@ def _int_keyed(table: Any, where: str) -> dict[int, float]:
             key = 0
         if key < 1:
             raise EpsimError(f"{where}: keys must be positive integers, got {k!r}")
-        parsed[key] = _number(table, k, where)
+        parsed[key] = _non_negative(table[k], f"{where}.{k}") if zero else _number(table, k, where)
     return parsed
 
 
@@ -408,7 +409,8 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
             for kind, sub in table.items()}
     if "exchange_straggler_fraction" in obj:
         out["exchange_straggler_fraction"] = _int_keyed(
-            obj["exchange_straggler_fraction"], f"{where}: efficiency.exchange_straggler_fraction")
+            obj["exchange_straggler_fraction"], f"{where}: efficiency.exchange_straggler_fraction",
+            zero=True)
     if "rank_compute_slowdown" in obj:
         out["rank_compute_slowdown"] = _int_keyed(obj["rank_compute_slowdown"],
                                                   f"{where}: efficiency.rank_compute_slowdown")

@@ -165,6 +165,11 @@ def test_stragglers_grow_with_the_compute_issued_since_the_previous_exchange():
     prof = profile_from_dict(raw)
     assert prof.require_efficiency().straggler_fraction(3) == pytest.approx(0.3)
     assert prof.require_efficiency().straggler_fraction(1) == 0.0
+    # a world size whose stragglers did not grow with the compute fits 0, which loads
+    zero = profile_from_dict(_with("exchange_straggler_fraction", {"2": 0.0, "4": 0.2}))
+    assert zero.require_efficiency().straggler_fraction(2) == 0.0
+    with pytest.raises(EpsimError, match="must be a non-negative number"):
+        profile_from_dict(_with("exchange_straggler_fraction", {"2": -0.1}))
     work = np.array([0.0 if op.is_collective else 1e-3 for op in ops])
     plan = make_plan(load_model("tiny-deepseek"), nodes=1, gpus_per_node=4, dp=4, tp=1, ep=4)
     late = _stragglers(ops, work, prof, plan)
