@@ -55,7 +55,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--steps", command="validate", default=6,
              help="decode steps per case and pass, the first a warm-up (default 6)")
     add_flag(p, "--repeats", default=3,
-             help="passes over the grid, alternating world sizes (default 3)")
+             help="passes over the grid, alternating world sizes; a case is the median of its "
+             "passes' medians (default 3)")
     add_flag(p, "--device", default="cpu", help="default cpu")
     add_flag(p, "--plot", metavar="OUT.png", default=None,
              help="write a measured-vs-predicted scatter plot (matplotlib)")
