@@ -24,6 +24,7 @@ import numpy as np
 
 from .kv_admission import KVPool
 from .router import Router, make_router
+from .run_tally import StepTally
 from .schedulers import Counters, Scheduler, StepPlan, scheduler_class
 from .serving_state import Client, Dispatcher, EventLoop, RequestState, SideQueues
 from .speculation import DraftAcceptance
@@ -125,9 +126,11 @@ class Server:
     """The loop's shared part: starts, costs and ends every side's steps the same way."""
 
     def __init__(self, st: RequestState, loop: EventLoop, counters: Counters,
-                 spec: DraftAcceptance) -> None:
+                 spec: DraftAcceptance, keep_steps: bool = True) -> None:
         self.st, self.loop, self.counters, self.spec = st, loop, counters, spec
         self.steps: list[StepRecord] = []
+        self.keep_steps = keep_steps
+        self.tally = StepTally()
         self.peak = 0
         self.client: Client | None = None
         self.decode_kvs: list[KVPool] = []  # per instance, where finished requests free KV
@@ -151,7 +154,9 @@ class Server:
         # tokens each decoding request emits this step: 1, plus its accepted drafts under MTP
         counts = self.spec.tokens(self.st.osl[plan.decode] - self.st.generated[plan.decode])
         record = self.record(side, plan, t, counts)
-        self.steps.append(record)
+        self.tally.add(record)
+        if self.keep_steps:
+            self.steps.append(record)
         self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
 
     def record(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray) -> StepRecord:
@@ -192,7 +197,8 @@ class Server:
 
     def end(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray) -> None:
         st, q = self.st, side.queues
-        done = st.emit(plan.decode, t, counts) if len(plan.decode) else plan.decode
+        done = st.emit(plan.decode, t, counts, side.instance) if len(plan.decode) \
+            else plan.decode
         side.kv.settle(plan.decode, counts)  # rejected drafts give their slots back
         q.running.remove(done)
         also_done = []
@@ -216,8 +222,9 @@ class Server:
         if st.generated[i] == 0:
             st.first[i] = st.last[i] = t
             st.generated[i] = 1
+            st.gaps.first_tokens(t, 1)
         else:
-            st.emit(np.array([i], dtype=np.int64), t)
+            st.emit(np.array([i], dtype=np.int64), t, instance=side.instance)
         if st.generated[i] >= st.osl[i]:
             return True
         side.queues.running.add(i)

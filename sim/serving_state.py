@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .run_tally import GapLog
 from .workload import Requests
 
 
@@ -32,11 +33,11 @@ class RequestState:
     last token, latest token so far. generated / prefilled: output tokens emitted, prompt
     tokens computed toward :meth:`prefill_target`. rank: the dp rank that decodes it.
     owner: the instance that decodes it (0 with one instance). preemptions: times its KV was
-    taken back. itls: the inter-token gaps, one array per step; itl_ids: the requests those gaps
-    belong to, the same shapes.
+    taken back. gaps: the inter-token gaps as they are emitted (``sim.run_tally.GapLog``; the
+    per-request lists too with ``keep_requests``).
     """
 
-    def __init__(self, req: Requests) -> None:
+    def __init__(self, req: Requests, keep_requests: bool = True) -> None:
         n = len(req)
         self.isl = req.input_lens.astype(np.int64)
         self.osl = req.output_lens.astype(np.int64)
@@ -49,8 +50,7 @@ class RequestState:
         self.rank = np.full(n, -1, dtype=np.int64)
         self.owner = np.zeros(n, dtype=np.int64)
         self.preemptions = np.zeros(n, dtype=np.int64)
-        self.itls: list[np.ndarray] = []
-        self.itl_ids: list[np.ndarray] = []
+        self.gaps = GapLog(keep_requests)
 
     def prefill_target(self, i: int) -> int:
         """Tokens request ``i`` computes before it decodes: its prompt, plus the tokens it had
@@ -60,12 +60,12 @@ class RequestState:
     def prefill_left(self, i: int) -> int:
         return self.prefill_target(i) - int(self.prefilled[i])
 
-    def emit(self, ids: np.ndarray, t: float, counts: np.ndarray | None = None) -> np.ndarray:
+    def emit(self, ids: np.ndarray, t: float, counts: np.ndarray | None = None,
+             instance: int = 0) -> np.ndarray:
         """One more token (``counts`` more under MTP) for each request of ``ids`` at ``t``, as
-        one output each (one inter-token gap, as vLLM's client times a streamed chunk);
-        returns those now finished."""
-        self.itls.append(t - self.last[ids])
-        self.itl_ids.append(ids.copy())
+        one output each (one inter-token gap, as vLLM's client times a streamed chunk), by
+        ``instance``; returns those now finished."""
+        self.gaps.add(t - self.last[ids], ids, t, instance)
         self.last[ids] = t
         self.generated[ids] += 1 if counts is None else counts
         return ids[self.generated[ids] >= self.osl[ids]]

@@ -121,7 +121,8 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     sc = scenario_from_args(args)
     runs: list[ServingRun] = []
     keep = bool(args.trace or args.save_result)
-    result = run_scenario(sc, run_out=runs if keep else None)
+    result = run_scenario(sc, run_out=runs if keep else None,
+                          details=bool(args.trace or args.save_detailed))
     if args.trace:
         write_serving_trace(runs[0], args.trace,
                             {"model": result["model"], "hardware": result["hardware"]})
