@@ -86,10 +86,14 @@ class GapLog:
 
     def __init__(self, keep_requests: bool) -> None:
         self.keep_requests = keep_requests
-        self._values: list[np.ndarray] = []
-        self._counts: list[np.ndarray] = []
-        self._instance: list[int] = []
-        self._sizes: list[int] = []
+        # per emit, its first gap's value, how many gaps had it, the instance
+        self._bulk_value: list[float] = []
+        self._bulk_count: list[int] = []
+        self._bulk_instance: list[int] = []
+        # the emit's other gaps, one count each (the requests that joined since the step before)
+        self._single: list[np.ndarray] = []
+        self._single_instance: list[int] = []
+        self._single_sizes: list[int] = []
         self._emit_t: list[float] = []
         self._emit_n: list[int] = []
         self._raw: list[np.ndarray] = []
@@ -102,14 +106,17 @@ class GapLog:
 
     def add(self, gaps: np.ndarray, ids: np.ndarray, t: float, instance: int) -> None:
         """One output each for ``ids`` at ``t``, ``gaps`` after their previous ones."""
-        if len(gaps) == 1:
-            values, counts = gaps, np.ones(1, dtype=np.int64)
-        else:
-            values, counts = np.unique(gaps, return_counts=True)
-        self._values.append(values)
-        self._counts.append(counts)
-        self._instance.append(instance)
-        self._sizes.append(len(values))
+        # the requests that decoded in the step before share its gap: one value and its count
+        # (a comparison, no sort); the few others are kept one by one
+        same = gaps == gaps[0]
+        n_same = int(np.count_nonzero(same))
+        self._bulk_value.append(float(gaps[0]))
+        self._bulk_count.append(n_same)
+        self._bulk_instance.append(instance)
+        if n_same < len(gaps):
+            self._single.append(gaps[~same])
+            self._single_instance.append(instance)
+            self._single_sizes.append(len(gaps) - n_same)
         self._emit_t.append(t)
         self._emit_n.append(len(gaps))
         if self.keep_requests:
@@ -122,9 +129,15 @@ class GapLog:
 
         raw = cat(self._raw, np.float64) if self.keep_requests else None
         raw_ids = cat(self._raw_ids, np.int64) if self.keep_requests else None
-        return Gaps(values=cat(self._values, np.float64), counts=cat(self._counts, np.int64),
-                    instance=np.repeat(np.array(self._instance, dtype=np.int64),
-                                       np.array(self._sizes, dtype=np.int64)),
+        singles = cat(self._single, np.float64)
+        return Gaps(values=np.concatenate([np.array(self._bulk_value, dtype=np.float64),
+                                           singles]),
+                    counts=np.concatenate([np.array(self._bulk_count, dtype=np.int64),
+                                           np.ones(len(singles), dtype=np.int64)]),
+                    instance=np.concatenate([
+                        np.array(self._bulk_instance, dtype=np.int64),
+                        np.repeat(np.array(self._single_instance, dtype=np.int64),
+                                  np.array(self._single_sizes, dtype=np.int64))]),
                     emit_t=np.array(self._emit_t), emit_n=np.array(self._emit_n, dtype=np.int64),
                     raw=raw, raw_request_ids=raw_ids)
 

@@ -26,7 +26,7 @@ from .kv_admission import KVPool
 from .router import Router, make_router
 from .run_tally import StepTally
 from .schedulers import Counters, Scheduler, StepPlan, scheduler_class
-from .serving_state import Client, Dispatcher, EventLoop, RequestState, SideQueues
+from .serving_state import Client, Dispatcher, EventLoop, RequestState, SideQueues, rank_mask
 from .speculation import DraftAcceptance
 from .step_time import EngineStepTime, StepCost
 
@@ -80,8 +80,10 @@ class StepRecord:
 # --------------------------------------------------------------------------------------------
 
 
-def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int) -> tuple[int, int]:
-    """The decode batch a step is costed for: (max seqs on a rank, effective context).
+def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int
+                  ) -> tuple[int, int, np.ndarray]:
+    """The decode batch a step is costed for: (max seqs on a rank, effective context, the
+    ``[ranks]`` seqs on each).
 
     The context is the busiest rank's summed context spread over the max seqs, so both the
     per-sequence work (GEMMs, which scale with seqs) and the attention work (which scales with
@@ -92,7 +94,7 @@ def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int) -> tuple[int, i
     ctx = np.bincount(r, weights=(st.isl[ids] + st.generated[ids]).astype(np.float64),
                       minlength=ranks)
     max_seqs = int(seqs.max())
-    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs))
+    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs)), seqs
 
 
 def _chunk_shape(st: RequestState, items: list[tuple[int, int]]) -> tuple[int, int, int]:
@@ -165,15 +167,16 @@ class Server:
         st, ranks, ids = self.st, side.queues.ranks, plan.decode
         dec_only = ids
         if plan.mixed and plan.prefill and len(ids):
-            dec_only = ids[~np.isin(st.rank[ids], list(plan.prefill))]
+            dec_only = ids[~rank_mask(ranks, plan.prefill)[st.rank[ids]]]
         pre = max((self._chunk_cost(side, plan, r, c) for r, c in plan.prefill.items()),
                   key=lambda c: c.seconds, default=None)
-        dec, max_seqs, ctx = None, 0, 0
+        dec, max_seqs, ctx, seqs = None, 0, 0, None
         if len(dec_only):
-            max_seqs, ctx = _decode_batch(st, dec_only, ranks)
+            max_seqs, ctx, seqs = _decode_batch(st, dec_only, ranks)
             dec = side.decode.decode(max_seqs, ctx, any_prefill=bool(plan.prefill))
-        seqs = np.bincount(st.rank[ids], minlength=ranks) if len(ids) \
-            else np.zeros(ranks, dtype=np.int64)
+        if seqs is None or dec_only is not ids:
+            seqs = np.bincount(st.rank[ids], minlength=ranks) if len(ids) \
+                else np.zeros(ranks, dtype=np.int64)
         if len(ids):
             self.peak = max(self.peak, int(seqs.max()))
         dt = side.decode.wall(max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0))
@@ -191,7 +194,7 @@ class Server:
         if plan.mixed and len(plan.decode):
             mine = plan.decode[self.st.rank[plan.decode] == r]
             if len(mine):
-                _, ctx = _decode_batch(self.st, mine, side.queues.ranks)
+                _, ctx, _ = _decode_batch(self.st, mine, side.queues.ranks)
                 return side.prefill.mixed(*shape, len(mine), ctx)
         return side.prefill.prefill(*shape)
 
@@ -233,8 +236,11 @@ class Server:
     def finish(self, ids: np.ndarray, t: float) -> None:
         if len(ids):
             owner = self.st.owner[ids]
-            for k in np.unique(owner):
-                self.decode_kvs[k].release(ids[owner == k])
+            if len(self.decode_kvs) == 1:
+                self.decode_kvs[0].release(ids)
+            else:
+                for k in np.unique(owner):
+                    self.decode_kvs[k].release(ids[owner == k])
             self.router.done(owner)
             self.client.finished(ids, t)
 

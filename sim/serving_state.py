@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -71,6 +71,13 @@ class RequestState:
         return ids[self.generated[ids] >= self.osl[ids]]
 
 
+def rank_mask(ranks: int, chosen: Iterable[int]) -> np.ndarray:
+    """``[ranks]`` True for the ranks in ``chosen``."""
+    mask = np.zeros(ranks, dtype=bool)
+    mask[list(chosen)] = True
+    return mask
+
+
 class Running:
     """Requests in decode, one array of ids over all ranks, oldest first.
 
@@ -82,6 +89,7 @@ class Running:
         self.ids = np.zeros(0, dtype=np.int64)
         self.ranks = ranks
         self._incoming: list[int] = []
+        self._gone = np.zeros(0, dtype=bool)
 
     def add(self, i: int) -> None:
         self._incoming.append(i)
@@ -93,7 +101,13 @@ class Running:
 
     def remove(self, ids: np.ndarray) -> None:
         if len(ids):
-            self.ids = self.ids[~np.isin(self.ids, ids)]
+            # a mark per request id (O(running), not a sort like np.isin), cleared after
+            top = int(max(self.ids.max(initial=0), ids.max())) + 1
+            if len(self._gone) < top:
+                self._gone = np.zeros(max(top, 2 * len(self._gone)), dtype=bool)
+            self._gone[ids] = True
+            self.ids = self.ids[~self._gone[self.ids]]
+            self._gone[ids] = False
 
     def count(self, st: RequestState) -> np.ndarray:
         """``[ranks]`` requests decoding on each rank (not those joining at the next flush)."""

@@ -53,15 +53,17 @@ def test_latency_stats_agree_for_arrays_and_populations():
         assert b[k] == pytest.approx(a[k], rel=1e-12), k
 
 
-def test_gap_log_keeps_one_value_per_distinct_gap():
+def test_gap_log_keeps_the_shared_gap_once_per_emit():
     log = GapLog(keep_requests=False)
     log.first_tokens(0.5, 1)
-    log.add(np.array([0.1, 0.1, 0.1, 0.4]), np.array([0, 1, 2, 3]), 1.0, 0)
+    # three requests share the step's gap, one joined since (0.4)
+    log.add(np.array([0.1, 0.1, 0.4, 0.1]), np.array([0, 1, 3, 2]), 1.0, 0)
     log.add(np.array([0.2]), np.array([0]), 1.2, 1)
     gaps = log.finish()
-    assert gaps.values.tolist() == [0.1, 0.4, 0.2]
+    # each emit's shared gap with its count, then the others one by one
+    assert gaps.values.tolist() == [0.1, 0.2, 0.4]
     assert gaps.counts.tolist() == [3, 1, 1]
-    assert gaps.instance.tolist() == [0, 0, 1]
+    assert gaps.instance.tolist() == [0, 1, 0]
     assert gaps.raw is None and gaps.raw_request_ids is None
     assert len(gaps.population()) == 5 and len(gaps.population(1)) == 1
     # outputs: 1 at 0.5 and 4 at 1.0 in second 0 (from 0.0), 1 at 1.2 in second 1
