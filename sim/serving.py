@@ -27,7 +27,7 @@ What is simulated (event by event, one event per step of each side, not per toke
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,13 +247,15 @@ def _calls_made(costs: Iterable[EngineStepTime]) -> int:
 def simulate_serving(requests: Requests, config: ServingConfig,
                      decode_model: StepTimeModel | EngineStepTime,
                      prefill_model: StepTimeModel | EngineStepTime | None = None, *,
-                     max_concurrency: int | None = None, details: bool = True) -> ServingRun:
+                     max_concurrency: int | None = None, details: bool = True,
+                     progress: Callable[[int, int], None] | None = None) -> ServingRun:
     """Run the benchmark: every request from send to last token -> :class:`ServingRun`.
 
     ``details``: keep every step's record and every request's gaps (a serving trace, vLLM's
     per-request lists); without, the run keeps per request only its times and lengths, and
     the metrics' figures as they accumulate (``sim.run_tally``): the same metrics, in memory
-    that grows with requests and steps, not tokens.
+    that grows with requests and steps, not tokens. ``progress(finished, total)`` is called
+    about every 1/200 of the requests.
 
     ``decode_model`` costs the decode side's steps (co-located: its prefill chunks too, unless
     ``prefill_model`` is given); ``prefill_model`` costs the prefill ranks' steps when
@@ -272,7 +274,8 @@ def simulate_serving(requests: Requests, config: ServingConfig,
     spec = DraftAcceptance(config.mtp, config.mtp_acceptance, config.seed)
     server = Server(st, loop, Counters(), spec, keep_steps=details)
     build = disaggregated if config.disaggregated else colocated_instances
-    client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill))
+    client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill),
+                    progress)
     server.client = client
     client.start()
     loop.run()

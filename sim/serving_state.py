@@ -173,10 +173,16 @@ class Client:
     """The benchmark client: issues requests, holds at most ``cap`` in flight."""
 
     def __init__(self, st: RequestState, req: Requests, cap: int | None, loop: EventLoop,
-                 send: Callable[[int, float], None]) -> None:
+                 send: Callable[[int, float], None],
+                 progress: Callable[[int, int], None] | None = None) -> None:
         self.st, self.req, self.cap, self.loop, self.send_fn = st, req, cap, loop, send
         self.next = 0
         self.in_flight = 0
+        # ``progress(finished, total)`` about every 1/200 of the requests, and at the end
+        self.progress = progress
+        self.finished_count = 0
+        self._tick = max(1, len(req) // 200)
+        self._next_report = self._tick
 
     def start(self) -> None:
         # one wake-up per distinct issue time; pump() sends whatever is due and has a slot
@@ -197,4 +203,9 @@ class Client:
         if len(ids):
             self.st.done[ids] = t
             self.in_flight -= len(ids)
+            self.finished_count += len(ids)
+            if self.progress is not None and (self.finished_count >= self._next_report
+                                              or self.finished_count == len(self.req)):
+                self.progress(self.finished_count, len(self.req))
+                self._next_report = self.finished_count + self._tick
             self.pump(t)

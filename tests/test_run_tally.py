@@ -89,3 +89,17 @@ def test_a_run_without_details_gives_the_same_metrics():
             assert b[k] == pytest.approx(a[k], rel=1e-12), k
         else:
             assert b[k] == a[k], k
+
+
+def test_progress_is_reported_as_requests_finish():
+    n = 1000
+    req = Requests(input_lens=np.full(n, 100), output_lens=np.full(n, 5),
+                   issue_times_s=np.linspace(0, 50, n))
+    seen = []
+    simulate_serving(req, ServingConfig(dp=2, kv_capacity_tokens=50_000), Affine(p_base=0.001),
+                     details=False, progress=lambda done, total: seen.append((done, total)))
+    done = [d for d, _ in seen]
+    assert seen[-1] == (n, n) and all(t == n for _, t in seen)
+    assert done == sorted(done) and len(set(done)) == len(done)
+    # about every 1/200 of the requests (5 here; a step may finish several), not per request
+    assert 100 <= len(seen) <= 201
