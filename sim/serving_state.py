@@ -90,19 +90,21 @@ class Running:
         self.ranks = ranks
         self._incoming: list[int] = []
         self._gone = np.zeros(0, dtype=bool)
+        self._top = 0  # the largest id that joined
 
     def add(self, i: int) -> None:
         self._incoming.append(i)
 
     def flush(self) -> None:
         if self._incoming:
+            self._top = max(self._top, max(self._incoming))
             self.ids = np.concatenate([self.ids, np.array(self._incoming, dtype=np.int64)])
             self._incoming = []
 
     def remove(self, ids: np.ndarray) -> None:
         if len(ids):
             # a mark per request id (O(running), not a sort like np.isin), cleared after
-            top = int(max(self.ids.max(initial=0), ids.max())) + 1
+            top = max(self._top, int(ids.max())) + 1
             if len(self._gone) < top:
                 self._gone = np.zeros(max(top, 2 * len(self._gone)), dtype=bool)
             self._gone[ids] = True
@@ -138,15 +140,25 @@ class SideQueues:
 
 
 class EventLoop:
-    """A min-heap of timed callbacks (ties in insertion order)."""
+    """A min-heap of timed callbacks (ties in insertion order).
+
+    ``reserve(n)`` sets aside the first ``n`` places of that order for callbacks known in
+    advance and added later (``at(..., place=k)``): they tie as if added before any other, and
+    the heap holds only those due next, not all of them at once.
+    """
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._n = 0
 
-    def at(self, t: float, fn: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, (t, self._n, fn))
-        self._n += 1
+    def reserve(self, n: int) -> None:
+        self._n += n
+
+    def at(self, t: float, fn: Callable[[float], None], place: int | None = None) -> None:
+        if place is None:
+            place = self._n
+            self._n += 1
+        heapq.heappush(self._heap, (t, place, fn))
 
     def run(self) -> None:
         while self._heap:
@@ -185,9 +197,20 @@ class Client:
         self._next_report = self._tick
 
     def start(self) -> None:
-        # one wake-up per distinct issue time; pump() sends whatever is due and has a slot
-        for t in np.unique(self.req.issue_times_s):
-            self.loop.at(float(t), self.pump)
+        # one wake-up per distinct issue time, each added when the one before fires (the heap
+        # stays small with a million requests) in the place it would have had if all were
+        # added now; pump() sends whatever is due and has a slot
+        self._wakes = np.unique(self.req.issue_times_s).tolist()
+        self.loop.reserve(len(self._wakes))
+        if self._wakes:
+            self.loop.at(self._wakes[0], self._wake, place=0)
+        self._woken = 0
+
+    def _wake(self, t: float) -> None:
+        self._woken += 1
+        if self._woken < len(self._wakes):
+            self.loop.at(self._wakes[self._woken], self._wake, place=self._woken)
+        self.pump(t)
 
     def pump(self, t: float) -> None:
         n = len(self.req)
