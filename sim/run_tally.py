@@ -86,14 +86,15 @@ class GapLog:
 
     def __init__(self, keep_requests: bool) -> None:
         self.keep_requests = keep_requests
-        # per emit, its first gap's value, how many gaps had it, the instance
+        # per emit, the first gap's value, how many gaps had it, the instance
         self._bulk_value: list[float] = []
         self._bulk_count: list[int] = []
         self._bulk_instance: list[int] = []
-        # the emit's other gaps, one count each (the requests that joined since the step before)
-        self._single: list[np.ndarray] = []
-        self._single_instance: list[int] = []
-        self._single_sizes: list[int] = []
+        # the emit's other values, with their counts
+        self._other: list[np.ndarray] = []
+        self._other_counts: list[np.ndarray] = []
+        self._other_instance: list[int] = []
+        self._other_sizes: list[int] = []
         self._emit_t: list[float] = []
         self._emit_n: list[int] = []
         self._raw: list[np.ndarray] = []
@@ -106,17 +107,19 @@ class GapLog:
 
     def add(self, gaps: np.ndarray, ids: np.ndarray, t: float, instance: int) -> None:
         """One output each for ``ids`` at ``t``, ``gaps`` after their previous ones."""
-        # the requests that decoded in the step before share its gap: one value and its count
-        # (a comparison, no sort); the few others are kept one by one
+        # most requests share a gap with many others (those that decoded in the same steps
+        # since their last output): the first gap's by a comparison, the others by a sort
         same = gaps == gaps[0]
         n_same = int(np.count_nonzero(same))
         self._bulk_value.append(float(gaps[0]))
         self._bulk_count.append(n_same)
         self._bulk_instance.append(instance)
         if n_same < len(gaps):
-            self._single.append(gaps[~same])
-            self._single_instance.append(instance)
-            self._single_sizes.append(len(gaps) - n_same)
+            values, counts = np.unique(gaps[~same], return_counts=True)
+            self._other.append(values)
+            self._other_counts.append(counts)
+            self._other_instance.append(instance)
+            self._other_sizes.append(len(values))
         self._emit_t.append(t)
         self._emit_n.append(len(gaps))
         if self.keep_requests:
@@ -129,15 +132,14 @@ class GapLog:
 
         raw = cat(self._raw, np.float64) if self.keep_requests else None
         raw_ids = cat(self._raw_ids, np.int64) if self.keep_requests else None
-        singles = cat(self._single, np.float64)
         return Gaps(values=np.concatenate([np.array(self._bulk_value, dtype=np.float64),
-                                           singles]),
+                                           cat(self._other, np.float64)]),
                     counts=np.concatenate([np.array(self._bulk_count, dtype=np.int64),
-                                           np.ones(len(singles), dtype=np.int64)]),
+                                           cat(self._other_counts, np.int64)]),
                     instance=np.concatenate([
                         np.array(self._bulk_instance, dtype=np.int64),
-                        np.repeat(np.array(self._single_instance, dtype=np.int64),
-                                  np.array(self._single_sizes, dtype=np.int64))]),
+                        np.repeat(np.array(self._other_instance, dtype=np.int64),
+                                  np.array(self._other_sizes, dtype=np.int64))]),
                     emit_t=np.array(self._emit_t), emit_n=np.array(self._emit_n, dtype=np.int64),
                     raw=raw, raw_request_ids=raw_ids)
 

@@ -154,7 +154,9 @@ class Server:
             return
         side.busy = True
         # tokens each decoding request emits this step: 1, plus its accepted drafts under MTP
-        counts = self.spec.tokens(self.st.osl[plan.decode] - self.st.generated[plan.decode])
+        ids = plan.decode
+        counts = self.spec.tokens(self.st.osl[ids] - self.st.generated[ids]) if self.spec.drafts \
+            else np.ones(len(ids), dtype=np.int64)
         record = self.record(side, plan, t, counts)
         self.tally.add(record)
         if self.keep_steps:

@@ -60,7 +60,7 @@ def test_gap_log_keeps_the_shared_gap_once_per_emit():
     log.add(np.array([0.1, 0.1, 0.4, 0.1]), np.array([0, 1, 3, 2]), 1.0, 0)
     log.add(np.array([0.2]), np.array([0]), 1.2, 1)
     gaps = log.finish()
-    # each emit's shared gap with its count, then the others one by one
+    # each emit's first gap with its count, then its other values with theirs
     assert gaps.values.tolist() == [0.1, 0.2, 0.4]
     assert gaps.counts.tolist() == [3, 1, 1]
     assert gaps.instance.tolist() == [0, 1, 0]
