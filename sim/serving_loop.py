@@ -153,17 +153,19 @@ class Server:
         if plan is None:
             return
         side.busy = True
-        # tokens each decoding request emits this step: 1, plus its accepted drafts under MTP
+        # tokens each decoding request emits this step: 1 (``None``), plus its accepted drafts
+        # under MTP
         ids = plan.decode
         counts = self.spec.tokens(self.st.osl[ids] - self.st.generated[ids]) if self.spec.drafts \
-            else np.ones(len(ids), dtype=np.int64)
+            else None
         record = self.record(side, plan, t, counts)
         self.tally.add(record)
         if self.keep_steps:
             self.steps.append(record)
         self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
 
-    def record(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray) -> StepRecord:
+    def record(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray | None
+               ) -> StepRecord:
         """Cost ``plan``: every prefilling rank's chunk (with its decodes in a mixed batch) and
         the busiest decode-only rank; the step lasts as long as the slowest."""
         st, ranks, ids = self.st, side.queues.ranks, plan.decode
@@ -186,7 +188,8 @@ class Server:
         prompt = np.zeros(ranks, dtype=np.int64)
         for r, chunk in plan.prefill.items():
             prompt[r] = sum(n for _, n in chunk)
-        return StepRecord(side.name, t, dt, kind, int(counts.sum()), int(prompt.sum()),
+        tokens = len(ids) if counts is None else int(counts.sum())
+        return StepRecord(side.name, t, dt, kind, tokens, int(prompt.sum()),
                           max_seqs, ctx, dec, side.kv.usage(), prompt, seqs, **self.counts(),
                           instance=side.instance)
 
@@ -200,11 +203,12 @@ class Server:
                 return side.prefill.mixed(*shape, len(mine), ctx)
         return side.prefill.prefill(*shape)
 
-    def end(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray) -> None:
+    def end(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray | None) -> None:
         st, q = self.st, side.queues
         done = st.emit(plan.decode, t, counts, side.instance) if len(plan.decode) \
             else plan.decode
-        side.kv.settle(plan.decode, counts)  # rejected drafts give their slots back
+        if counts is not None:
+            side.kv.settle(plan.decode, counts)  # rejected drafts give their slots back
         q.running.remove(done)
         also_done = []
         for r, items in plan.prefill.items():
