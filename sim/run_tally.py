@@ -218,18 +218,19 @@ class StepFigures:
         self.breakdown: dict[str, float] = {}
         self.imbalance = 0.0
 
-    def add(self, s: Any, decode: bool) -> None:
+    def add(self, s: Any, decode: bool, peak: int, costs: bool) -> None:
+        """Step ``s`` (a decode-only step when ``decode``; ``peak``: its most sequences on one
+        rank); ``costs``: sum its breakdown and imbalance too."""
         self.steps += 1
         self.busy += s.seconds
         self.kv_time += s.kv_usage * s.seconds
         self.max_kv = max(self.max_kv, s.kv_usage)
-        if s.rank_decode_seqs is not None and len(s.rank_decode_seqs):
-            self.peak = max(self.peak, int(s.rank_decode_seqs.max()))
+        self.peak = max(self.peak, peak)
         if decode:
             self.dec_steps += 1
             self.dec_time += s.seconds
             self.dec_tokens += s.decode_tokens
-            if s.cost is not None:
+            if costs and s.cost is not None:
                 for k, v in s.cost.breakdown_ms.items():
                     self.breakdown[k] = self.breakdown.get(k, 0.0) + v
                 self.imbalance += s.cost.expert_imbalance
@@ -249,14 +250,16 @@ class StepTally:
 
     def add(self, s: Any) -> None:
         decode = s.kind == "decode"
-        self.run.add(s, decode)
+        seqs = s.rank_decode_seqs
+        peak = int(seqs.max()) if seqs is not None and len(seqs) else 0
+        self.run.add(s, decode, peak, True)  # the run's breakdown and imbalance: its metrics'
         if s.engine in self.DECODING:
-            self.decoding.add(s, decode)
+            self.decoding.add(s, decode, peak, False)
         key = (s.engine, s.instance)
         part = self.parts.get(key)
         if part is None:
             part = self.parts[key] = StepFigures()
-        part.add(s, decode)
+        part.add(s, decode, peak, False)
 
     @classmethod
     def of_steps(cls, steps: Sequence[Any]) -> StepTally:
