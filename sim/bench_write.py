@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .metrics import per_request_itls_s
+from .run_tally import Weighted
 from .serving import ServingRun
 
 #: the lists vLLM removes from the result without --save-detailed (main_async)
@@ -41,7 +42,7 @@ DETAILED_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "g
 BACKEND = "epsim"
 
 
-def populations_s(run: ServingRun) -> dict[str, np.ndarray]:
+def populations_s(run: ServingRun) -> dict[str, np.ndarray | Weighted]:
     """The per-request (ITL: per-gap) values vLLM's statistics are taken over, in seconds."""
     outs = run.requests.output_lens
     ttft = run.first_token_s - run.send_s
@@ -49,13 +50,18 @@ def populations_s(run: ServingRun) -> dict[str, np.ndarray]:
     multi = outs > 1
     queue = run.send_s - run.requests.issue_times_s
     return {"ttft": ttft, "tpot": (e2el[multi] - ttft[multi]) / (outs[multi] - 1),
-            "itl": run.itls_s, "e2el": e2el, "client_queue_time": queue,
+            "itl": run.gaps.population(), "e2el": e2el, "client_queue_time": queue,
             "e2el_including_client_queue": e2el + queue}
 
 
-def stat_ms(values_s: np.ndarray, word: str) -> float:
+def stat_ms(values_s: np.ndarray | Weighted, word: str) -> float:
     """``mean``/``median``/``std``/``pNN`` of ``values_s`` in ms (an empty list counts as [0],
     as vLLM's ``np.mean(x or 0)``)."""
+    if isinstance(values_s, Weighted) and len(values_s):
+        ms = values_s.scaled(1e3)
+        if word in ("mean", "median", "std"):
+            return getattr(ms, word)()
+        return float(ms.percentile([float(word[1:])])[0])
     ms = values_s * 1e3 if len(values_s) else np.zeros(1)
     if word == "mean":
         return float(np.mean(ms))
@@ -67,17 +73,9 @@ def stat_ms(values_s: np.ndarray, word: str) -> float:
 
 
 def max_output_tokens_per_s(run: ServingRun) -> float:
-    """vLLM's peak: outputs per one-second bucket from the first send, the fullest bucket."""
-    start = float(run.send_s.min())
-    buckets = int(math.ceil(float(run.done_s.max()) - start)) + 1
-    itls = per_request_itls_s(run)
-    counts = np.zeros(buckets)
-    for first, gaps in zip(run.first_token_s.tolist(), itls, strict=True):
-        times = first + np.concatenate([[0.0], np.cumsum(gaps)])
-        idx = (times - start).astype(np.int64)
-        idx = idx[(idx >= 0) & (idx < buckets)]
-        np.add.at(counts, idx, 1)
-    return float(counts.max()) if buckets else 0.0
+    """vLLM's peak: outputs per one-second bucket from the first send, the fullest bucket
+    (each output at the instant the run emitted it)."""
+    return run.gaps.peak_outputs_per_s(float(run.send_s.min()), float(run.done_s.max()))
 
 
 def max_concurrent_requests(run: ServingRun) -> int:
@@ -102,12 +100,12 @@ def _setup(result: Mapping[str, Any], label: str | None) -> dict[str, Any]:
             "max_concurrency": result.get("max_concurrency")}
 
 
-def _per_request(run: ServingRun) -> dict[str, Any]:
+def _per_request(run: ServingRun, detailed: bool) -> dict[str, Any]:
     n = len(run.requests)
     lat = populations_s(run)
     return {"input_lens": run.requests.input_lens.tolist(),
             "output_lens": run.requests.output_lens.tolist(),
-            "ttfts": lat["ttft"].tolist(), "itls": per_request_itls_s(run),
+            "ttfts": lat["ttft"].tolist(), "itls": per_request_itls_s(run) if detailed else [],
             "latencies": lat["e2el"].tolist(), "start_times": run.send_s.tolist(),
             "queue_times": lat["client_queue_time"].tolist(),
             "generated_texts": [""] * n, "errors": [""] * n}
@@ -125,7 +123,7 @@ def vllm_result(run: ServingRun, result: Mapping[str, Any], *, detailed: bool = 
                                        "request_throughput")})
     out["request_goodput"] = result.get("request_goodput") if goodput else None
     out.update({k: result[k] for k in ("output_throughput", "total_token_throughput")})
-    out.update(_per_request(run))
+    out.update(_per_request(run, detailed))
     out.update({"max_output_tokens_per_s": max_output_tokens_per_s(run),
                 "max_concurrent_requests": max_concurrent_requests(run), "rtfx": 0.0})
     out.update({k: v for k, v in result.items() if k.startswith("spec_decode_")})

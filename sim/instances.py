@@ -25,32 +25,29 @@ from typing import Any
 import numpy as np
 
 from .metrics import latency_stats
-from .serving import ServingRun, StepRecord
+from .run_tally import StepFigures, Weighted
+from .serving import ServingRun
 
 #: the roles a step's engine plays, and whether that role decodes
 DECODING = {"colocated": True, "decode": True, "prefill": False}
 
 
-def _step_figures(steps: Sequence[StepRecord]) -> dict[str, Any]:
+def _step_figures(f: StepFigures) -> dict[str, Any]:
     """One instance's steps: decode-only throughput and step time, KV use, batch peak."""
-    dec = [s for s in steps if s.kind == "decode"]
-    dec_time = sum(s.seconds for s in dec)
-    busy = sum(s.seconds for s in steps)
-    peak = max((int(s.rank_decode_seqs.max()) for s in steps
-                if s.rank_decode_seqs is not None and len(s.rank_decode_seqs)), default=0)
+    dec_time, busy = f.dec_time, f.busy
     return {
-        "decode_throughput": sum(s.decode_tokens for s in dec) / dec_time if dec_time else 0.0,
-        "mean_decode_step_ms": dec_time / len(dec) * 1e3 if dec else 0.0,
-        "num_steps": len(steps),
+        "decode_throughput": f.dec_tokens / dec_time if dec_time else 0.0,
+        "mean_decode_step_ms": dec_time / f.dec_steps * 1e3 if f.dec_steps else 0.0,
+        "num_steps": f.steps,
         "busy_s": busy,
-        "kv_cache_usage": sum(s.kv_usage * s.seconds for s in steps) / busy if busy else 0.0,
-        "max_running_per_rank": peak,
+        "kv_cache_usage": f.kv_time / busy if busy else 0.0,
+        "max_running_per_rank": f.peak,
     }
 
 
 def _request_figures(run: ServingRun, mine: np.ndarray, decodes: bool, duration: float,
                      percentiles: Sequence[float], pct_metrics: Sequence[str],
-                     itls_s: np.ndarray) -> dict[str, Any]:
+                     itls_s: Weighted) -> dict[str, Any]:
     """The requests ``mine`` (a mask): counts, throughputs over ``duration``, latencies."""
     req = run.requests
     ins, outs = req.input_lens[mine], req.output_lens[mine]
@@ -79,8 +76,6 @@ def instance_metrics(run: ServingRun, duration: float, percentiles: Sequence[flo
     index order): ``role``, ``index`` and its figures; the caller adds its nodes and plan."""
     n = len(run.requests)
     owner = run.instance if run.instance is not None else np.zeros(n, dtype=np.int64)
-    itl_owner = run.itl_instance if run.itl_instance is not None \
-        else np.zeros(len(run.itls_s), dtype=np.int64)
     cfg = run.config
     roles = [("prefill", run.prefill_instance, cfg.prefill_instances)] \
         if run.prefill_instance is not None else []
@@ -89,14 +84,13 @@ def instance_metrics(run: ServingRun, duration: float, percentiles: Sequence[flo
     out = []
     for role, of, count in roles:
         for k in range(count):
-            steps = [s for s in run.steps if s.engine == role and s.instance == k]
-            itls = run.itls_s[itl_owner == k] if DECODING[role] else run.itls_s[:0]
+            itls = run.gaps.population(k if DECODING[role] else -1)
             entry = {"role": role, "index": k}
             entry.update(_request_figures(run, of == k, DECODING[role], duration, percentiles,
                                           pct_metrics, itls))
             pre = run.request_preemptions
             entry["preemptions"] = int(pre[of == k].sum()) if pre is not None else 0
-            entry.update(_step_figures(steps))
+            entry.update(_step_figures(run.tally.of(role, k)))
             out.append(entry)
     return out
 

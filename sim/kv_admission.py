@@ -72,8 +72,14 @@ class KVPool:
 
     def release(self, ids: np.ndarray) -> None:
         """Free everything ``ids`` hold."""
-        if len(ids):
-            np.subtract.at(self.used, self.rank[ids], self.held[ids])
+        if len(ids) == 1:
+            i = int(ids[0])
+            self.used[self.rank[i]] -= self.held[i]
+            self.held[i] = 0
+        elif len(ids):
+            # a sum per rank (exact: token counts are far below 2**53), not np.subtract.at
+            self.used -= np.bincount(self.rank[ids], weights=self.held[ids],
+                                     minlength=len(self.used)).astype(np.int64)
             self.held[ids] = 0
 
     # what each engine's admission decides -------------------------------------------------

@@ -45,6 +45,7 @@ import numpy as np
 
 from epsim.model.errors import EpsimError
 
+from .run_tally import Weighted
 from .serving import ServingRun
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -142,21 +143,33 @@ def good_requests(run: ServingRun, slos: Sequence[tuple[str, float]]) -> int:
 
 def per_request_itls_s(run: ServingRun) -> list[list[float]]:
     """Each request's inter-token gaps in order (vLLM's per-request ``itls``), from the pooled
-    ``itls_s`` and their ``itl_request_ids``."""
+    ``itls_s`` and their ``itl_request_ids`` (a run with ``details``)."""
+    if run.itls_s is None or run.itl_request_ids is None:
+        raise ValueError("the run kept no per-request gaps (simulate_serving(details=True))")
     out: list[list[float]] = [[] for _ in range(len(run.requests))]
     for i, gap in zip(run.itl_request_ids.tolist(), run.itls_s.tolist(), strict=True):
         out[i].append(gap)
     return out
 
 
-def latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float],
+def latency_stats(name: str, values_s: np.ndarray | Weighted, percentiles: Sequence[float],
                   with_pct: bool) -> dict[str, float]:
-    """``mean_/median_/std_`` (and with ``with_pct`` the ``pNN_``) ``{name}_ms`` of seconds."""
-    ms = values_s * 1e3 if len(values_s) else np.zeros(1)  # vLLM: np.mean(x or 0)
-    out = {f"mean_{name}_ms": float(np.mean(ms)), f"median_{name}_ms": float(np.median(ms)),
-           f"std_{name}_ms": float(np.std(ms))}
+    """``mean_/median_/std_`` (and with ``with_pct`` the ``pNN_``) ``{name}_ms`` of seconds,
+    given one by one or as a weighted population (``sim.run_tally.Weighted``)."""
+    if not len(values_s):
+        values_s = np.zeros(1)  # vLLM: np.mean(x or 0)
+    if isinstance(values_s, Weighted):
+        ms = values_s.scaled(1e3)
+        out = {f"mean_{name}_ms": ms.mean(), f"median_{name}_ms": ms.median(),
+               f"std_{name}_ms": ms.std()}
+        pct = ms.percentile(list(percentiles)) if with_pct else ()
+    else:
+        ms = values_s * 1e3
+        out = {f"mean_{name}_ms": float(np.mean(ms)), f"median_{name}_ms": float(np.median(ms)),
+               f"std_{name}_ms": float(np.std(ms))}
+        pct = np.percentile(ms, list(percentiles)) if with_pct else ()
     if with_pct:
-        for p, v in zip(percentiles, np.percentile(ms, list(percentiles)), strict=True):
+        for p, v in zip(percentiles, pct, strict=True):
             out[f"p{percentile_word(p)}_{name}_ms"] = float(v)
     return out
 
@@ -186,28 +199,22 @@ def compute_metrics(run: ServingRun, percentiles: Sequence[float] = DEFAULT_PERC
     }
     if goodput:
         m["request_goodput"] = good_requests(run, goodput) / duration
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", run.itls_s), ("e2el", e2el)):
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", run.gaps.population()),
+                         ("e2el", e2el)):
         m.update(latency_stats(name, values, percentiles, name in percentile_metrics))
 
-    dec = [s for s in run.steps if s.kind == "decode"]
-    dec_time = sum(s.seconds for s in dec)
-    m["decode_throughput"] = sum(s.decode_tokens for s in dec) / dec_time if dec_time else 0.0
-    m["mean_decode_step_ms"] = dec_time / len(dec) * 1e3 if dec else 0.0
-    keys: list[str] = []
-    for s in dec:
-        if s.cost is not None:
-            keys.extend(k for k in s.cost.breakdown_ms if k not in keys)
-    m["step_breakdown_ms"] = {
-        k: sum(s.cost.breakdown_ms.get(k, 0.0) for s in dec if s.cost) / len(dec) for k in keys
-    } if dec else {}
-    m["expert_imbalance"] = (sum(s.cost.expert_imbalance for s in dec if s.cost) / len(dec)
-                             if dec else 1.0)
-    dsteps = [s for s in run.steps if s.engine in ("colocated", "decode")]
-    busy = sum(s.seconds for s in dsteps)
-    m["kv_cache_usage"] = sum(s.kv_usage * s.seconds for s in dsteps) / busy if busy else 0.0
-    m["max_kv_cache_usage"] = max((s.kv_usage for s in dsteps), default=0.0)
-    m["num_decode_steps"] = len(dec)
-    m["num_steps"] = len(run.steps)
+    # the step figures, summed in step order as the steps ended (sim.run_tally.StepTally)
+    every, decoding = run.tally.run, run.tally.decoding
+    dec_n, dec_time = every.dec_steps, every.dec_time
+    m["decode_throughput"] = every.dec_tokens / dec_time if dec_time else 0.0
+    m["mean_decode_step_ms"] = dec_time / dec_n * 1e3 if dec_n else 0.0
+    m["step_breakdown_ms"] = {k: v / dec_n for k, v in every.breakdown.items()} if dec_n else {}
+    m["expert_imbalance"] = every.imbalance / dec_n if dec_n else 1.0
+    busy = decoding.busy
+    m["kv_cache_usage"] = decoding.kv_time / busy if busy else 0.0
+    m["max_kv_cache_usage"] = decoding.max_kv
+    m["num_decode_steps"] = dec_n
+    m["num_steps"] = every.steps
     m["max_running_per_rank"] = run.max_running_per_rank
     m["preemptions"] = run.preemptions
     m["step_sim_calls"] = run.sim_calls

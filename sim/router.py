@@ -64,7 +64,7 @@ class Router:
     def done(self, instances: np.ndarray) -> None:
         """Requests finished at ``instances`` (one entry per request)."""
         if len(instances):
-            np.subtract.at(self.outstanding, instances, 1)
+            self.outstanding -= np.bincount(instances, minlength=len(self.outstanding))
 
 
 ROUTERS: dict[str, type[Router]] = {}

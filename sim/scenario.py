@@ -365,9 +365,17 @@ def engine_step_time(cache: StepCache, model: ModelConfig, plan: ParallelPlan,
     spans = a2a.spans_nodes(np.arange(plan.world_size) // plan.gpus_per_node)
     mixed = profile.with_a2a_mode(a2a.with_prefill_choice(profile.a2a_mode, spans))
 
+    chosen: dict[tuple[bool, bool, bool], StepTimeModel] = {}
+
     def variant(graph: bool, dbo: bool, with_prefill: bool = False) -> StepTimeModel:
-        return cache.get(model, plan.with_(graph_mode=graph, microbatches=2 if dbo else 1),
-                         mixed if with_prefill else profile, sc)
+        # asked once per costed part of every step: the plan's hash and replace are not free
+        key = (graph, dbo, with_prefill)
+        found = chosen.get(key)
+        if found is None:
+            found = chosen[key] = cache.get(
+                model, plan.with_(graph_mode=graph, microbatches=2 if dbo else 1),
+                mixed if with_prefill else profile, sc)
+        return found
 
     return EngineStepTime(variant, settings.step_policy(sc.graph))
 
@@ -391,13 +399,16 @@ def check_scenario(sc: Scenario) -> None:
 
 def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
                  run_out: list[ServingRun] | None = None,
-                 requests: Requests | None = None) -> dict[str, Any]:
+                 requests: Requests | None = None, details: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Simulate one deployment under one benchmark -> metrics plus the deployment echoed.
 
     Steps: load the model and profile; build the decode (and prefill) plans; size the KV cache
     per rank from the memory accounting; sample the requests; run the serving loop; compute the
     metrics; record the simulation's own wall time as ``sim_wall_s``. ``run_out`` (a list)
-    receives the :class:`ServingRun` itself (its steps and requests, for the serving trace).
+    receives the :class:`ServingRun` itself; ``details``: it keeps every step and every
+    request's gaps (the serving trace, vLLM's per-request lists; ``simulate_serving``);
+    ``progress(finished, total)``: the requests finished so far, about every 1/200 of them.
     ``requests``: these requests in place of sampling ``sc.workload`` (a measured benchmark
     replayed: ``epsim.sim.bench_results``); each must fit the model's context.
     """
@@ -432,7 +443,8 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     else:
         check_requests_context(requests, model)
     run = simulate_serving(requests, config, *step_models,
-                           max_concurrency=sc.workload.max_concurrency)
+                           max_concurrency=sc.workload.max_concurrency, details=details,
+                           progress=progress)
     if run_out is not None:
         run_out.append(run)
     metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics, sc.goodput)

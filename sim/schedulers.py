@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from .kv_admission import KVPool, Paged, Reservation, WholeSequence
-from .serving_state import RequestState, SideQueues
+from .serving_state import RequestState, SideQueues, rank_mask
 
 if TYPE_CHECKING:  # the config lives with the loop; schedulers only read it
     from .serving import ServingConfig
@@ -204,7 +204,7 @@ class PrefillFirst(Scheduler):
     def decodes(self, chunks: dict[int, Chunk]) -> np.ndarray:
         ids = self.side.running.ids
         if chunks and len(ids) and not self.mixed():
-            ids = ids[~np.isin(self.st.rank[ids], list(chunks))]
+            ids = ids[~rank_mask(self.side.ranks, chunks)[self.st.rank[ids]]]
         return ids
 
     def mixed(self) -> bool:

@@ -27,7 +27,7 @@ What is simulated (event by event, one event per step of each side, not per toke
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from epsim.model.mtp import DEFAULT_ACCEPTANCE, check_acceptance
 
 from .kv_admission import SGLANG_CLIP_MAX_NEW_TOKENS
 from .router import make_router
+from .run_tally import Gaps, StepTally
 from .schedulers import COLOCATED, SCHEDULERS, Counters
 from .serving_loop import Server, StepRecord, colocated_instances, disaggregated
 from .serving_state import Client, EventLoop, RequestState
@@ -160,9 +161,15 @@ class ServingRun:
 
     requests: what was sent.
     send_s / first_token_s / done_s: per request, in seconds from the start.
-    itls_s: every inter-token gap of every request, pooled (vLLM's ITL population).
-    itl_request_ids: the request of each gap of ``itls_s`` (its per-request lists, in time order).
-    steps: every engine step.
+    itls_s: every inter-token gap of every request, pooled (vLLM's ITL population), in emit
+        order; ``None`` unless the run kept its per-request lists (``details``).
+    itl_request_ids: the request of each gap of ``itls_s`` (its per-request lists, in time
+        order); ``None`` likewise.
+    steps: every engine step (empty unless the run kept them: ``details``).
+    gaps: the gaps as the run tallied them (``sim.run_tally.Gaps``: each value with its
+        multiplicity and instance), what the metrics read; built from ``itls_s`` when not given.
+    tally: the step figures accumulated as the run went (``sim.run_tally.StepTally``), what the
+        metrics read; built from ``steps`` when not given.
     sim_calls: exact step-time evaluations this run made (memo misses).
     max_running_per_rank: the most requests one rank decoded in one step.
     speculation: under MTP, vLLM's ``spec_decode_*`` counters (``epsim.sim.speculation``);
@@ -179,18 +186,28 @@ class ServingRun:
     send_s: np.ndarray
     first_token_s: np.ndarray
     done_s: np.ndarray
-    itls_s: np.ndarray
+    itls_s: np.ndarray | None
     steps: list[StepRecord]
     config: ServingConfig
     sim_calls: int = 0
     max_running_per_rank: int = 0
     preemptions: int = 0
     speculation: dict[str, Any] = field(default_factory=dict)
-    itl_request_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    itl_request_ids: np.ndarray | None = field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64))
     instance: np.ndarray | None = None
     prefill_instance: np.ndarray | None = None
     itl_instance: np.ndarray | None = None
     request_preemptions: np.ndarray | None = None
+    gaps: Gaps | None = None
+    tally: StepTally | None = None
+
+    def __post_init__(self) -> None:
+        if self.gaps is None:
+            self.gaps = Gaps.from_raw(self.itls_s, self.itl_request_ids, self.itl_instance,
+                                      self.first_token_s)
+        if self.tally is None:
+            self.tally = StepTally.of_steps(self.steps)
 
 
 
@@ -230,8 +247,15 @@ def _calls_made(costs: Iterable[EngineStepTime]) -> int:
 def simulate_serving(requests: Requests, config: ServingConfig,
                      decode_model: StepTimeModel | EngineStepTime,
                      prefill_model: StepTimeModel | EngineStepTime | None = None, *,
-                     max_concurrency: int | None = None) -> ServingRun:
+                     max_concurrency: int | None = None, details: bool = True,
+                     progress: Callable[[int, int], None] | None = None) -> ServingRun:
     """Run the benchmark: every request from send to last token -> :class:`ServingRun`.
+
+    ``details``: keep every step's record and every request's gaps (a serving trace, vLLM's
+    per-request lists); without, the run keeps per request only its times and lengths, and
+    the metrics' figures as they accumulate (``sim.run_tally``): the same metrics, in memory
+    that grows with requests and steps, not tokens. ``progress(finished, total)`` is called
+    about every 1/200 of the requests.
 
     ``decode_model`` costs the decode side's steps (co-located: its prefill chunks too, unless
     ``prefill_model`` is given); ``prefill_model`` costs the prefill ranks' steps when
@@ -240,7 +264,7 @@ def simulate_serving(requests: Requests, config: ServingConfig,
     :class:`StepPolicy`).
     """
     config.validate()
-    st = RequestState(requests)
+    st = RequestState(requests, keep_requests=details)
     _check_fits(st, config)
     decode = _as_costs(decode_model)
     prefill = _as_costs(prefill_model) if prefill_model is not None else decode
@@ -248,23 +272,27 @@ def simulate_serving(requests: Requests, config: ServingConfig,
         c.touched = {}
     loop = EventLoop()
     spec = DraftAcceptance(config.mtp, config.mtp_acceptance, config.seed)
-    server = Server(st, loop, Counters(), spec)
+    server = Server(st, loop, Counters(), spec, keep_steps=details)
     build = disaggregated if config.disaggregated else colocated_instances
-    client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill))
+    client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill),
+                    progress)
     server.client = client
     client.start()
     loop.run()
     if np.isnan(st.done).any():  # a scheduling bug, never a user error
         raise AssertionError(f"{int(np.isnan(st.done).sum())} requests never finished")
-    itl_ids = np.concatenate(st.itl_ids) if st.itl_ids else np.zeros(0, dtype=np.int64)
+    gaps = st.gaps.finish()
+    itl_ids = gaps.raw_request_ids
     return ServingRun(
         requests=requests, send_s=st.send, first_token_s=st.first, done_s=st.done,
-        itls_s=np.concatenate(st.itls) if st.itls else np.zeros(0), steps=server.steps,
+        itls_s=gaps.raw, steps=server.steps,
         config=config, sim_calls=_calls_made((decode, prefill)),
         max_running_per_rank=server.peak, preemptions=server.counters.preemptions,
         itl_request_ids=itl_ids, speculation=spec.metrics(), instance=st.owner,
         request_preemptions=st.preemptions, prefill_instance=server.prefill_instance,
-        itl_instance=st.owner[itl_ids],  # a request decodes on the instance routed to
+        # a request decodes on the instance routed to
+        itl_instance=st.owner[itl_ids] if itl_ids is not None else None,
+        gaps=gaps, tally=server.tally,
     )
 
 

@@ -24,8 +24,9 @@ import numpy as np
 
 from .kv_admission import KVPool
 from .router import Router, make_router
+from .run_tally import StepTally
 from .schedulers import Counters, Scheduler, StepPlan, scheduler_class
-from .serving_state import Client, Dispatcher, EventLoop, RequestState, SideQueues
+from .serving_state import Client, Dispatcher, EventLoop, RequestState, SideQueues, rank_mask
 from .speculation import DraftAcceptance
 from .step_time import EngineStepTime, StepCost
 
@@ -79,8 +80,10 @@ class StepRecord:
 # --------------------------------------------------------------------------------------------
 
 
-def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int) -> tuple[int, int]:
-    """The decode batch a step is costed for: (max seqs on a rank, effective context).
+def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int
+                  ) -> tuple[int, int, np.ndarray]:
+    """The decode batch a step is costed for: (max seqs on a rank, effective context, the
+    ``[ranks]`` seqs on each).
 
     The context is the busiest rank's summed context spread over the max seqs, so both the
     per-sequence work (GEMMs, which scale with seqs) and the attention work (which scales with
@@ -91,7 +94,7 @@ def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int) -> tuple[int, i
     ctx = np.bincount(r, weights=(st.isl[ids] + st.generated[ids]).astype(np.float64),
                       minlength=ranks)
     max_seqs = int(seqs.max())
-    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs))
+    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs)), seqs
 
 
 def _chunk_shape(st: RequestState, items: list[tuple[int, int]]) -> tuple[int, int, int]:
@@ -125,9 +128,11 @@ class Server:
     """The loop's shared part: starts, costs and ends every side's steps the same way."""
 
     def __init__(self, st: RequestState, loop: EventLoop, counters: Counters,
-                 spec: DraftAcceptance) -> None:
+                 spec: DraftAcceptance, keep_steps: bool = True) -> None:
         self.st, self.loop, self.counters, self.spec = st, loop, counters, spec
         self.steps: list[StepRecord] = []
+        self.keep_steps = keep_steps
+        self.tally = StepTally()
         self.peak = 0
         self.client: Client | None = None
         self.decode_kvs: list[KVPool] = []  # per instance, where finished requests free KV
@@ -148,27 +153,34 @@ class Server:
         if plan is None:
             return
         side.busy = True
-        # tokens each decoding request emits this step: 1, plus its accepted drafts under MTP
-        counts = self.spec.tokens(self.st.osl[plan.decode] - self.st.generated[plan.decode])
+        # tokens each decoding request emits this step: 1 (``None``), plus its accepted drafts
+        # under MTP
+        ids = plan.decode
+        counts = self.spec.tokens(self.st.osl[ids] - self.st.generated[ids]) if self.spec.drafts \
+            else None
         record = self.record(side, plan, t, counts)
-        self.steps.append(record)
+        self.tally.add(record)
+        if self.keep_steps:
+            self.steps.append(record)
         self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
 
-    def record(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray) -> StepRecord:
+    def record(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray | None
+               ) -> StepRecord:
         """Cost ``plan``: every prefilling rank's chunk (with its decodes in a mixed batch) and
         the busiest decode-only rank; the step lasts as long as the slowest."""
         st, ranks, ids = self.st, side.queues.ranks, plan.decode
         dec_only = ids
         if plan.mixed and plan.prefill and len(ids):
-            dec_only = ids[~np.isin(st.rank[ids], list(plan.prefill))]
+            dec_only = ids[~rank_mask(ranks, plan.prefill)[st.rank[ids]]]
         pre = max((self._chunk_cost(side, plan, r, c) for r, c in plan.prefill.items()),
                   key=lambda c: c.seconds, default=None)
-        dec, max_seqs, ctx = None, 0, 0
+        dec, max_seqs, ctx, seqs = None, 0, 0, None
         if len(dec_only):
-            max_seqs, ctx = _decode_batch(st, dec_only, ranks)
+            max_seqs, ctx, seqs = _decode_batch(st, dec_only, ranks)
             dec = side.decode.decode(max_seqs, ctx, any_prefill=bool(plan.prefill))
-        seqs = np.bincount(st.rank[ids], minlength=ranks) if len(ids) \
-            else np.zeros(ranks, dtype=np.int64)
+        if seqs is None or dec_only is not ids:
+            seqs = np.bincount(st.rank[ids], minlength=ranks) if len(ids) \
+                else np.zeros(ranks, dtype=np.int64)
         if len(ids):
             self.peak = max(self.peak, int(seqs.max()))
         dt = side.decode.wall(max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0))
@@ -176,7 +188,8 @@ class Server:
         prompt = np.zeros(ranks, dtype=np.int64)
         for r, chunk in plan.prefill.items():
             prompt[r] = sum(n for _, n in chunk)
-        return StepRecord(side.name, t, dt, kind, int(counts.sum()), int(prompt.sum()),
+        tokens = len(ids) if counts is None else int(counts.sum())
+        return StepRecord(side.name, t, dt, kind, tokens, int(prompt.sum()),
                           max_seqs, ctx, dec, side.kv.usage(), prompt, seqs, **self.counts(),
                           instance=side.instance)
 
@@ -186,14 +199,16 @@ class Server:
         if plan.mixed and len(plan.decode):
             mine = plan.decode[self.st.rank[plan.decode] == r]
             if len(mine):
-                _, ctx = _decode_batch(self.st, mine, side.queues.ranks)
+                _, ctx, _ = _decode_batch(self.st, mine, side.queues.ranks)
                 return side.prefill.mixed(*shape, len(mine), ctx)
         return side.prefill.prefill(*shape)
 
-    def end(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray) -> None:
+    def end(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray | None) -> None:
         st, q = self.st, side.queues
-        done = st.emit(plan.decode, t, counts) if len(plan.decode) else plan.decode
-        side.kv.settle(plan.decode, counts)  # rejected drafts give their slots back
+        done = st.emit(plan.decode, t, counts, side.instance) if len(plan.decode) \
+            else plan.decode
+        if counts is not None:
+            side.kv.settle(plan.decode, counts)  # rejected drafts give their slots back
         q.running.remove(done)
         also_done = []
         for r, items in plan.prefill.items():
@@ -216,8 +231,9 @@ class Server:
         if st.generated[i] == 0:
             st.first[i] = st.last[i] = t
             st.generated[i] = 1
+            st.gaps.first_tokens(t, 1)
         else:
-            st.emit(np.array([i], dtype=np.int64), t)
+            st.emit(np.array([i], dtype=np.int64), t, instance=side.instance)
         if st.generated[i] >= st.osl[i]:
             return True
         side.queues.running.add(i)
@@ -226,8 +242,11 @@ class Server:
     def finish(self, ids: np.ndarray, t: float) -> None:
         if len(ids):
             owner = self.st.owner[ids]
-            for k in np.unique(owner):
-                self.decode_kvs[k].release(ids[owner == k])
+            if len(self.decode_kvs) == 1:
+                self.decode_kvs[0].release(ids)
+            else:
+                for k in np.unique(owner):
+                    self.decode_kvs[k].release(ids[owner == k])
             self.router.done(owner)
             self.client.finished(ids, t)
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from .run_tally import GapLog
 from .workload import Requests
 
 
@@ -32,11 +33,11 @@ class RequestState:
     last token, latest token so far. generated / prefilled: output tokens emitted, prompt
     tokens computed toward :meth:`prefill_target`. rank: the dp rank that decodes it.
     owner: the instance that decodes it (0 with one instance). preemptions: times its KV was
-    taken back. itls: the inter-token gaps, one array per step; itl_ids: the requests those gaps
-    belong to, the same shapes.
+    taken back. gaps: the inter-token gaps as they are emitted (``sim.run_tally.GapLog``; the
+    per-request lists too with ``keep_requests``).
     """
 
-    def __init__(self, req: Requests) -> None:
+    def __init__(self, req: Requests, keep_requests: bool = True) -> None:
         n = len(req)
         self.isl = req.input_lens.astype(np.int64)
         self.osl = req.output_lens.astype(np.int64)
@@ -49,8 +50,7 @@ class RequestState:
         self.rank = np.full(n, -1, dtype=np.int64)
         self.owner = np.zeros(n, dtype=np.int64)
         self.preemptions = np.zeros(n, dtype=np.int64)
-        self.itls: list[np.ndarray] = []
-        self.itl_ids: list[np.ndarray] = []
+        self.gaps = GapLog(keep_requests)
 
     def prefill_target(self, i: int) -> int:
         """Tokens request ``i`` computes before it decodes: its prompt, plus the tokens it had
@@ -60,15 +60,22 @@ class RequestState:
     def prefill_left(self, i: int) -> int:
         return self.prefill_target(i) - int(self.prefilled[i])
 
-    def emit(self, ids: np.ndarray, t: float, counts: np.ndarray | None = None) -> np.ndarray:
+    def emit(self, ids: np.ndarray, t: float, counts: np.ndarray | None = None,
+             instance: int = 0) -> np.ndarray:
         """One more token (``counts`` more under MTP) for each request of ``ids`` at ``t``, as
-        one output each (one inter-token gap, as vLLM's client times a streamed chunk);
-        returns those now finished."""
-        self.itls.append(t - self.last[ids])
-        self.itl_ids.append(ids.copy())
+        one output each (one inter-token gap, as vLLM's client times a streamed chunk), by
+        ``instance``; returns those now finished."""
+        self.gaps.add(t - self.last[ids], ids, t, instance)
         self.last[ids] = t
         self.generated[ids] += 1 if counts is None else counts
         return ids[self.generated[ids] >= self.osl[ids]]
+
+
+def rank_mask(ranks: int, chosen: Iterable[int]) -> np.ndarray:
+    """``[ranks]`` True for the ranks in ``chosen``."""
+    mask = np.zeros(ranks, dtype=bool)
+    mask[list(chosen)] = True
+    return mask
 
 
 class Running:
@@ -82,18 +89,27 @@ class Running:
         self.ids = np.zeros(0, dtype=np.int64)
         self.ranks = ranks
         self._incoming: list[int] = []
+        self._gone = np.zeros(0, dtype=bool)
+        self._top = 0  # the largest id that joined
 
     def add(self, i: int) -> None:
         self._incoming.append(i)
 
     def flush(self) -> None:
         if self._incoming:
+            self._top = max(self._top, max(self._incoming))
             self.ids = np.concatenate([self.ids, np.array(self._incoming, dtype=np.int64)])
             self._incoming = []
 
     def remove(self, ids: np.ndarray) -> None:
         if len(ids):
-            self.ids = self.ids[~np.isin(self.ids, ids)]
+            # a mark per request id (O(running), not a sort like np.isin), cleared after
+            top = max(self._top, int(ids.max())) + 1
+            if len(self._gone) < top:
+                self._gone = np.zeros(max(top, 2 * len(self._gone)), dtype=bool)
+            self._gone[ids] = True
+            self.ids = self.ids[~self._gone[self.ids]]
+            self._gone[ids] = False
 
     def count(self, st: RequestState) -> np.ndarray:
         """``[ranks]`` requests decoding on each rank (not those joining at the next flush)."""
@@ -124,15 +140,25 @@ class SideQueues:
 
 
 class EventLoop:
-    """A min-heap of timed callbacks (ties in insertion order)."""
+    """A min-heap of timed callbacks (ties in insertion order).
+
+    ``reserve(n)`` sets aside the first ``n`` places of that order for callbacks known in
+    advance and added later (``at(..., place=k)``): they tie as if added before any other, and
+    the heap holds only those due next, not all of them at once.
+    """
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._n = 0
 
-    def at(self, t: float, fn: Callable[[float], None]) -> None:
-        heapq.heappush(self._heap, (t, self._n, fn))
-        self._n += 1
+    def reserve(self, n: int) -> None:
+        self._n += n
+
+    def at(self, t: float, fn: Callable[[float], None], place: int | None = None) -> None:
+        if place is None:
+            place = self._n
+            self._n += 1
+        heapq.heappush(self._heap, (t, place, fn))
 
     def run(self) -> None:
         while self._heap:
@@ -159,15 +185,32 @@ class Client:
     """The benchmark client: issues requests, holds at most ``cap`` in flight."""
 
     def __init__(self, st: RequestState, req: Requests, cap: int | None, loop: EventLoop,
-                 send: Callable[[int, float], None]) -> None:
+                 send: Callable[[int, float], None],
+                 progress: Callable[[int, int], None] | None = None) -> None:
         self.st, self.req, self.cap, self.loop, self.send_fn = st, req, cap, loop, send
         self.next = 0
         self.in_flight = 0
+        # ``progress(finished, total)`` about every 1/200 of the requests, and at the end
+        self.progress = progress
+        self.finished_count = 0
+        self._tick = max(1, len(req) // 200)
+        self._next_report = self._tick
 
     def start(self) -> None:
-        # one wake-up per distinct issue time; pump() sends whatever is due and has a slot
-        for t in np.unique(self.req.issue_times_s):
-            self.loop.at(float(t), self.pump)
+        # one wake-up per distinct issue time, each added when the one before fires (the heap
+        # stays small with a million requests) in the place it would have had if all were
+        # added now; pump() sends whatever is due and has a slot
+        self._wakes = np.unique(self.req.issue_times_s).tolist()
+        self.loop.reserve(len(self._wakes))
+        if self._wakes:
+            self.loop.at(self._wakes[0], self._wake, place=0)
+        self._woken = 0
+
+    def _wake(self, t: float) -> None:
+        self._woken += 1
+        if self._woken < len(self._wakes):
+            self.loop.at(self._wakes[self._woken], self._wake, place=self._woken)
+        self.pump(t)
 
     def pump(self, t: float) -> None:
         n = len(self.req)
@@ -183,4 +226,9 @@ class Client:
         if len(ids):
             self.st.done[ids] = t
             self.in_flight -= len(ids)
+            self.finished_count += len(ids)
+            if self.progress is not None and (self.finished_count >= self._next_report
+                                              or self.finished_count == len(self.req)):
+                self.progress(self.finished_count, len(self.req))
+                self._next_report = self.finished_count + self._tick
             self.pump(t)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,11 +58,15 @@ def mix_costs(a: StepCost, b: StepCost, w: float) -> StepCost:
         return a
     if w >= 1.0:
         return b
-    keys = list(dict.fromkeys([*a.breakdown_ms, *b.breakdown_ms]))
+    da, db = a.breakdown_ms, b.breakdown_ms
+    if da.keys() == db.keys():  # the usual case (the key order is a's either way)
+        breakdown = {k: (1 - w) * x + w * db[k] for k, x in da.items()}
+    else:
+        keys = list(dict.fromkeys([*da, *db]))
+        breakdown = {k: (1 - w) * da.get(k, 0.0) + w * db.get(k, 0.0) for k in keys}
     return StepCost(
         seconds=(1 - w) * a.seconds + w * b.seconds,
-        breakdown_ms={k: (1 - w) * a.breakdown_ms.get(k, 0.0) + w * b.breakdown_ms.get(k, 0.0)
-                      for k in keys},
+        breakdown_ms=breakdown,
         expert_imbalance=(1 - w) * a.expert_imbalance + w * b.expert_imbalance,
         exposed_comm_ms=(1 - w) * a.exposed_comm_ms + w * b.exposed_comm_ms,
     )
@@ -71,6 +76,7 @@ def mix_costs(a: StepCost, b: StepCost, w: float) -> StepCost:
 GRID_EXACT = 16
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked several times per simulated step
 def grid_bracket(x: int, per_octave: int = 8) -> tuple[int, int]:
     """The grid points just below and above ``x`` (equal when ``x`` is one) -> (lo, hi).
 
@@ -85,12 +91,17 @@ def grid_bracket(x: int, per_octave: int = 8) -> tuple[int, int]:
     return lo, hi
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def grid_nearest(x: int, per_octave: int = 8) -> int:
     """The grid point nearest to ``x`` in log space (``x`` itself up to ``GRID_EXACT``)."""
     lo, hi = grid_bracket(x, per_octave)
     if lo == hi:
         return lo
     return lo if math.log(x / lo) <= math.log(hi / x) else hi
+
+
+#: interpolated decode costs one model keeps by exact shape, at most (then it starts again)
+DECODED_KEPT = 1 << 17
 
 
 class MemoStepTime:
@@ -107,6 +118,9 @@ class MemoStepTime:
         self._prefill_exact = prefill_exact
         self.per_octave = per_octave
         self._memo: dict[tuple[Any, ...], StepCost] = {}
+        # interpolated decode costs by their exact shape (a serving run meets a shape again
+        # often): the same value as interpolating again, the grid points being fixed once met
+        self._decoded: dict[tuple[int, int], StepCost] = {}
         self.calls = 0
 
     def _get(self, key: tuple[Any, ...], fn: Callable[[], StepCost]) -> StepCost:
@@ -118,6 +132,14 @@ class MemoStepTime:
         return cost
 
     def decode(self, seqs: int, context: int) -> StepCost:
+        found = self._decoded.get((seqs, context))
+        if found is None:
+            if len(self._decoded) >= DECODED_KEPT:
+                self._decoded.clear()
+            found = self._decoded[(seqs, context)] = self._interpolate(seqs, context)
+        return found
+
+    def _interpolate(self, seqs: int, context: int) -> StepCost:
         s0, s1 = grid_bracket(seqs, self.per_octave)
         c0, c1 = grid_bracket(context, self.per_octave)
 

@@ -14,7 +14,14 @@ from epsim.sim.scenario import run_scenario
 from epsim.sim.serving import ServingRun
 from epsim.sim.serving_trace import write_serving_trace
 
-from ..common import _jsonable, add_scenario_args, emit_json, print_columns, scenario_from_args
+from ..common import (
+    Progress,
+    _jsonable,
+    add_scenario_args,
+    emit_json,
+    print_columns,
+    scenario_from_args,
+)
 from ..inputs import add_flag
 
 # --------------------------------------------------------------------------------------------
@@ -121,7 +128,12 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     sc = scenario_from_args(args)
     runs: list[ServingRun] = []
     keep = bool(args.trace or args.save_result)
-    result = run_scenario(sc, run_out=runs if keep else None)
+    bar = Progress("requests", enabled=not args.json)
+    try:
+        result = run_scenario(sc, run_out=runs if keep else None,
+                              details=bool(args.trace or args.save_detailed), progress=bar)
+    finally:
+        bar.close()
     if args.trace:
         write_serving_trace(runs[0], args.trace,
                             {"model": result["model"], "hardware": result["hardware"]})
