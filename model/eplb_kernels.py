@@ -70,80 +70,134 @@ def _stable_argsort(x):
 
 
 @_compiled
-def _nearest(wa, wb, half):
-    """``(dist, i, j)``: the ``i, j`` with ``wa[i] - wb[j]`` closest to ``half`` (first ``i``
-    among equal distances; ``j`` as eplb_swaps._nearest_differences picks it with stable
-    sorts: ``wb`` sorted, each target ``wa[i] - half`` placed after the ``wb`` values equal to
-    it, the lower neighbour on equal distances)."""
-    m = wa.shape[0]
-    m2 = wb.shape[0]
-    ob = _stable_argsort(wb)
-    bs = wb[ob]
+def _closest(t, bs, c):
+    """``(dist, q)``: the nearest to ``t`` of the sorted ``bs[:c]`` and its position, as
+    eplb_swaps._nearest_differences picks it: ``t`` placed after the values equal to it, the
+    lower neighbour on equal distances."""
+    base = 0  # pos: how many of bs are <= t (a binary search without branches to mispredict)
+    n = c
+    while n > 1:
+        h = n // 2
+        base = base + h if bs[base + h] <= t else base
+        n -= h
+    pos = base + (1 if bs[base] <= t else 0)
+    lo = max(pos - 1, 0)
+    hi = min(pos, c - 1)
+    dlo = abs(t - bs[lo])
+    dhi = abs(t - bs[hi])
+    if dlo <= dhi:
+        return dlo, lo
+    return dhi, hi
+
+
+@_compiled
+def _may_cross(log, inc, has_log, r, g, other, out):
+    """``out[q]``: whether item ``q`` of group ``g`` may join ``other`` (its expert is not
+    there yet; always without the replica rule). The numpy path gives the others weights no
+    target comes near (``+-eplb_swaps._FAR``): never the nearest while an allowed item is
+    left, and a choice among them alone is never taken (its gain is about ``-_FAR``), so
+    leaving them out chooses the same."""
+    for q in range(out.shape[0]):
+        out[q] = not has_log or inc[r, other, log[r, g, q]] == 0
+
+
+@_compiled
+def _new_cache(k, s):
+    """Scratch: each group's items sorted by weight (stable), kept until the group changes
+    (``ok`` flags), the pair tables of ``np.triu_indices(s, 1)`` and buffers."""
+    npairs = s * (s - 1) // 2
+    p1 = np.empty(npairs, dtype=np.int64)
+    p2 = np.empty(npairs, dtype=np.int64)
+    q = 0
+    for x in range(s):  # np.triu_indices(s, 1) order
+        for y in range(x + 1, s):
+            p1[q] = x
+            p2[q] = y
+            q += 1
+    big = max(npairs, s)
+    # 0 order, 1 ok, 2 p1, 3 p2, 4 sorted values, 5 their ids, 6 / 7 may-cross flags of the
+    # two groups, 8 values, 9 ids, 10 bucket starts, 11 group versions, 12 versions, 13 gain
+    # and 14 (i, j) of each kept candidate, 15 the last version stamp
+    return (np.zeros((k, s), dtype=np.int64), np.zeros(k, dtype=np.bool_), p1, p2,
+            np.empty(big), np.empty(big, dtype=np.int64), np.empty(s, dtype=np.bool_),
+            np.empty(s, dtype=np.bool_), np.empty(big), np.empty(big, dtype=np.int64),
+            np.empty(big + 1, dtype=np.int64), np.zeros(k, dtype=np.int64),
+            np.full((k, k, 2), -1, dtype=np.int64), np.zeros((k, k)),
+            np.zeros((k, k, 2), dtype=np.int64), np.zeros(1, dtype=np.int64))
+
+
+@_compiled
+def _sorted_items(w, r, g, cache):
+    """Group ``g``'s item positions by weight, equal weights in position order (cached)."""
+    order, ok = cache[0], cache[1]
+    if not ok[g]:
+        order[g] = _stable_argsort(w[r, g])
+        ok[g] = True
+    return order[g]
+
+
+@_compiled
+def _pair_candidate(w, sums, log, inc, has_log, r, a, b, cache):
+    """The best single swap of group ``a`` with ``b`` in row ``r``: ``(gain, i, j)``
+    (eplb_swaps._SwapState._nearest_pairs; gain ``-inf`` when ``a == b`` or nothing may
+    cross). It depends on the two groups alone, so it is kept until either changes (a
+    layer's heaviest group tries every other group round after round)."""
+    if a == b:
+        return -np.inf, 0, 0
+    ver, cv, cg, cij = cache[11], cache[12], cache[13], cache[14]
+    if cv[a, b, 0] == ver[a] and cv[a, b, 1] == ver[b]:
+        return cg[a, b], cij[a, b, 0], cij[a, b, 1]
+    g, i, j = _search_pair(w, sums, log, inc, has_log, r, a, b, cache)
+    cv[a, b, 0] = ver[a]
+    cv[a, b, 1] = ver[b]
+    cg[a, b] = g
+    cij[a, b, 0] = i
+    cij[a, b, 1] = j
+    return g, i, j
+
+
+@_compiled
+def _search_pair(w, sums, log, inc, has_log, r, a, b, cache):
+    """:func:`_pair_candidate` computed: b's allowed items in weight order, a's targets
+    ``w - half`` merged into them."""
+    bs, bpos, ca, cb = cache[4], cache[5], cache[6], cache[7]
+    _may_cross(log, inc, has_log, r, b, a, cb)
+    c = 0
+    for q in _sorted_items(w, r, b, cache):  # b's allowed items, sorted: no sort needed
+        if cb[q]:
+            bs[c] = w[r, b, q]
+            bpos[c] = q
+            c += 1
+    _may_cross(log, inc, has_log, r, a, b, ca)
+    half = 0.5 * (sums[r, a] - sums[r, b])
     best = np.inf
-    bi = 0
+    bi = -1
     bj = 0
-    for x in range(m):
-        t = wa[x] - half
-        # pos: how many sorted b's are <= t (a binary search without branches to mispredict)
-        base = 0
-        n = m2
-        while n > 1:
-            h = n // 2
-            base = base + h if bs[base + h] <= t else base
-            n -= h
-        pos = base + (1 if bs[base] <= t else 0)
+    if c == 0:
+        return -np.inf, 0, 0
+    # a's targets w - half in ascending order (a's sorted items) merge into b's sorted
+    # values: pos, the b values <= the target, only grows
+    pos = 0
+    for q in _sorted_items(w, r, a, cache):
+        if not ca[q]:
+            continue
+        t = w[r, a, q] - half
+        while pos < c and bs[pos] <= t:
+            pos += 1
         lo = max(pos - 1, 0)
-        hi = min(pos, m2 - 1)
+        hi = min(pos, c - 1)
         dlo = abs(t - bs[lo])
         dhi = abs(t - bs[hi])
         d = min(dlo, dhi)
-        if d < best:
-            best = d
-            bi = x
-            bj = lo if dlo <= dhi else hi
-            if d == 0.0:  # later targets can only tie, and the first one is kept
-                break
-    return best, bi, ob[bj]
-
-
-@_compiled
-def _crossing(w, log, inc, has_log, r, ga, gb):
-    """``(weights, positions)`` of the items of group ``ga`` that may move to ``gb`` (all of
-    them without the replica rule; else those whose expert ``gb`` does not hold yet).
-
-    The numpy path gives the others weights no target comes near (``+-eplb_swaps._FAR``), so they are
-    never the nearest while an allowed item is left, and a choice made among them only is
-    never taken (its gain is about ``-_FAR``); leaving them out here chooses the same."""
-    s = w.shape[2]
-    vals = np.empty(s)
-    pos = np.empty(s, dtype=np.int64)
-    c = 0
-    for q in range(s):
-        if not has_log or inc[r, gb, log[r, ga, q]] == 0:
-            vals[c] = w[r, ga, q]
-            pos[c] = q
-            c += 1
-    return vals[:c], pos[:c]
-
-
-@_compiled
-def _pair_candidate(w, sums, log, inc, has_log, r, a, b):
-    """The best single swap of group ``a`` with ``b`` in row ``r``: ``(gain, i, j)``
-    (eplb_swaps._SwapState._nearest_pairs; gain ``-inf`` when ``a == b`` or nothing may
-    cross)."""
-    if a == b:
+        if d < best or (d == best and q < bi):  # the first target among equal distances
+            best, bi, bj = d, q, bpos[lo if dlo <= dhi else hi]
+    if bi < 0:
         return -np.inf, 0, 0
-    wa, ia = _crossing(w, log, inc, has_log, r, a, b)
-    wb, ib = _crossing(w, log, inc, has_log, r, b, a)
-    if wa.shape[0] == 0 or wb.shape[0] == 0:
-        return -np.inf, 0, 0
-    half = 0.5 * (sums[r, a] - sums[r, b])
-    dist, i, j = _nearest(wa, wb, half)
-    return half - dist, ia[i], ib[j]
+    return half - best, bi, bj
 
 
 @_compiled
-def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j):
+def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, cache):
     """Exchange item ``i`` of group ``ga`` with item ``j`` of group ``gb`` (eplb_swaps
     ``_SwapState.swap``: counts first, then the items, then the sums)."""
     if has_log:
@@ -164,6 +218,18 @@ def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j):
     mem[r, gb, j] = mi
     sums[r, ga] += wj - wi
     sums[r, gb] += wi - wj
+    _changed(cache, ga)  # both groups' sorted orders and candidates are stale
+    _changed(cache, gb)
+
+
+@_compiled
+def _changed(cache, g):
+    """Group ``g`` changed: its sorted items and every candidate it is in are stale (a new
+    version stamp; stamps never repeat within one call)."""
+    cache[1][g] = False
+    stamp = cache[15]
+    stamp[0] += 1
+    cache[11][g] = stamp[0]
 
 
 @_compiled
@@ -173,7 +239,7 @@ def _stable_desc(x):
 
 
 @_compiled
-def _swap_round(w, mem, sums, log, inc, has_log, eps, r, order, pairs):
+def _swap_round(w, mem, sums, log, inc, has_log, eps, r, order, pairs, cache):
     """One round of eplb_swaps.swap_round for row ``r``; returns whether it improved."""
     k = order.shape[0]
     gains = np.empty(pairs)
@@ -181,7 +247,7 @@ def _swap_round(w, mem, sums, log, inc, has_log, eps, r, order, pairs):
     jj = np.empty(pairs, dtype=np.int64)
     for p in range(pairs):
         gains[p], ii[p], jj[p] = _pair_candidate(w, sums, log, inc, has_log, r, order[p],
-                                                 order[k - 1 - p])
+                                                 order[k - 1 - p], cache)
     ok = gains > eps[r]
     keep = False
     if not ok[0]:
@@ -190,59 +256,131 @@ def _swap_round(w, mem, sums, log, inc, has_log, eps, r, order, pairs):
         g2 = -np.inf
         i2 = j2 = b2 = 0
         for b in range(k):
-            g, i, j = _pair_candidate(w, sums, log, inc, has_log, r, top, b)
+            if b == order[k - 1]:  # computed above, on the same state
+                g, i, j = gains[0], ii[0], jj[0]
+            else:
+                g, i, j = _pair_candidate(w, sums, log, inc, has_log, r, top, b, cache)
             if g > g2 or b == 0:
                 g2, i2, j2, b2 = g, i, j, b
         if g2 > eps[r]:
             ok[:] = False
-            _swap(w, mem, sums, log, inc, has_log, r, top, i2, b2, j2)
+            _swap(w, mem, sums, log, inc, has_log, r, top, i2, b2, j2, cache)
             keep = True
     for p in range(pairs):
         if ok[p]:
-            _swap(w, mem, sums, log, inc, has_log, r, order[p], ii[p], order[k - 1 - p], jj[p])
+            _swap(w, mem, sums, log, inc, has_log, r, order[p], ii[p], order[k - 1 - p], jj[p],
+                  cache)
             keep = True
     return keep
 
 
 @_compiled
-def _pair_sums(vals, pos):
-    """Sums of every two of ``vals`` and their positions, in ``np.triu_indices`` order."""
-    c = vals.shape[0]
-    n = c * (c - 1) // 2
-    sums = np.empty(n)
-    p1 = np.empty(n, dtype=np.int64)
-    p2 = np.empty(n, dtype=np.int64)
-    q = 0
-    for x in range(c):
-        for y in range(x + 1, c):
-            sums[q] = vals[x] + vals[y]
-            p1[q] = pos[x]
-            p2[q] = pos[y]
-            q += 1
-    return sums, p1, p2
+def _bucket(v, lo, scale, nb):
+    """Bucket of value ``v``: a non-decreasing function of ``v`` (float rounding is
+    monotone), so buckets split sorted values into contiguous runs."""
+    x = (v - lo) * scale
+    if x < 1.0:
+        return 0
+    return min(int(x), nb - 1)
 
 
 @_compiled
-def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r):
+def _bucket_sort(vals, ids, c, start, sv, si):
+    """Sort ``vals[:c]`` (with ``ids``, in id order for equal values) into ``sv``/``si`` by
+    buckets of equal width, insertion sort within each; ``start[u]``: first position of
+    bucket ``u`` (``start[nb] = c``). Returns ``(lo, scale, nb)``. Exact whatever the
+    buckets: they only group values, the insertion sort orders them (stable, so equal values
+    keep the order they came in: ids ascending)."""
+    lo = vals[0]
+    hi = vals[0]
+    for u in range(1, c):
+        lo = min(lo, vals[u])
+        hi = max(hi, vals[u])
+    nb = c
+    scale = nb / (hi - lo) if hi > lo else 0.0
+    start[:nb + 1] = 0
+    for u in range(c):
+        start[_bucket(vals[u], lo, scale, nb) + 1] += 1
+    for u in range(nb):
+        start[u + 1] += start[u]
+    fill = start[:nb].copy()
+    for u in range(c):
+        bk = _bucket(vals[u], lo, scale, nb)
+        q = fill[bk]
+        fill[bk] += 1
+        v = vals[u]
+        t = q
+        while t > start[bk] and sv[t - 1] > v:  # insertion sort within the bucket
+            sv[t] = sv[t - 1]
+            si[t] = si[t - 1]
+            t -= 1
+        sv[t] = v
+        si[t] = ids[u]
+    return lo, scale, nb
+
+
+@_compiled
+def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache):
     """eplb_swaps._SwapState.pair_exchange for row ``r``: two items of the heaviest group for
     two of the lightest; returns whether it was applied. Pairs with an item that may not
-    cross are left out (see :func:`_crossing`)."""
+    cross are left out (see :func:`_may_cross`). The lightest group's pair sums are sorted by
+    buckets, and each target looks its neighbours up in its bucket (the same neighbours as
+    the numpy path's merge, in expected constant time each)."""
     if w.shape[2] < 2:
         return False
     a = np.argmax(sums[r])
     b = np.argmin(sums[r])
     if a == b:  # all groups equal: no gain
         return False
-    pa, a1, a2 = _pair_sums(*_crossing(w, log, inc, has_log, r, a, b))
-    pb, b1, b2 = _pair_sums(*_crossing(w, log, inc, has_log, r, b, a))
-    if pa.shape[0] == 0 or pb.shape[0] == 0:
+    p1, p2, sv, si, ca, cb = cache[2], cache[3], cache[4], cache[5], cache[6], cache[7]
+    vals, ids, start = cache[8], cache[9], cache[10]
+    s = w.shape[2]
+    _may_cross(log, inc, has_log, r, b, a, cb)
+    _may_cross(log, inc, has_log, r, a, b, ca)
+    c = 0
+    q = 0  # the pair's rank in np.triu_indices(s, 1) order
+    for x in range(s):  # b's allowed pairs
+        for y in range(x + 1, s):
+            if cb[x] and cb[y]:
+                vals[c] = w[r, b, x] + w[r, b, y]
+                ids[c] = q
+                c += 1
+            q += 1
+    if c == 0:
         return False
+    lo, scale, nb = _bucket_sort(vals, ids, c, start, sv, si)
     half = 0.5 * (sums[r, a] - sums[r, b])
-    dist, i, j = _nearest(pa, pb, half)
-    if not half - dist > eps[r]:
+    best = np.inf
+    bi = -1
+    bj = 0
+    q = -1
+    for x in range(s):
+        if not ca[x]:
+            q += s - 1 - x
+            continue
+        wx = w[r, a, x]
+        for y in range(x + 1, s):
+            q += 1
+            if not ca[y]:
+                continue
+            t = (wx + w[r, a, y]) - half
+            bk = _bucket(t, lo, scale, nb)
+            pos = start[bk]  # every value of an earlier bucket is < t, of a later one > t
+            while pos < start[bk + 1] and sv[pos] <= t:
+                pos += 1
+            lo_ = max(pos - 1, 0)
+            hi_ = min(pos, c - 1)
+            dlo = abs(t - sv[lo_])
+            dhi = abs(t - sv[hi_])
+            d = min(dlo, dhi)
+            if d < best:
+                best, bi, bj = d, q, si[lo_ if dlo <= dhi else hi_]
+        if best == 0.0:  # later targets can only tie, and the first one is kept
+            break
+    if bi < 0 or not half - best > eps[r]:
         return False
-    _swap(w, mem, sums, log, inc, has_log, r, a, a1[i], b, b1[j])
-    _swap(w, mem, sums, log, inc, has_log, r, a, a2[i], b, b2[j])
+    _swap(w, mem, sums, log, inc, has_log, r, a, p1[bi], b, p1[bj], cache)
+    _swap(w, mem, sums, log, inc, has_log, r, a, p2[bi], b, p2[bj], cache)
     return True
 
 
@@ -251,15 +389,18 @@ def refine_swaps_loop(w, mem, sums, log, inc, has_log, eps, target, use_tol, pai
                       max_rounds, exchange):
     """eplb_swaps.refine_swaps (no move budget) on every row, in place; ``target`` ``[rows]``
     the load a row stops at when ``use_tol``."""
-    rows = w.shape[0]
+    rows, k, s = w.shape
+    cache = _new_cache(k, s)
     for r in range(rows):
+        for g in range(k):  # a new layer: nothing sorted, no candidate kept
+            _changed(cache, g)
         for _ in range(max_rounds):
             if use_tol and np.max(sums[r]) <= target[r]:
                 break
             keep = _swap_round(w, mem, sums, log, inc, has_log, eps, r,
-                               _stable_desc(sums[r]), pairs)
+                               _stable_desc(sums[r]), pairs, cache)
             if not keep and exchange:
-                keep = _pair_exchange(w, mem, sums, log, inc, has_log, eps, r)
+                keep = _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache)
             if not keep:
                 break
 
@@ -408,3 +549,58 @@ def greedy_loop(weights, num_groups):
             if step >= size - 1 and fill[g] == size:
                 key[g] = np.inf
     return groups
+
+
+@_compiled
+def replicate_loop(weights, num_redundant, max_replicas):
+    """eplb_replicas.replicate_experts: ``(phy2log [rows, E + R], counts [rows, E])``."""
+    rows, e = weights.shape
+    phy2log = np.empty((rows, e + num_redundant), dtype=np.int64)
+    counts = np.ones((rows, e), dtype=np.int64)
+    for r in range(rows):
+        for x in range(e):
+            phy2log[r, x] = x
+        for u in range(num_redundant):
+            best = -np.inf
+            hottest = 0
+            for x in range(e):  # the most load per replica (the first of equal ones)
+                v = weights[r, x] / counts[r, x] if counts[r, x] < max_replicas else -np.inf
+                if v > best:
+                    best = v
+                    hottest = x
+            phy2log[r, e + u] = hottest
+            counts[r, hottest] += 1
+    return phy2log, counts
+
+
+@_compiled
+def spread_loop(item_w, item_log, groups, num_groups, max_rounds):
+    """eplb_replicas._spread_duplicates on every row, in place on ``groups``."""
+    rows, n = groups.shape
+    inc = np.zeros((num_groups, item_log.max() + 1), dtype=np.int64)
+    for r in range(rows):
+        for _ in range(max_rounds):
+            inc[:] = 0
+            for q in range(n):
+                inc[groups[r, q], item_log[r, q]] += 1
+            i = -1  # the first item sharing its GPU with another replica of its expert
+            for q in range(n):
+                if inc[groups[r, q], item_log[r, q]] > 1:
+                    i = q
+                    break
+            if i < 0:
+                break
+            g, e = groups[r, i], item_log[r, i]
+            best = np.inf
+            j = 0
+            for q in range(n):  # the closest weight on a GPU without e, whose expert g lacks
+                if (groups[r, q] != g and inc[groups[r, q], e] == 0
+                        and inc[g, item_log[r, q]] == 0):
+                    cost = abs(item_w[r, q] - item_w[r, i])
+                    if cost < best:
+                        best = cost
+                        j = q
+            if not np.isfinite(best):
+                break
+            groups[r, i] = groups[r, j]
+            groups[r, j] = g
