@@ -47,47 +47,35 @@ def _compiled(fn):
 
 @_compiled
 def _stable_argsort(x):
-    """``np.argsort(x, kind="stable")``: numba's quicksort (faster than its mergesort), then
-    each run of equal values put back in index order."""
-    order = np.argsort(x)
+    """``np.argsort(x, kind="stable")``: insertion sort for a few dozen values (a group's
+    items, a layer's groups), a merge sort beyond (written out: numba's own sorts take
+    seconds to compile)."""
     n = x.shape[0]
-    start = 0
-    for q in range(1, n + 1):
-        if q < n and x[order[q]] == x[order[start]]:
-            continue
-        if q - start > 16:  # a long run of equal values: back to index order
-            order[start:q] = np.sort(order[start:q])
-        elif q - start > 1:  # a short one (no allocation): insertion sort
-            for u in range(start + 1, q):
-                v = order[u]
-                t = u
-                while t > start and order[t - 1] > v:
-                    order[t] = order[t - 1]
-                    t -= 1
-                order[t] = v
-        start = q
+    order = np.empty(n, dtype=np.int64)
+    for u in range(n):
+        v = x[u]
+        t = u
+        while t > 0 and t > (u // 32) * 32 and x[order[t - 1]] > v:  # runs of 32, stable
+            order[t] = order[t - 1]
+            t -= 1
+        order[t] = u
+    other = np.empty(n, dtype=np.int64)
+    width = 32
+    while width < n:  # merge neighbouring runs; the left one first on equal values
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j = lo, mid
+            for t in range(lo, hi):
+                if i < mid and (j >= hi or x[order[j]] >= x[order[i]]):
+                    other[t] = order[i]
+                    i += 1
+                else:
+                    other[t] = order[j]
+                    j += 1
+        order, other = other, order
+        width *= 2
     return order
-
-
-@_compiled
-def _closest(t, bs, c):
-    """``(dist, q)``: the nearest to ``t`` of the sorted ``bs[:c]`` and its position, as
-    eplb_swaps._nearest_differences picks it: ``t`` placed after the values equal to it, the
-    lower neighbour on equal distances."""
-    base = 0  # pos: how many of bs are <= t (a binary search without branches to mispredict)
-    n = c
-    while n > 1:
-        h = n // 2
-        base = base + h if bs[base + h] <= t else base
-        n -= h
-    pos = base + (1 if bs[base] <= t else 0)
-    lo = max(pos - 1, 0)
-    hi = min(pos, c - 1)
-    dlo = abs(t - bs[lo])
-    dhi = abs(t - bs[hi])
-    if dlo <= dhi:
-        return dlo, lo
-    return dhi, hi
 
 
 @_compiled
@@ -117,13 +105,14 @@ def _new_cache(k, s):
     big = max(npairs, s)
     # 0 order, 1 ok, 2 p1, 3 p2, 4 sorted values, 5 their ids, 6 / 7 may-cross flags of the
     # two groups, 8 values, 9 ids, 10 bucket starts, 11 group versions, 12 versions, 13 gain
-    # and 14 (i, j) of each kept candidate, 15 the last version stamp
+    # and 14 (i, j) of each kept candidate, 15 the last version stamp, 16 bucket buffer
     return (np.zeros((k, s), dtype=np.int64), np.zeros(k, dtype=np.bool_), p1, p2,
             np.empty(big), np.empty(big, dtype=np.int64), np.empty(s, dtype=np.bool_),
             np.empty(s, dtype=np.bool_), np.empty(big), np.empty(big, dtype=np.int64),
             np.empty(big + 1, dtype=np.int64), np.zeros(k, dtype=np.int64),
             np.full((k, k, 2), -1, dtype=np.int64), np.zeros((k, k)),
-            np.zeros((k, k, 2), dtype=np.int64), np.zeros(1, dtype=np.int64))
+            np.zeros((k, k, 2), dtype=np.int64), np.zeros(1, dtype=np.int64),
+            np.empty(2 * big + 1, dtype=np.int64))
 
 
 @_compiled
@@ -285,38 +274,34 @@ def _bucket(v, lo, scale, nb):
 
 
 @_compiled
-def _bucket_sort(vals, ids, c, start, sv, si):
-    """Sort ``vals[:c]`` (with ``ids``, in id order for equal values) into ``sv``/``si`` by
-    buckets of equal width, insertion sort within each; ``start[u]``: first position of
-    bucket ``u`` (``start[nb] = c``). Returns ``(lo, scale, nb)``. Exact whatever the
-    buckets: they only group values, the insertion sort orders them (stable, so equal values
-    keep the order they came in: ids ascending)."""
-    lo = vals[0]
-    hi = vals[0]
-    for u in range(1, c):
-        lo = min(lo, vals[u])
-        hi = max(hi, vals[u])
-    nb = c
-    scale = nb / (hi - lo) if hi > lo else 0.0
-    start[:nb + 1] = 0
+def _bucket_sort(vals, ids, c, lo, hi, start, bks, sv, si):
+    """Sort ``vals[:c]`` (min ``lo``, max ``hi``; with ``ids``, in id order for equal values)
+    into ``sv``/``si`` by ``c`` buckets of equal width, insertion sort within each;
+    ``start[u]``: first position of bucket ``u`` (``start[c] = c``). Returns the buckets'
+    ``scale``. Exact whatever the buckets: they only group values, the insertion sort orders
+    them (stable, so equal values keep the order they came in: ids ascending)."""
+    scale = c / (hi - lo) if hi > lo else 0.0
+    start[:c + 1] = 0
     for u in range(c):
-        start[_bucket(vals[u], lo, scale, nb) + 1] += 1
-    for u in range(nb):
+        bk = _bucket(vals[u], lo, scale, c)
+        bks[u] = bk
+        start[bk + 1] += 1
+    for u in range(c):
         start[u + 1] += start[u]
-    fill = start[:nb].copy()
+    fill = bks[c:2 * c + 1]  # the free part of the buffer: each bucket's next position
+    fill[:] = start[:c + 1]
     for u in range(c):
-        bk = _bucket(vals[u], lo, scale, nb)
+        bk = bks[u]
         q = fill[bk]
         fill[bk] += 1
         v = vals[u]
-        t = q
-        while t > start[bk] and sv[t - 1] > v:  # insertion sort within the bucket
-            sv[t] = sv[t - 1]
-            si[t] = si[t - 1]
-            t -= 1
-        sv[t] = v
-        si[t] = ids[u]
-    return lo, scale, nb
+        while q > start[bk] and sv[q - 1] > v:  # insertion sort within the bucket
+            sv[q] = sv[q - 1]
+            si[q] = si[q - 1]
+            q -= 1
+        sv[q] = v
+        si[q] = ids[u]
+    return scale
 
 
 @_compiled
@@ -333,22 +318,28 @@ def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache):
     if a == b:  # all groups equal: no gain
         return False
     p1, p2, sv, si, ca, cb = cache[2], cache[3], cache[4], cache[5], cache[6], cache[7]
-    vals, ids, start = cache[8], cache[9], cache[10]
+    vals, ids, start, bks = cache[8], cache[9], cache[10], cache[16]
     s = w.shape[2]
     _may_cross(log, inc, has_log, r, b, a, cb)
     _may_cross(log, inc, has_log, r, a, b, ca)
     c = 0
     q = 0  # the pair's rank in np.triu_indices(s, 1) order
+    lo = np.inf
+    hi = -np.inf
     for x in range(s):  # b's allowed pairs
         for y in range(x + 1, s):
             if cb[x] and cb[y]:
-                vals[c] = w[r, b, x] + w[r, b, y]
+                v = w[r, b, x] + w[r, b, y]
+                vals[c] = v
                 ids[c] = q
+                lo = min(lo, v)
+                hi = max(hi, v)
                 c += 1
             q += 1
     if c == 0:
         return False
-    lo, scale, nb = _bucket_sort(vals, ids, c, start, sv, si)
+    nb = c
+    scale = _bucket_sort(vals, ids, c, lo, hi, start, bks, sv, si)
     half = 0.5 * (sums[r, a] - sums[r, b])
     best = np.inf
     bi = -1
@@ -402,130 +393,6 @@ def refine_swaps_loop(w, mem, sums, log, inc, has_log, eps, target, use_tol, pai
             if not keep and exchange:
                 keep = _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache)
             if not keep:
-                break
-
-
-@_compiled
-def _mm_candidate(w, sums, log, inc, has_log, r, a, partners):
-    """eplb_snapshots._MinmaxState.candidates for row ``r``: the swap of group ``a`` with a
-    group of ``partners`` that leaves the pair's heavier peak lowest, searched in float32 (first
-    flat index ``i * (P * s) + p * s + j`` among equal ones), its gain then in float64.
-    Returns ``(gain, i, j, b)``."""
-    snaps = w.shape[0]
-    s = w.shape[3]
-    n_p = partners.shape[0]
-    wa = np.empty((snaps, s), dtype=np.float32)
-    sa = np.empty(snaps, dtype=np.float32)
-    wb = np.empty((n_p, snaps, s), dtype=np.float32)
-    sb = np.empty((n_p, snaps), dtype=np.float32)
-    for x in range(snaps):
-        sa[x] = np.float32(sums[x, r, a])
-        for q in range(s):
-            wa[x, q] = np.float32(w[x, r, a, q])
-        for p in range(n_p):
-            sb[p, x] = np.float32(sums[x, r, partners[p]])
-            for q in range(s):
-                wb[p, x, q] = np.float32(w[x, r, partners[p], q])
-    best_val = np.float32(np.inf)
-    best = 0
-    for i in range(s):
-        for p in range(n_p):
-            b = partners[p]
-            if b == a or (has_log and inc[r, b, log[r, a, i]] > 0):
-                continue
-            for j in range(s):
-                if has_log and inc[r, a, log[r, b, j]] > 0:
-                    continue
-                after = np.float32(0.0)
-                for x in range(snaps):
-                    load = wa[x, i] - wb[p, x, j]
-                    gone = sa[x] - load
-                    load = load + sb[p, x]
-                    load = max(gone, load)
-                    after = load if x == 0 else max(after, load)
-                if after < best_val:
-                    best_val = after
-                    best = (i * n_p + p) * s + j
-    i = best // (n_p * s)
-    jj = best % (n_p * s)
-    j = jj % s
-    b = partners[jj // s]
-    if a == b:
-        return -np.inf, i, j, b
-    before = -np.inf
-    after64 = -np.inf
-    for x in range(snaps):
-        d = w[x, r, a, i] - w[x, r, b, j]
-        before = max(before, sums[x, r, a], sums[x, r, b])
-        after64 = max(after64, sums[x, r, a] - d, sums[x, r, b] + d)
-    return before - after64, i, j, b
-
-
-@_compiled
-def _mm_swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j):
-    """eplb_snapshots._MinmaxState.swap for row ``r``."""
-    if has_log:
-        x = log[r, ga, i]
-        y = log[r, gb, j]
-        inc[r, ga, x] -= 1
-        inc[r, gb, x] += 1
-        inc[r, gb, y] -= 1
-        inc[r, ga, y] += 1
-        log[r, ga, i] = y
-        log[r, gb, j] = x
-    mi = mem[r, ga, i]
-    mem[r, ga, i] = mem[r, gb, j]
-    mem[r, gb, j] = mi
-    for x in range(w.shape[0]):
-        wi = w[x, r, ga, i]
-        wj = w[x, r, gb, j]
-        w[x, r, ga, i] = wj
-        w[x, r, gb, j] = wi
-        sums[x, r, ga] += wj - wi
-        sums[x, r, gb] += wi - wj
-
-
-@_compiled
-def _mm_round(w, mem, sums, log, inc, has_log, eps, r, order, pairs):
-    """eplb_swaps.swap_round with the minmax state for row ``r``; whether it improved."""
-    k = order.shape[0]
-    gains = np.empty(pairs)
-    ii = np.empty(pairs, dtype=np.int64)
-    jj = np.empty(pairs, dtype=np.int64)
-    one = np.empty(1, dtype=np.int64)
-    for p in range(pairs):
-        one[0] = order[k - 1 - p]
-        gains[p], ii[p], jj[p], _ = _mm_candidate(w, sums, log, inc, has_log, r, order[p], one)
-    ok = gains > eps[r]
-    keep = False
-    if not ok[0]:
-        top = order[0]
-        g2, i2, j2, b2 = _mm_candidate(w, sums, log, inc, has_log, r, top, np.arange(k))
-        if g2 > eps[r]:
-            ok[:] = False
-            _mm_swap(w, mem, sums, log, inc, has_log, r, top, i2, b2, j2)
-            keep = True
-    for p in range(pairs):
-        if ok[p]:
-            _mm_swap(w, mem, sums, log, inc, has_log, r, order[p], ii[p], order[k - 1 - p],
-                     jj[p])
-            keep = True
-    return keep
-
-
-@_compiled
-def refine_minmax_loop(w, mem, sums, log, inc, has_log, eps, pairs, max_rounds):
-    """eplb_snapshots.refine_minmax on every row, in place."""
-    snaps, rows, k = sums.shape
-    peaks = np.empty(k)
-    for r in range(rows):
-        for _ in range(max_rounds):
-            for g in range(k):
-                peaks[g] = sums[0, r, g]
-                for x in range(1, snaps):
-                    peaks[g] = max(peaks[g], sums[x, r, g])
-            if not _mm_round(w, mem, sums, log, inc, has_log, eps, r, _stable_desc(peaks),
-                             pairs):
                 break
 
 

@@ -206,11 +206,12 @@ def refine_minmax(weights: np.ndarray, groups: np.ndarray, num_groups: int,
     st = _MinmaxState.start(weights, groups, k, item_log)
     active = np.arange(layers)
     pairs = k // 2
-    loops = compiled_loops()
-    if loops is not None:  # the same rounds, one layer at a time, compiled
+    if compiled_loops() is not None:  # the same rounds, one layer at a time, compiled
+        from .eplb_kernels_minmax import refine_minmax_loop
+
         log, inc = (st.log, st.inc) if st.log is not None else (_NO_LOG, _NO_LOG)
-        loops.refine_minmax_loop(st.w, st.mem, st.sums, log, inc, st.log is not None, st.eps,
-                                 pairs, max_rounds)
+        refine_minmax_loop(st.w, st.mem, st.sums, log, inc, st.log is not None, st.eps, pairs,
+                           max_rounds)
         return st.groups()
     for _ in range(max_rounds):
         if len(active) == 0:

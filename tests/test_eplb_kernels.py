@@ -64,6 +64,8 @@ def test_greedy_loop_is_greedy_groups(monkeypatch):
     assert a.tolist() == b.tolist() == [[0, 0, 1, 0, 1, 1]]
 
 
-def test_stable_argsort_keeps_equal_keys_in_index_order():
-    x = np.array([2.0, 1.0, 2.0, -0.0, 0.0, 1.0] * 6)
+@pytest.mark.parametrize("n", [6, 36, 630])  # insertion sort, and quicksort + runs fixed
+def test_stable_argsort_keeps_equal_keys_in_index_order(n):
+    x = np.resize([2.0, 1.0, 2.0, -0.0, 0.0, 1.0, 7.5], n)
+    x[::5] = np.arange(len(x[::5]))  # long runs of equal keys and single ones
     assert eplb_kernels._stable_argsort(x).tolist() == np.argsort(x, kind="stable").tolist()
