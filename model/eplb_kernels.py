@@ -89,85 +89,79 @@ def _may_cross(log, inc, has_log, r, g, other, out):
         out[q] = not has_log or inc[r, other, log[r, g, q]] == 0
 
 
-@_compiled
-def _new_cache(k, s):
-    """Scratch: each group's items sorted by weight (stable), kept until the group changes
-    (``ok`` flags), the pair tables of ``np.triu_indices(s, 1)`` and buffers."""
-    npairs = s * (s - 1) // 2
-    p1 = np.empty(npairs, dtype=np.int64)
-    p2 = np.empty(npairs, dtype=np.int64)
-    q = 0
-    for x in range(s):  # np.triu_indices(s, 1) order
-        for y in range(x + 1, s):
-            p1[q] = x
-            p2[q] = y
-            q += 1
-    big = max(npairs, s)
-    # 0 order, 1 ok, 2 p1, 3 p2, 4 sorted values, 5 their ids, 6 / 7 may-cross flags of the
-    # two groups, 8 values, 9 ids, 10 bucket starts, 11 group versions, 12 versions, 13 gain
-    # and 14 (i, j) of each kept candidate, 15 the last version stamp, 16 bucket buffer
-    return (np.zeros((k, s), dtype=np.int64), np.zeros(k, dtype=np.bool_), p1, p2,
-            np.empty(big), np.empty(big, dtype=np.int64), np.empty(s, dtype=np.bool_),
-            np.empty(s, dtype=np.bool_), np.empty(big), np.empty(big, dtype=np.int64),
-            np.empty(big + 1, dtype=np.int64), np.zeros(k, dtype=np.int64),
-            np.full((k, k, 2), -1, dtype=np.int64), np.zeros((k, k)),
-            np.zeros((k, k, 2), dtype=np.int64), np.zeros(1, dtype=np.int64),
-            np.empty(2 * big + 1, dtype=np.int64))
+# Scratch of refine_swaps_loop, passed as separate arrays (a tuple of them took numba seconds
+# more to compile per function): ``order`` [k, s] each group's items sorted by weight;
+# ``ver`` [2k + 1] each group's version stamp, the stamp its ``order`` was sorted at, and the
+# last stamp; ``cand`` [k, k, 4] each kept candidate's two stamps and (i, j), ``cgain`` [k, k]
+# its gain; ``fbuf`` [2, P] / ``ibuf`` [5, P + 1] buffers (P = s(s-1)/2 pairs); ``flags``
+# [2, s] which items of the two groups may cross.
 
 
 @_compiled
-def _sorted_items(w, r, g, cache):
-    """Group ``g``'s item positions by weight, equal weights in position order (cached)."""
-    order, ok = cache[0], cache[1]
-    if not ok[g]:
-        order[g] = _stable_argsort(w[r, g])
-        ok[g] = True
+def _changed(ver, g):
+    """Group ``g`` changed: its sorted items and every candidate it is in are stale (a new
+    version stamp; stamps never repeat within one call)."""
+    last = ver.shape[0] - 1
+    ver[last] += 1
+    ver[g] = ver[last]
+
+
+@_compiled
+def _sorted_items(w, r, g, order, ver):
+    """Group ``g``'s item positions by weight, equal weights in position order (kept until
+    the group changes)."""
+    k = order.shape[0]
+    if ver[k + g] != ver[g]:
+        o = _stable_argsort(w[r, g])
+        for q in range(o.shape[0]):  # element by element: a slice assignment compiles slowly
+            order[g, q] = o[q]
+        ver[k + g] = ver[g]
     return order[g]
 
 
 @_compiled
-def _pair_candidate(w, sums, log, inc, has_log, r, a, b, cache):
+def _pair_candidate(w, sums, log, inc, has_log, r, a, b, order, ver, cand, cgain, fbuf, ibuf,
+                    flags):
     """The best single swap of group ``a`` with ``b`` in row ``r``: ``(gain, i, j)``
     (eplb_swaps._SwapState._nearest_pairs; gain ``-inf`` when ``a == b`` or nothing may
     cross). It depends on the two groups alone, so it is kept until either changes (a
     layer's heaviest group tries every other group round after round)."""
     if a == b:
         return -np.inf, 0, 0
-    ver, cv, cg, cij = cache[11], cache[12], cache[13], cache[14]
-    if cv[a, b, 0] == ver[a] and cv[a, b, 1] == ver[b]:
-        return cg[a, b], cij[a, b, 0], cij[a, b, 1]
-    g, i, j = _search_pair(w, sums, log, inc, has_log, r, a, b, cache)
-    cv[a, b, 0] = ver[a]
-    cv[a, b, 1] = ver[b]
-    cg[a, b] = g
-    cij[a, b, 0] = i
-    cij[a, b, 1] = j
-    return g, i, j
+    if cand[a, b, 0] != ver[a] or cand[a, b, 1] != ver[b]:
+        g, i, j = _search_pair(w, sums, log, inc, has_log, r, a, b, order, ver, fbuf, ibuf,
+                               flags)
+        cand[a, b, 0] = ver[a]
+        cand[a, b, 1] = ver[b]
+        cand[a, b, 2] = i
+        cand[a, b, 3] = j
+        cgain[a, b] = g
+    return cgain[a, b], cand[a, b, 2], cand[a, b, 3]
 
 
 @_compiled
-def _search_pair(w, sums, log, inc, has_log, r, a, b, cache):
+def _search_pair(w, sums, log, inc, has_log, r, a, b, order, ver, fbuf, ibuf, flags):
     """:func:`_pair_candidate` computed: b's allowed items in weight order, a's targets
     ``w - half`` merged into them."""
-    bs, bpos, ca, cb = cache[4], cache[5], cache[6], cache[7]
+    bs, bpos, ca, cb = fbuf[0], ibuf[0], flags[0], flags[1]
     _may_cross(log, inc, has_log, r, b, a, cb)
     c = 0
-    for q in _sorted_items(w, r, b, cache):  # b's allowed items, sorted: no sort needed
+    for q in _sorted_items(w, r, b, order, ver):  # b's allowed items, sorted: no sort needed
         if cb[q]:
             bs[c] = w[r, b, q]
             bpos[c] = q
             c += 1
+    if c == 0:
+        return -np.inf, 0, 0
     _may_cross(log, inc, has_log, r, a, b, ca)
     half = 0.5 * (sums[r, a] - sums[r, b])
     best = np.inf
     bi = -1
     bj = 0
-    if c == 0:
-        return -np.inf, 0, 0
     # a's targets w - half in ascending order (a's sorted items) merge into b's sorted
     # values: pos, the b values <= the target, only grows
     pos = 0
-    for q in _sorted_items(w, r, a, cache):
+    for q in _sorted_items(w, r, a, order, ver):
         if not ca[q]:
             continue
         t = w[r, a, q] - half
@@ -186,7 +180,7 @@ def _search_pair(w, sums, log, inc, has_log, r, a, b, cache):
 
 
 @_compiled
-def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, cache):
+def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, ver):
     """Exchange item ``i`` of group ``ga`` with item ``j`` of group ``gb`` (eplb_swaps
     ``_SwapState.swap``: counts first, then the items, then the sums)."""
     if has_log:
@@ -207,58 +201,55 @@ def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, cache):
     mem[r, gb, j] = mi
     sums[r, ga] += wj - wi
     sums[r, gb] += wi - wj
-    _changed(cache, ga)  # both groups' sorted orders and candidates are stale
-    _changed(cache, gb)
-
-
-@_compiled
-def _changed(cache, g):
-    """Group ``g`` changed: its sorted items and every candidate it is in are stale (a new
-    version stamp; stamps never repeat within one call)."""
-    cache[1][g] = False
-    stamp = cache[15]
-    stamp[0] += 1
-    cache[11][g] = stamp[0]
+    _changed(ver, ga)  # both groups' sorted items and candidates are stale
+    _changed(ver, gb)
 
 
 @_compiled
 def _stable_desc(x):
     """Indices of ``x`` heaviest first, equal values in index order (``argsort(-x, stable)``)."""
-    return _stable_argsort(-x)
+    neg = np.empty(x.shape[0])
+    for u in range(x.shape[0]):  # loops, not numpy's array operations: they compile slowly
+        neg[u] = -x[u]
+    return _stable_argsort(neg)
 
 
 @_compiled
-def _swap_round(w, mem, sums, log, inc, has_log, eps, r, order, pairs, cache):
-    """One round of eplb_swaps.swap_round for row ``r``; returns whether it improved."""
-    k = order.shape[0]
+def _swap_round(w, mem, sums, log, inc, has_log, eps, r, heavy, pairs, order, ver, cand,
+                cgain, fbuf, ibuf, flags):
+    """One round of eplb_swaps.swap_round for row ``r`` (``heavy``: its groups heaviest
+    first); returns whether it improved."""
+    k = heavy.shape[0]
     gains = np.empty(pairs)
     ii = np.empty(pairs, dtype=np.int64)
     jj = np.empty(pairs, dtype=np.int64)
     for p in range(pairs):
-        gains[p], ii[p], jj[p] = _pair_candidate(w, sums, log, inc, has_log, r, order[p],
-                                                 order[k - 1 - p], cache)
-    ok = gains > eps[r]
+        gains[p], ii[p], jj[p] = _pair_candidate(w, sums, log, inc, has_log, r, heavy[p],
+                                                 heavy[k - 1 - p], order, ver, cand, cgain,
+                                                 fbuf, ibuf, flags)
+    ok = np.empty(pairs, dtype=np.bool_)
+    for p in range(pairs):
+        ok[p] = gains[p] > eps[r]
     keep = False
     if not ok[0]:
         # the heaviest gains nothing from the lightest: it tries every group (first best)
-        top = order[0]
+        top = heavy[0]
         g2 = -np.inf
         i2 = j2 = b2 = 0
         for b in range(k):
-            if b == order[k - 1]:  # computed above, on the same state
-                g, i, j = gains[0], ii[0], jj[0]
-            else:
-                g, i, j = _pair_candidate(w, sums, log, inc, has_log, r, top, b, cache)
+            g, i, j = _pair_candidate(w, sums, log, inc, has_log, r, top, b, order, ver, cand,
+                                      cgain, fbuf, ibuf, flags)
             if g > g2 or b == 0:
                 g2, i2, j2, b2 = g, i, j, b
         if g2 > eps[r]:
-            ok[:] = False
-            _swap(w, mem, sums, log, inc, has_log, r, top, i2, b2, j2, cache)
+            for p in range(pairs):
+                ok[p] = False
+            _swap(w, mem, sums, log, inc, has_log, r, top, i2, b2, j2, ver)
             keep = True
     for p in range(pairs):
         if ok[p]:
-            _swap(w, mem, sums, log, inc, has_log, r, order[p], ii[p], order[k - 1 - p], jj[p],
-                  cache)
+            _swap(w, mem, sums, log, inc, has_log, r, heavy[p], ii[p], heavy[k - 1 - p], jj[p],
+                  ver)
             keep = True
     return keep
 
@@ -274,22 +265,24 @@ def _bucket(v, lo, scale, nb):
 
 
 @_compiled
-def _bucket_sort(vals, ids, c, lo, hi, start, bks, sv, si):
+def _bucket_sort(vals, ids, c, lo, hi, ibuf, sv, si):
     """Sort ``vals[:c]`` (min ``lo``, max ``hi``; with ``ids``, in id order for equal values)
     into ``sv``/``si`` by ``c`` buckets of equal width, insertion sort within each;
-    ``start[u]``: first position of bucket ``u`` (``start[c] = c``). Returns the buckets'
+    ``ibuf[2][u]``: first position of bucket ``u`` (``[c] = c``). Returns the buckets'
     ``scale``. Exact whatever the buckets: they only group values, the insertion sort orders
     them (stable, so equal values keep the order they came in: ids ascending)."""
+    start, bks, fill = ibuf[2], ibuf[3], ibuf[4]
     scale = c / (hi - lo) if hi > lo else 0.0
-    start[:c + 1] = 0
+    for u in range(c + 1):  # loops, not slice assignments (those compile slowly)
+        start[u] = 0
     for u in range(c):
         bk = _bucket(vals[u], lo, scale, c)
         bks[u] = bk
         start[bk + 1] += 1
     for u in range(c):
         start[u + 1] += start[u]
-    fill = bks[c:2 * c + 1]  # the free part of the buffer: each bucket's next position
-    fill[:] = start[:c + 1]
+    for u in range(c + 1):  # each bucket's next free position
+        fill[u] = start[u]
     for u in range(c):
         bk = bks[u]
         q = fill[bk]
@@ -305,21 +298,43 @@ def _bucket_sort(vals, ids, c, lo, hi, start, bks, sv, si):
 
 
 @_compiled
-def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache):
+def _heaviest_lightest(x):
+    """``(np.argmax(x), np.argmin(x))``: the first largest and the first smallest."""
+    a = 0
+    b = 0
+    for u in range(1, x.shape[0]):
+        if x[u] > x[a]:
+            a = u
+        if x[u] < x[b]:
+            b = u
+    return a, b
+
+
+@_compiled
+def _unrank(q, s):
+    """The items ``(x, y)`` of pair ``q`` in ``np.triu_indices(s, 1)`` order."""
+    x = 0
+    while q >= s - 1 - x:
+        q -= s - 1 - x
+        x += 1
+    return x, x + 1 + q
+
+
+@_compiled
+def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, ver, fbuf, ibuf, flags):
     """eplb_swaps._SwapState.pair_exchange for row ``r``: two items of the heaviest group for
     two of the lightest; returns whether it was applied. Pairs with an item that may not
     cross are left out (see :func:`_may_cross`). The lightest group's pair sums are sorted by
     buckets, and each target looks its neighbours up in its bucket (the same neighbours as
     the numpy path's merge, in expected constant time each)."""
-    if w.shape[2] < 2:
+    s = w.shape[2]
+    if s < 2:
         return False
-    a = np.argmax(sums[r])
-    b = np.argmin(sums[r])
+    a, b = _heaviest_lightest(sums[r])
     if a == b:  # all groups equal: no gain
         return False
-    p1, p2, sv, si, ca, cb = cache[2], cache[3], cache[4], cache[5], cache[6], cache[7]
-    vals, ids, start, bks = cache[8], cache[9], cache[10], cache[16]
-    s = w.shape[2]
+    sv, vals, si, ids, start, ca, cb = fbuf[0], fbuf[1], ibuf[0], ibuf[1], ibuf[2], flags[0], \
+        flags[1]
     _may_cross(log, inc, has_log, r, b, a, cb)
     _may_cross(log, inc, has_log, r, a, b, ca)
     c = 0
@@ -338,8 +353,7 @@ def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache):
             q += 1
     if c == 0:
         return False
-    nb = c
-    scale = _bucket_sort(vals, ids, c, lo, hi, start, bks, sv, si)
+    scale = _bucket_sort(vals, ids, c, lo, hi, ibuf, sv, si)
     half = 0.5 * (sums[r, a] - sums[r, b])
     best = np.inf
     bi = -1
@@ -355,7 +369,7 @@ def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache):
             if not ca[y]:
                 continue
             t = (wx + w[r, a, y]) - half
-            bk = _bucket(t, lo, scale, nb)
+            bk = _bucket(t, lo, scale, c)
             pos = start[bk]  # every value of an earlier bucket is < t, of a later one > t
             while pos < start[bk + 1] and sv[pos] <= t:
                 pos += 1
@@ -370,8 +384,10 @@ def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache):
             break
     if bi < 0 or not half - best > eps[r]:
         return False
-    _swap(w, mem, sums, log, inc, has_log, r, a, p1[bi], b, p1[bj], cache)
-    _swap(w, mem, sums, log, inc, has_log, r, a, p2[bi], b, p2[bj], cache)
+    a1, a2 = _unrank(bi, s)
+    b1, b2 = _unrank(bj, s)
+    _swap(w, mem, sums, log, inc, has_log, r, a, a1, b, b1, ver)
+    _swap(w, mem, sums, log, inc, has_log, r, a, a2, b, b2, ver)
     return True
 
 
@@ -381,17 +397,26 @@ def refine_swaps_loop(w, mem, sums, log, inc, has_log, eps, target, use_tol, pai
     """eplb_swaps.refine_swaps (no move budget) on every row, in place; ``target`` ``[rows]``
     the load a row stops at when ``use_tol``."""
     rows, k, s = w.shape
-    cache = _new_cache(k, s)
+    big = max(s * (s - 1) // 2, s)
+    order = np.zeros((k, s), dtype=np.int64)
+    ver = np.zeros(2 * k + 1, dtype=np.int64)
+    cand = np.empty((k, k, 4), dtype=np.int64)
+    cand.fill(-1)
+    cgain = np.zeros((k, k))
+    fbuf = np.empty((2, big))
+    ibuf = np.empty((5, big + 1), dtype=np.int64)
+    flags = np.empty((2, s), dtype=np.bool_)
     for r in range(rows):
         for g in range(k):  # a new layer: nothing sorted, no candidate kept
-            _changed(cache, g)
+            _changed(ver, g)
         for _ in range(max_rounds):
-            if use_tol and np.max(sums[r]) <= target[r]:
+            if use_tol and sums[r, _heaviest_lightest(sums[r])[0]] <= target[r]:
                 break
-            keep = _swap_round(w, mem, sums, log, inc, has_log, eps, r,
-                               _stable_desc(sums[r]), pairs, cache)
+            keep = _swap_round(w, mem, sums, log, inc, has_log, eps, r, _stable_desc(sums[r]),
+                               pairs, order, ver, cand, cgain, fbuf, ibuf, flags)
             if not keep and exchange:
-                keep = _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, cache)
+                keep = _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, ver, fbuf, ibuf,
+                                      flags)
             if not keep:
                 break
 
@@ -406,10 +431,11 @@ def greedy_loop(weights, num_groups):
     fill = np.empty(num_groups, dtype=np.int64)
     for r in range(rows):
         order = _stable_desc(weights[r])
-        key[:] = 0.0
-        fill[:] = 0
+        for g in range(num_groups):
+            key[g] = 0.0
+            fill[g] = 0
         for step in range(n):
-            g = np.argmin(key)
+            g = _heaviest_lightest(key)[1]
             groups[r, order[step]] = g
             key[g] += weights[r, order[step]]
             fill[g] += 1
@@ -447,7 +473,9 @@ def spread_loop(item_w, item_log, groups, num_groups, max_rounds):
     inc = np.zeros((num_groups, item_log.max() + 1), dtype=np.int64)
     for r in range(rows):
         for _ in range(max_rounds):
-            inc[:] = 0
+            for g in range(num_groups):
+                for x in range(inc.shape[1]):
+                    inc[g, x] = 0
             for q in range(n):
                 inc[groups[r, q], item_log[r, q]] += 1
             i = -1  # the first item sharing its GPU with another replica of its expert
@@ -467,7 +495,7 @@ def spread_loop(item_w, item_log, groups, num_groups, max_rounds):
                     if cost < best:
                         best = cost
                         j = q
-            if not np.isfinite(best):
+            if best == np.inf:
                 break
             groups[r, i] = groups[r, j]
             groups[r, j] = g

@@ -14,22 +14,18 @@ import numpy as np
 
 from .eplb_kernels import _compiled, _stable_desc
 
-
-@_compiled
-def _new_cache(k):
-    """Each group pair's best swap, kept until either group changes: 0 group versions, 1 the
-    versions it was found at, 2 its float32 peak after the swap, 3 its ``(i, j)``, 4 the last
-    version stamp."""
-    return (np.zeros(k, dtype=np.int64), np.full((k, k, 2), -1, dtype=np.int64),
-            np.zeros((k, k), dtype=np.float32), np.zeros((k, k, 2), dtype=np.int64),
-            np.zeros(1, dtype=np.int64))
+# Each group pair's best swap is kept until either group changes, in arrays passed one by one
+# (a tuple of them took numba seconds more to compile): ``ver`` [k + 1] each group's version
+# stamp and the last stamp, ``cand`` [k, k, 4] the two stamps a pair's best was found at and
+# its (i, j), ``cval`` [k, k] its float32 peak.
 
 
 @_compiled
-def _changed(cache, g):
+def _changed(ver, g):
     """Group ``g`` changed: every kept pair it is in is stale (a new version stamp)."""
-    cache[4][0] += 1
-    cache[0][g] = cache[4][0]
+    last = ver.shape[0] - 1
+    ver[last] += 1
+    ver[g] = ver[last]
 
 
 @_compiled
@@ -80,18 +76,18 @@ def _pair_best(w, sums, log, inc, has_log, r, a, b):
 
 
 @_compiled
-def _kept_best(w, sums, log, inc, has_log, r, a, b, cache):
+def _kept_best(w, sums, log, inc, has_log, r, a, b, ver, cand, cval):
     """:func:`_pair_best`, kept until ``a`` or ``b`` changes."""
-    ver, cv, cval, cij = cache[0], cache[1], cache[2], cache[3]
-    if cv[a, b, 0] != ver[a] or cv[a, b, 1] != ver[b]:
-        cval[a, b], cij[a, b, 0], cij[a, b, 1] = _pair_best(w, sums, log, inc, has_log, r, a, b)
-        cv[a, b, 0] = ver[a]
-        cv[a, b, 1] = ver[b]
-    return cval[a, b], cij[a, b, 0], cij[a, b, 1]
+    if cand[a, b, 0] != ver[a] or cand[a, b, 1] != ver[b]:
+        cval[a, b], cand[a, b, 2], cand[a, b, 3] = _pair_best(w, sums, log, inc, has_log, r, a,
+                                                              b)
+        cand[a, b, 0] = ver[a]
+        cand[a, b, 1] = ver[b]
+    return cval[a, b], cand[a, b, 2], cand[a, b, 3]
 
 
 @_compiled
-def _candidate(w, sums, log, inc, has_log, r, a, partners, cache):
+def _candidate(w, sums, log, inc, has_log, r, a, partners, ver, cand, cval):
     """eplb_snapshots._MinmaxState.candidates for row ``r``: the first flat index
     ``i * (P * s) + p * s + j`` among the lowest float32 peaks is the partner's best with the
     lowest peak, then the lowest ``i``, then the first partner; its gain then in float64
@@ -99,7 +95,7 @@ def _candidate(w, sums, log, inc, has_log, r, a, partners, cache):
     best = np.float32(np.inf)
     bi = bj = bp = 0
     for p in range(partners.shape[0]):
-        v, i, j = _kept_best(w, sums, log, inc, has_log, r, a, partners[p], cache)
+        v, i, j = _kept_best(w, sums, log, inc, has_log, r, a, partners[p], ver, cand, cval)
         if p == 0 or v < best or (v == best and i < bi):
             best, bi, bj, bp = v, i, j, p
     b = partners[bp]
@@ -115,7 +111,7 @@ def _candidate(w, sums, log, inc, has_log, r, a, partners, cache):
 
 
 @_compiled
-def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, cache):
+def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, ver):
     """eplb_snapshots._MinmaxState.swap for row ``r``."""
     if has_log:
         x = log[r, ga, i]
@@ -136,35 +132,42 @@ def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, cache):
         w[x, r, gb, j] = wi
         sums[x, r, ga] += wj - wi
         sums[x, r, gb] += wi - wj
-    _changed(cache, ga)
-    _changed(cache, gb)
+    _changed(ver, ga)
+    _changed(ver, gb)
 
 
 @_compiled
-def _round(w, mem, sums, log, inc, has_log, eps, r, order, pairs, cache):
+def _round(w, mem, sums, log, inc, has_log, eps, r, order, pairs, ver, cand, cval):
     """eplb_swaps.swap_round with the minmax state for row ``r``; whether it improved."""
     k = order.shape[0]
     gains = np.empty(pairs)
     ii = np.empty(pairs, dtype=np.int64)
     jj = np.empty(pairs, dtype=np.int64)
     one = np.empty(1, dtype=np.int64)
+    every = np.empty(k, dtype=np.int64)
+    for g in range(k):
+        every[g] = g
     for p in range(pairs):
         one[0] = order[k - 1 - p]
         gains[p], ii[p], jj[p], _ = _candidate(w, sums, log, inc, has_log, r, order[p], one,
-                                               cache)
-    ok = gains > eps[r]
+                                               ver, cand, cval)
+    ok = np.empty(pairs, dtype=np.bool_)
+    for p in range(pairs):  # loops, not numpy's array operations: they compile slowly
+        ok[p] = gains[p] > eps[r]
     keep = False
     if not ok[0]:
         top = order[0]
-        g2, i2, j2, b2 = _candidate(w, sums, log, inc, has_log, r, top, np.arange(k), cache)
+        g2, i2, j2, b2 = _candidate(w, sums, log, inc, has_log, r, top, every, ver,
+                                    cand, cval)
         if g2 > eps[r]:
-            ok[:] = False
-            _swap(w, mem, sums, log, inc, has_log, r, top, i2, b2, j2, cache)
+            for p in range(pairs):  # a loop: a slice assignment compiles slowly
+                ok[p] = False
+            _swap(w, mem, sums, log, inc, has_log, r, top, i2, b2, j2, ver)
             keep = True
     for p in range(pairs):
         if ok[p]:
             _swap(w, mem, sums, log, inc, has_log, r, order[p], ii[p], order[k - 1 - p], jj[p],
-                  cache)
+                  ver)
             keep = True
     return keep
 
@@ -174,15 +177,18 @@ def refine_minmax_loop(w, mem, sums, log, inc, has_log, eps, pairs, max_rounds):
     """eplb_snapshots.refine_minmax on every row, in place."""
     snaps, rows, k = sums.shape
     peaks = np.empty(k)
-    cache = _new_cache(k)
+    ver = np.zeros(k + 1, dtype=np.int64)
+    cand = np.empty((k, k, 4), dtype=np.int64)
+    cand.fill(-1)
+    cval = np.zeros((k, k), dtype=np.float32)
     for r in range(rows):
         for g in range(k):  # a new layer: no pair kept
-            _changed(cache, g)
+            _changed(ver, g)
         for _ in range(max_rounds):
             for g in range(k):
                 peaks[g] = sums[0, r, g]
                 for x in range(1, snaps):
                     peaks[g] = max(peaks[g], sums[x, r, g])
             if not _round(w, mem, sums, log, inc, has_log, eps, r, _stable_desc(peaks), pairs,
-                          cache):
+                          ver, cand, cval):
                 break
