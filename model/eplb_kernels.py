@@ -1,23 +1,18 @@
-"""The balancer's swap refinements as scalar loops that numba compiles (``@njit(cache=True)``).
+"""The balancer's loops compiled with numba (``@njit(cache=True)``): greedy packing, replicas,
+duplicate spreading, swap refinement and two-for-two exchanges (minmax: eplb_kernels_minmax).
 
-The vectorised numpy code in :mod:`epsim.model.eplb_swaps` and
-:mod:`epsim.model.eplb_snapshots` runs every round over all layers at once on arrays of a few
-dozen items, so its time goes to numpy's per-call cost. The loops here are the same algorithm
-one layer at a time (layers never interact, and a layer leaves the vectorised loop exactly when
-its own loop here stops): the same rounds, the same candidates, the same float operations in the
-same order (float32 where the minmax search uses float32), the same first-index choice among
-equal values and the same stable sorts (equal keys keep their index order), so the placements
-are bit-identical to the numpy path (tests/test_eplb_kernels.py). Without numba the numpy path
-runs (``ENABLED`` is False); each function's ``py_func`` is the same code as Python.
+The numpy code (eplb_pack, eplb_replicas, eplb_swaps) runs every round over all layers at once
+on arrays of a few dozen items, so its time goes to numpy's cost per call. These loops are the
+same algorithm one layer at a time (layers never interact; a layer stops here exactly when it
+leaves the vectorised loop): same rounds, candidates, float operations in the same order,
+first-index choices among equal values and stable sorts, so the placements are bit-identical
+(tests/test_eplb_kernels.py). Without numba the numpy code runs (``ENABLED`` False). The
+first call after an install compiles them (docs/performance.md); then numba's cache loads.
 
-Compiled once per machine (numba's on-disk cache, beside the module or in its user cache):
-the first call after an install pays the compile (measured in docs/performance.md).
-
-Arrays (rows = layers, k groups of s items, S snapshots): ``w`` ``[rows, k, s]`` (swaps) or
-``[S, rows, k, s]`` (minmax) item weights, ``mem`` ``[rows, k, s]`` item ids, ``sums``
-``[rows, k]`` / ``[S, rows, k]`` group loads, ``log`` ``[rows, k, s]`` logical experts and
-``inc`` ``[rows, k, E]`` replicas per expert and group (``has_log`` False: no replica rule;
-then they are placeholders), ``eps`` ``[rows]`` the smallest gain worth a swap.
+Arrays (rows = layers, k groups of s items): ``w`` ``[rows, k, s]`` item weights, ``mem``
+``[rows, k, s]`` item ids, ``sums`` ``[rows, k]`` group loads, ``log`` ``[rows, k, s]``
+logical experts and ``inc`` ``[rows, k, E]`` replicas per expert and group (``has_log``
+False: no replica rule, placeholders), ``eps`` ``[rows]`` the smallest gain worth a swap.
 """
 
 from __future__ import annotations
@@ -35,7 +30,8 @@ ENABLED = numba is not None
 
 def _compiled(fn):
     """``fn`` compiled by numba with an on-disk cache where numba finds a writable place, per
-    process where it finds none; ``fn.py_func`` is the Python function either way."""
+    process where it finds none; ``fn.py_func`` is the Python function either way (the helper
+    of sim/engine_walk.py, repeated: epsim.model may not import sim)."""
     if numba is None:  # pragma: no cover
         fn.py_func = fn
         return fn
@@ -140,6 +136,20 @@ def _pair_candidate(w, sums, log, inc, has_log, r, a, b, order, ver, cand, cgain
 
 
 @_compiled
+def _neighbour(t, vals, pos, c):
+    """``(distance, position)`` of the nearer of ``t``'s neighbours in the sorted
+    ``vals[:c]``, ``pos`` of which are ``<= t`` (eplb_swaps._nearest_differences: the lower
+    one on equal distances)."""
+    lo = max(pos - 1, 0)
+    hi = min(pos, c - 1)
+    dlo = abs(t - vals[lo])
+    dhi = abs(t - vals[hi])
+    if dlo <= dhi:
+        return dlo, lo
+    return dhi, hi
+
+
+@_compiled
 def _search_pair(w, sums, log, inc, has_log, r, a, b, order, ver, fbuf, ibuf, flags):
     """:func:`_pair_candidate` computed: b's allowed items in weight order, a's targets
     ``w - half`` merged into them."""
@@ -167,13 +177,9 @@ def _search_pair(w, sums, log, inc, has_log, r, a, b, order, ver, fbuf, ibuf, fl
         t = w[r, a, q] - half
         while pos < c and bs[pos] <= t:
             pos += 1
-        lo = max(pos - 1, 0)
-        hi = min(pos, c - 1)
-        dlo = abs(t - bs[lo])
-        dhi = abs(t - bs[hi])
-        d = min(dlo, dhi)
+        d, u = _neighbour(t, bs, pos, c)
         if d < best or (d == best and q < bi):  # the first target among equal distances
-            best, bi, bj = d, q, bpos[lo if dlo <= dhi else hi]
+            best, bi, bj = d, q, bpos[u]
     if bi < 0:
         return -np.inf, 0, 0
     return half - best, bi, bj
@@ -373,13 +379,9 @@ def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, ver, fbuf, ibuf, fla
             pos = start[bk]  # every value of an earlier bucket is < t, of a later one > t
             while pos < start[bk + 1] and sv[pos] <= t:
                 pos += 1
-            lo_ = max(pos - 1, 0)
-            hi_ = min(pos, c - 1)
-            dlo = abs(t - sv[lo_])
-            dhi = abs(t - sv[hi_])
-            d = min(dlo, dhi)
+            d, u = _neighbour(t, sv, pos, c)
             if d < best:
-                best, bi, bj = d, q, si[lo_ if dlo <= dhi else hi_]
+                best, bi, bj = d, q, si[u]
         if best == 0.0:  # later targets can only tie, and the first one is kept
             break
     if bi < 0 or not half - best > eps[r]:

@@ -3,6 +3,9 @@ rounds one layer at a time, the same float32 search and float64 gain, the same f
 among equal values (see :mod:`epsim.model.eplb_kernels`; bit-identical placements, tested in
 tests/test_eplb_kernels.py).
 
+``_round`` mirrors eplb_kernels._swap_round (as eplb_swaps.swap_round serves both states in
+the numpy path): numba would share it only through first-class functions, which compile slowly.
+
 Arrays: ``w`` ``[S, rows, k, s]`` item weights per snapshot, ``mem`` ``[rows, k, s]`` item
 ids, ``sums`` ``[S, rows, k]`` group loads, ``log`` / ``inc`` as in eplb_kernels (the replica
 rule where ``has_log``), ``eps`` ``[rows]``.
