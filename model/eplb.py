@@ -15,7 +15,8 @@ in ``BALANCERS`` (each maps ``[rows, n]`` weights and a group count to ``[rows, 
 
 The ``-swap`` methods solve instances with at most ``EXACT_LIMIT`` partitions exactly.
 
-Options around the packer (all vectorised over layers, numpy only):
+Options around the packer (vectorised over layers in numpy; the loops of the packers, replicas
+and swaps also compiled with numba, one layer at a time, in ``eplb_kernels``: same choices):
 
 * redundant slots: replicate the hottest experts (highest load per replica first, as in
   DeepSeek's EPLB ``replicate_experts``), then pack the replicas, each carrying ``load / replicas``;

@@ -11,10 +11,19 @@ from __future__ import annotations
 import itertools
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 from .errors import EpsimError
+
+
+def compiled_loops() -> Any:
+    """:mod:`epsim.model.eplb_kernels` where numba compiles it, else None (the numpy path
+    runs). Imported on the first packing, so importing the balancer does not load numba."""
+    from . import eplb_kernels
+
+    return eplb_kernels if eplb_kernels.ENABLED else None
 
 
 def greedy_groups(weights: np.ndarray, num_groups: int) -> np.ndarray:
@@ -27,6 +36,9 @@ def greedy_groups(weights: np.ndarray, num_groups: int) -> np.ndarray:
     Returns:
         ``[layers, n]`` int64: the group of each item.
     """
+    loops = compiled_loops()
+    if loops is not None:  # the same steps, one layer at a time, compiled
+        return loops.greedy_loop(np.ascontiguousarray(weights, dtype=np.float64), num_groups)
     layers, n = weights.shape
     size = n // num_groups
     rows = np.arange(layers)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .eplb_pack import compiled_loops
+
 
 def replicate_experts(weights: np.ndarray, num_redundant: int, max_replicas: int | None = None
                       ) -> tuple[np.ndarray, np.ndarray]:
@@ -22,12 +24,16 @@ def replicate_experts(weights: np.ndarray, num_redundant: int, max_replicas: int
         replicas) and ``counts`` ``[rows, E]`` replicas per expert (>= 1).
     """
     rows, e = weights.shape
+    if max_replicas is None or e * (max_replicas - 1) < num_redundant:
+        max_replicas = num_redundant + 1
+    loops = compiled_loops()
+    if loops is not None:  # the same steps, one row at a time, compiled
+        return loops.replicate_loop(np.ascontiguousarray(weights, dtype=np.float64),
+                                    num_redundant, max_replicas)
     idx = np.arange(rows)
     phy2log = np.empty((rows, e + num_redundant), dtype=np.int64)
     phy2log[:, :e] = np.arange(e)
     counts = np.ones((rows, e), dtype=np.int64)
-    if max_replicas is None or e * (max_replicas - 1) < num_redundant:
-        max_replicas = num_redundant + 1
     for r in range(num_redundant):
         per_replica = np.where(counts < max_replicas, weights / counts, -np.inf)
         hottest = np.argmax(per_replica, axis=1)
@@ -46,6 +52,12 @@ def _spread_duplicates(item_w: np.ndarray, item_log: np.ndarray, groups: np.ndar
     """
     rows, n = groups.shape
     groups = groups.copy()
+    loops = compiled_loops()
+    if loops is not None:  # the same rounds, one row at a time, compiled
+        loops.spread_loop(np.ascontiguousarray(item_w, dtype=np.float64),
+                          np.ascontiguousarray(item_log, dtype=np.int64), groups, num_groups,
+                          max_rounds)
+        return groups
     idx = np.arange(rows)
     for _ in range(max_rounds):
         # Step 1: per row, the first item sharing its GPU with another replica of its expert

@@ -28,9 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .eplb_pack import EXACT_LIMIT, _all_partitions, greedy_groups, members_of, partition_count
+from .eplb_pack import (
+    EXACT_LIMIT,
+    _all_partitions,
+    compiled_loops,
+    greedy_groups,
+    members_of,
+    partition_count,
+)
 from .eplb_replicas import _spread_duplicates, replicate_experts
-from .eplb_swaps import move_log_counts, swap_round
+from .eplb_swaps import _NO_LOG, move_log_counts, swap_round
 
 #: float32 elements of one block of the minmax search (256 KiB: the arrays of a block stay in
 #: a core's L2 cache; a tuning constant, it changes no result)
@@ -199,6 +206,13 @@ def refine_minmax(weights: np.ndarray, groups: np.ndarray, num_groups: int,
     st = _MinmaxState.start(weights, groups, k, item_log)
     active = np.arange(layers)
     pairs = k // 2
+    if compiled_loops() is not None:  # the same rounds, one layer at a time, compiled
+        from .eplb_kernels_minmax import refine_minmax_loop
+
+        log, inc = (st.log, st.inc) if st.log is not None else (_NO_LOG, _NO_LOG)
+        refine_minmax_loop(st.w, st.mem, st.sums, log, inc, st.log is not None, st.eps, pairs,
+                           max_rounds)
+        return st.groups()
     for _ in range(max_rounds):
         if len(active) == 0:
             break

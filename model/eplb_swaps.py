@@ -8,10 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from .eplb_pack import members_of
+from .eplb_pack import compiled_loops, members_of
 
 #: a weight no real target comes near (masks items that may not be swapped)
 _FAR = 1e300
+
+#: stands for the logical experts and their counts where no replica rule applies
+_NO_LOG = np.zeros((1, 1, 1), dtype=np.int64)
 
 
 def _nearest_differences(wa: np.ndarray, wb: np.ndarray, half: np.ndarray
@@ -30,11 +33,14 @@ def _nearest_differences(wa: np.ndarray, wb: np.ndarray, half: np.ndarray
     rows, m2 = wb.shape
     m = wa.shape[1]
     targets = wa - half[:, None]
-    ob = np.argsort(wb, axis=1)
+    # stable sorts: equal b values keep their index order, and a target lands after the b
+    # values equal to it (the order numba's loops reproduce, eplb_kernels._nearest; numpy's
+    # default sort leaves the order of equal keys to its SIMD kernels)
+    ob = np.argsort(wb, axis=1, kind="stable")
     bs = np.take_along_axis(wb, ob, axis=1)
     # merge targets into b's sorted values; count the b's before each target
-    merged = np.argsort(np.concatenate([bs, targets], axis=1), axis=1)  # ties: either
-    is_b = merged < m2  # neighbour is checked below
+    merged = np.argsort(np.concatenate([bs, targets], axis=1), axis=1, kind="stable")
+    is_b = merged < m2
     below = np.cumsum(is_b, axis=1)  # b values at or before each merged position
     # scatter the counts at the targets' merged positions into [rows, m] (flat: cheaper
     # than an inverse permutation)
@@ -127,12 +133,19 @@ def refine_swaps(weights: np.ndarray, groups: np.ndarray, num_groups: int,
     # disjoint group pairs swap at once; with a move budget one swap a round keeps it exact
     pairs = k // 2 if home is None else 1
     target = (1.0 + tol) * weights.sum(axis=1) / k
+    loops = compiled_loops() if home is None else None
+    if loops is not None:  # the same rounds, one layer at a time, compiled
+        log, inc = (st.log, st.inc) if st.log is not None else (_NO_LOG, _NO_LOG)
+        loops.refine_swaps_loop(st.w, st.mem, st.sums, log, inc, st.log is not None, st.eps,
+                                target, tol > 0, pairs, max_rounds, exchange)
+        return st.groups(s)
     for _ in range(max_rounds):
         if tol > 0 and len(active):
             active = active[st.sums[active].max(axis=1) > target[active]]
         if len(active) == 0:
             break
-        keep = swap_round(st, active, np.argsort(-st.sums[active], axis=1), k, pairs)
+        keep = swap_round(st, active, np.argsort(-st.sums[active], axis=1, kind="stable"), k,
+                          pairs)
         if exchange and home is None:
             # Step 3: layers about to leave try a two-for-two exchange first
             leaving = np.flatnonzero(~keep)
