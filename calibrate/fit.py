@@ -26,6 +26,8 @@ import pandas as pd
 
 from epsim.model.errors import EpsimError
 
+from .exchange_fits import DEFAULT_EXCHANGE_FIT, EXCHANGE_FITS
+
 #: the kind whose scale is fixed to 1: its rows (skinny and square GEMMs) identify F and B
 ROOFLINE_KIND = "gemm"
 COMPUTE_KINDS = ("gemm", "gemm.batched", "grouped_gemm", "attention_decode", "attention_prefill", "norm", "rope",
@@ -326,20 +328,25 @@ def fit_straggler(ranks: pd.DataFrame) -> tuple[dict[int, float], dict[int, floa
     return fixed, fraction
 
 
-def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> tuple[CommFit, dict]:
-    """The exchange model the simulator's identical ranks need: the latency the last rank to
-    arrive sees (the all-to-all table's ``last_s``) plus the straggler's fixed part
-    (:func:`fit_straggler`), per kind and world; one bandwidth; the straggler's part that grows
-    with the compute between exchanges is the profile's ``exchange_straggler_fraction``. Without
-    the columns (tables of an older epsim), the slowest rank's time (``time_s``) alone, which
-    holds a straggler after the benchmark's own short compute.
+def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None,
+                 method: str = DEFAULT_EXCHANGE_FIT) -> tuple[CommFit, dict]:
+    """The exchange model of ``method`` (``calibrate/exchange_fits.py``).
+
+    ``"slowest"``: the slowest rank's time (``time_s``) per kind and world, which holds the
+    ranks' spread after the benchmark's short compute. ``"last-plus-straggler"``: the latency the
+    last rank to arrive sees (the all-to-all table's ``last_s``) plus the straggler's fixed part
+    (:func:`fit_straggler`), per kind and world; the straggler's part that grows with the compute
+    between exchanges is the profile's ``exchange_straggler_fraction``; without the columns
+    (tables of an older epsim), the slowest rank's time. One bandwidth either way.
 
     Returns:
         The fit (its latencies include the straggler's fixed part) and ``{"latency_s",
         "straggler_fixed_s", "straggler_fraction"}``, for the profile's record (empty: no split).
     """
+    if method not in EXCHANGE_FITS:
+        raise EpsimError(f"exchange fit must be one of {', '.join(EXCHANGE_FITS)}, got {method!r}")
     fixed, fraction = fit_straggler(ranks) if ranks is not None else ({}, {})
-    if not fixed or "last_s" not in a2a or a2a["last_s"].isna().any():
+    if method == "slowest" or not fixed or "last_s" not in a2a or a2a["last_s"].isna().any():
         return fit_comm(a2a), {}
     pure = fit_comm(a2a.assign(time_s=a2a["last_s"]))
     latency = {k: {w: v + fixed.get(w, 0.0) for w, v in t.items()}

@@ -26,6 +26,7 @@ from epsim.model.trace import write_json_atomic
 from epsim.sim.hardware import EFFICIENCY_KEYS, load_profile, profile_from_dict
 
 from . import fit as F
+from .exchange_fits import DEFAULT_EXCHANGE_FIT
 
 _FORM = {"max": "t = overhead + scale * max(flops/F, bytes/B)",
          "sum": "t = overhead + scale * flops/F + bytes_scale * bytes/B"}
@@ -84,8 +85,8 @@ def _gloo_worker_threads() -> int:
 
 def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                         machine_info: dict[str, Any], csv_names: dict[str, str],
-                        configs: list[dict[str, Any]], base: str | None = None
-                        ) -> dict[str, Any]:
+                        configs: list[dict[str, Any]], base: str | None = None,
+                        exchange_fit: str = DEFAULT_EXCHANGE_FIT) -> dict[str, Any]:
     """Fit the tables and build a profile object in the simulator's schema.
 
     Args:
@@ -96,6 +97,7 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         machine_info: :func:`machine`'s facts. csv_names: table -> file name, for the sources.
         configs: the configurations the microbenchmarks ran (``calibration.configs``).
         base: a shipped profile whose communication figures are kept when ``a2a`` is empty.
+        exchange_fit: the exchange model (``calibrate/exchange_fits.py``).
 
     Returns:
         A JSON-ready profile dict, checked by ``epsim.sim.hardware.profile_from_dict``.
@@ -172,7 +174,7 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         obj["compute_units"] = 1
     exchange_parts: dict[str, Any] = {}
     if a2a is not None and not a2a.empty:
-        cf, parts = F.fit_exchange(a2a, ranks)
+        cf, parts = F.fit_exchange(a2a, ranks, exchange_fit)
         exchange_parts = {"latency_s": {k: {str(w): v for w, v in t.items()}
                                         for k, t in parts["latency_s"].items()},
                           **{k: {str(w): v for w, v in parts[k].items()}
@@ -305,8 +307,10 @@ def _memory_bytes() -> float:
 
 
 def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
-              base: str | None = None, log: Any = None) -> dict[str, Any]:
+              base: str | None = None, log: Any = None,
+              exchange_fit: str = DEFAULT_EXCHANGE_FIT) -> dict[str, Any]:
     """Measure, save the tables beside ``out``, fit, write the profile; returns the profile.
+    ``exchange_fit``: the exchange model (``calibrate/exchange_fits.py``).
 
     ``device="cuda"``: world size 1 on one GPU (no all-to-all: the communication figures come
     from ``base``, default ``h200``). ``quick``: a small subset of every sweep (tests).
@@ -389,7 +393,8 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
     say("fit")
     name = out.name[: -len(".json")] if out.name.endswith(".json") else out.name
     obj = profile_from_tables(tables, name, device, machine(),
-                              {t: p.name for t, p in paths.items()}, configs, base)
+                              {t: p.name for t, p in paths.items()}, configs, base,
+                              exchange_fit)
     if probes:
         obj["calibration"]["probe"] = probe.probe_record(probes)
     write_json_atomic(obj, out)

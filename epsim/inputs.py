@@ -369,6 +369,7 @@ def parse_prices(text: str) -> dict[str, float]:
 def _lazy_flags() -> dict[str, Spec]:
     """Specs that need other packages' registries (imported once, when a parser is built)."""
     from epsim.calibrate.bench_fit import FACTORS
+    from epsim.calibrate.exchange_fits import EXCHANGE_FITS
     from epsim.calibrate.validate import shipped_grids
     from epsim.model.config import shipped_models
     from epsim.model.eplb import BALANCERS
@@ -417,6 +418,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--base": Name(shipped_profiles, "hardware profile"),
         "--dataset-path": Name(shipped_traces, "dataset file"),
         "--a2a-mode": Choice(A2A_CHOICES),  # how EP dispatch/combine run (epsim.sim.a2a)
+        "--exchange-fit": Choice(EXCHANGE_FITS),  # calibrate's exchange model
     }
 
 

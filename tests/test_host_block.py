@@ -132,15 +132,21 @@ def test_exchange_latency_is_the_last_arrivals_plus_the_fixed_straggler():
                         for b in (1e3, 1e5, 1e6)])
     ranks = pd.DataFrame([{"kind": "dispatch", "world": 2, "segment_s": g,
                            "straggler_s": 5e-4 + 0.1 * g} for g in (1e-3, 5e-3)])
-    fit, parts = fit_exchange(a2a, ranks)
+    fit, parts = fit_exchange(a2a, ranks, "last-plus-straggler")
     assert fit.latency_s["dispatch"][2] == pytest.approx(2.5e-3, rel=1e-6)
     assert fit.latency_s["combine"][2] == pytest.approx(1.5e-3, rel=1e-6)
     assert fit.bandwidth == pytest.approx(1e8, rel=1e-6)
     assert parts["latency_s"]["dispatch"][2] == pytest.approx(2e-3, rel=1e-6)
     assert parts["straggler_fraction"][2] == pytest.approx(0.1, rel=1e-6)
     # without the ranks' stragglers: the slowest rank's time, as before
-    old, none = fit_exchange(a2a, None)
+    old, none = fit_exchange(a2a, None, "last-plus-straggler")
     assert old.latency_s["dispatch"][2] == pytest.approx(7e-3, rel=1e-6) and none == {}
+    # the default model: the slowest rank's time, whatever the tables hold
+    slowest, nothing = fit_exchange(a2a, ranks)
+    assert slowest.latency_s["dispatch"][2] == pytest.approx(7e-3, rel=1e-6)
+    assert slowest.latency_s["combine"][2] == pytest.approx(6e-3, rel=1e-6) and nothing == {}
+    with pytest.raises(EpsimError, match="exchange fit"):
+        fit_exchange(a2a, ranks, "fastest")
 
 
 def test_exchange_records_sum_the_compute_since_the_previous_exchange():

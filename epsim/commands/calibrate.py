@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+from epsim.calibrate.exchange_fits import DEFAULT_EXCHANGE_FIT
 from epsim.model.errors import EpsimError
 
 from ..calibrate_bench import add_bench_args, run_bench_fit
@@ -38,6 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--base", metavar="HW", default=None,
                    help="--device cuda: shipped profile whose communication figures are kept "
                    "(default h200)")
+    add_flag(p, "--exchange-fit", default=DEFAULT_EXCHANGE_FIT,
+             help="the EP exchange's fixed cost: the slowest rank's time in the all-to-all "
+             "benchmark (slowest, the default), or what the last rank to arrive waits plus the "
+             "straggler measured in decode steps (last-plus-straggler); "
+             "calibrate/exchange_fits.py")
     add_trace_args(p)
     add_bench_args(p)
     add_json_arg(p)
@@ -68,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))
-    obj = calibrate(args.out, device=args.device, quick=args.quick, base=args.base, log=log)
+    obj = calibrate(args.out, device=args.device, quick=args.quick, base=args.base, log=log,
+                    exchange_fit=args.exchange_fit)
     wall = time.perf_counter() - t0
     eff = obj["efficiency"]
     tables = {k: str(v) for k, v in table_paths(args.out).items()}

@@ -1,0 +1,13 @@
+"""The names of the exchange models ``epsim calibrate --exchange-fit`` chooses between (kept
+apart from ``calibrate/fit.py`` so that the CLI's flag table needs no pandas).
+
+    slowest               an exchange's fixed cost per kind and world is the slowest rank's time
+                          in the all-to-all benchmark (each exchange issued after ~1 ms of
+                          compute), which holds the ranks' spread at an exchange; the default
+    last-plus-straggler   what the last rank to arrive waits (``last_s``) plus the straggler the
+                          ranks sweep measures in decode steps, with a part that grows with the
+                          compute between exchanges (``efficiency.exchange_straggler_fraction``)
+"""
+
+EXCHANGE_FITS = ("slowest", "last-plus-straggler")
+DEFAULT_EXCHANGE_FIT = "slowest"
