@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import time
 from typing import Any
+
+from epsim.model.errors import EpsimError
 
 #: iterations of the probe's loop: about 20 ms of one core
 PROBE_LOOP = 200_000
@@ -52,9 +55,16 @@ def core_probe(processes: int | None = None, loop: int = PROBE_LOOP,
     barrier, out = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(barrier, out, loop, repeats), daemon=True)
              for _ in range(n)]
-    for p in procs:
-        p.start()
-    walls = [w for _ in procs for w in out.get(timeout=120)]
+    try:
+        for p in procs:
+            p.start()
+        walls = [w for _ in procs for w in out.get(timeout=120)]
+    except (OSError, queue.Empty) as exc:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        raise EpsimError(f"the machine probe failed ({type(exc).__name__}: its {n} worker "
+                         "processes did not start or report within 120 s)") from None
     for p in procs:
         p.join(timeout=10)
     return float(statistics.median(walls))

@@ -380,9 +380,11 @@ def _load_average() -> float | None:
 
 def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int = 2,
              device: str = "cpu", plot_path: str | Path | None = None, log: Any = None,
-             **kwargs: Any) -> dict[str, Any]:
+             probe_scaling: bool = True, **kwargs: Any) -> dict[str, Any]:
     """Check ``grid``'s cases are runnable and disjoint from the profile's calibration, run them,
-    simulate them, compare; optionally plot. Returns the report (``epsim validate --json``)."""
+    simulate them, compare; optionally plot. Returns the report (``epsim validate --json``).
+    ``probe_scaling``: scale the predictions by the machine probe's change since calibration
+    (the probe is taken and reported either way)."""
     import importlib.util
 
     from epsim.runtime.options import RunOptions
@@ -435,9 +437,11 @@ def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int
     if reference and samples:
         ratio = statistics.median(samples) / float(reference["seconds"])
         cores = int(reference["processes"])
-        predicted = adjust_for_load(cases, predicted, ratio, cores)
+        if probe_scaling:
+            predicted = adjust_for_load(cases, predicted, ratio, cores)
         probe_report = {"calibration_s": float(reference["seconds"]), "validation_s": samples,
-                        "ratio": ratio, "cores": cores, "extra_threads": cores * (ratio - 1.0)}
+                        "ratio": ratio, "cores": cores, "extra_threads": cores * (ratio - 1.0),
+                        "scaled": probe_scaling}
     report = compare(cases, measured, predicted)
     # the machine probe (epsim.calibrate.probe): plain compute, no grid configuration; the
     # predictions are scaled by the change in the machine's state it saw (None: the profile

@@ -15,20 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .eplb_kernels import _compiled, _stable_desc
+from .eplb_kernels import _changed, _compiled, _stable_desc
 
 # Each group pair's best swap is kept until either group changes, in arrays passed one by one
 # (a tuple of them took numba seconds more to compile): ``ver`` [k + 1] each group's version
 # stamp and the last stamp, ``cand`` [k, k, 4] the two stamps a pair's best was found at and
 # its (i, j), ``cval`` [k, k] its float32 peak.
-
-
-@_compiled
-def _changed(ver, g):
-    """Group ``g`` changed: every kept pair it is in is stale (a new version stamp)."""
-    last = ver.shape[0] - 1
-    ver[last] += 1
-    ver[g] = ver[last]
 
 
 @_compiled

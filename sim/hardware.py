@@ -197,12 +197,13 @@ class Efficiency:
     rank_compute_slowdown: ``{ranks: factor}``, empty: every rank has its own device. Example
         (4 local ranks on a 2-core CPU): ``{2: 1.4, 4: 2.1}``.
     rank_compute_slowdown_by_kind: ``{op class: {ranks: factor}}``, empty unless fitted.
+        Example: ``{"norm": {2: 1.3, 4: 1.5}, "attention_decode": {2: 1.15, 4: 1.9}}``.
     comm_concurrency: collectives in flight at once per rank. Example: 1 (GPU), 2 (gloo).
     a2a_host_block_by_group_s: ``{kind: {group size: seconds}}``, empty unless fitted. Example
         (gloo, 2 cores): ``{"dispatch": {2: 3.6e-3, 4: 9.8e-3}, "combine": {2: 5e-4, 4: 4e-3}}``.
-    exchange_straggler_fraction: ``{ranks: fraction}``, empty unless fitted. Example (2 cores):
-        ``{2: 0.05, 4: 0.4}``.
-        Example: ``{"norm": {2: 1.3, 4: 1.5}, "attention_decode": {2: 1.15, 4: 1.9}}``.
+    exchange_straggler_fraction: ``{ranks per node: fraction}`` (looked up at
+        ``min(world size, gpus_per_node)``), empty unless fitted (``epsim calibrate
+        --exchange-fit last-plus-straggler``). Example (2 cores): ``{2: 0.05, 4: 0.4}``.
     op_final_scale: ``{class, kind or group: factor}`` on the final op time, empty unless fitted.
         Example: ``{"attention": 1.3, "grouped_gemm": 0.8}``.
     host_ms_per_step: the engine's host time per step fitted to one stack, ``None`` unless

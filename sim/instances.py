@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from .metrics import latency_stats
-from .run_tally import StepFigures, Weighted
+from .run_tally import DECODING_ENGINES, StepFigures, Weighted
 from .serving import ServingRun
 
 #: the roles a step's engine plays, and whether that role decodes
-DECODING = {"colocated": True, "decode": True, "prefill": False}
+DECODING = {role: role in DECODING_ENGINES for role in ("colocated", "decode", "prefill")}
 
 
 def _step_figures(f: StepFigures) -> dict[str, Any]:

@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+#: the engines whose steps decode (a disaggregated prefill side's do not)
+DECODING_ENGINES = ("colocated", "decode")
+
 
 class Weighted:
     """Values with multiplicities: ``values[k]`` occurs ``counts[k]`` times (any order in)."""
@@ -177,9 +180,18 @@ class Gaps:
             else np.asarray(instance, dtype=np.int64)
         emit_t = np.zeros(0)
         if request_ids is not None and first_token_s is not None:
-            times = [np.asarray(first_token_s, dtype=np.float64)]
-            for i in range(len(first_token_s)):
-                times.append(first_token_s[i] + np.cumsum(gaps[request_ids == i]))
+            ids = np.asarray(request_ids, dtype=np.int64)
+            if len(ids) != len(gaps):
+                raise ValueError(f"{len(gaps)} gaps but {len(ids)} request ids")
+            # each request's outputs: its first token, then its own gaps summed in emit order
+            order = np.argsort(ids, kind="stable")
+            sorted_ids = ids[order]
+            cuts = np.flatnonzero(np.diff(sorted_ids)) + 1
+            first = np.asarray(first_token_s, dtype=np.float64)
+            times = [first] + [first[part_ids[0]] + np.cumsum(part)
+                               for part, part_ids in zip(np.split(gaps[order], cuts),
+                                                         np.split(sorted_ids, cuts), strict=True)
+                               if len(part)]
             emit_t = np.concatenate(times)
         return cls(values=gaps, counts=np.ones(len(gaps), dtype=np.int64), instance=inst,
                    emit_t=emit_t, emit_n=np.ones(len(emit_t), dtype=np.int64), raw=gaps,
@@ -241,7 +253,7 @@ class StepTally:
     (``run``), over the decoding engines' steps (``decoding``: KV use) and per
     ``(engine, instance)`` (``of``)."""
 
-    DECODING = ("colocated", "decode")
+    DECODING = DECODING_ENGINES
 
     def __init__(self) -> None:
         self.run = StepFigures()

@@ -178,8 +178,8 @@ class ServingRun:
         retraction) to be recomputed later.
     instance / prefill_instance: per request, the (co-located or decode) instance and the
         prefill instance it was routed to (``None`` when co-located); itl_instance: per value of
-        ``itls_s``, the instance that emitted it; request_preemptions: per request, times its KV
-        was taken back.
+        ``itls_s``, the instance that emitted it (``None`` without details); request_preemptions:
+        per request, times its KV was taken back.
     """
 
     requests: Requests

@@ -151,8 +151,11 @@ class EventLoop:
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._n = 0
 
-    def reserve(self, n: int) -> None:
+    def reserve(self, n: int) -> int:
+        """Set aside the next ``n`` places of the order -> the first of them."""
+        base = self._n
         self._n += n
+        return base
 
     def at(self, t: float, fn: Callable[[float], None], place: int | None = None) -> None:
         if place is None:
@@ -201,15 +204,15 @@ class Client:
         # stays small with a million requests) in the place it would have had if all were
         # added now; pump() sends whatever is due and has a slot
         self._wakes = np.unique(self.req.issue_times_s).tolist()
-        self.loop.reserve(len(self._wakes))
+        self._place = self.loop.reserve(len(self._wakes))
         if self._wakes:
-            self.loop.at(self._wakes[0], self._wake, place=0)
+            self.loop.at(self._wakes[0], self._wake, place=self._place)
         self._woken = 0
 
     def _wake(self, t: float) -> None:
         self._woken += 1
         if self._woken < len(self._wakes):
-            self.loop.at(self._wakes[self._woken], self._wake, place=self._woken)
+            self.loop.at(self._wakes[self._woken], self._wake, place=self._place + self._woken)
         self.pump(t)
 
     def pump(self, t: float) -> None:

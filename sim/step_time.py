@@ -101,7 +101,7 @@ def grid_nearest(x: int, per_octave: int = 8) -> int:
 
 
 #: interpolated decode costs one model keeps by exact shape, at most (then it starts again)
-DECODED_KEPT = 1 << 17
+DECODED_KEPT = 1 << 15  # about 0.8 kB each: some 27 MB per memoised model at most
 
 
 class MemoStepTime:

@@ -103,3 +103,16 @@ def test_progress_is_reported_as_requests_finish():
     assert done == sorted(done) and len(set(done)) == len(done)
     # about every 1/200 of the requests (5 here; a step may finish several), not per request
     assert 100 <= len(seen) <= 201
+
+
+def test_reserved_places_tie_after_the_events_queued_before_them():
+    from epsim.sim.serving_state import EventLoop
+
+    loop, order = EventLoop(), []
+    loop.at(1.0, lambda t: order.append("early"))
+    base = loop.reserve(2)
+    loop.at(1.0, lambda t: order.append("second"), place=base + 1)
+    loop.at(1.0, lambda t: order.append("first"), place=base)
+    loop.at(1.0, lambda t: order.append("late"))
+    loop.run()
+    assert order == ["early", "first", "second", "late"]

@@ -58,6 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
              help="passes over the grid, alternating world sizes; a case is the median of its "
              "passes' medians (default 3)")
     add_flag(p, "--device", default="cpu", help="default cpu")
+    p.add_argument("--no-probe-scaling", action="store_true",
+                   help="report the machine probe but do not scale the predictions by it "
+                   "(docs/validation.md, 'How a case is judged')")
     add_flag(p, "--plot", metavar="OUT.png", default=None,
              help="write a measured-vs-predicted scatter plot (matplotlib)")
     _add_bench_args(p)
@@ -103,7 +106,8 @@ def run_grid(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))
     report = validate(args.profile, args.grid, steps=args.steps,
-                      repeats=args.repeats, device=args.device, plot=args.plot, log=log)
+                      repeats=args.repeats, device=args.device, plot=args.plot, log=log,
+                      probe_scaling=not args.no_probe_scaling)
     report["wall_s"] = time.perf_counter() - t0
     if args.json:
         emit_json(report)
