@@ -110,6 +110,8 @@ class GapLog:
 
     def add(self, gaps: np.ndarray, ids: np.ndarray, t: float, instance: int) -> None:
         """One output each for ``ids`` at ``t``, ``gaps`` after their previous ones."""
+        if not len(gaps):
+            return
         # most requests share a gap with many others (those that decoded in the same steps
         # since their last output): the first gap's by a comparison, the others by a sort
         same = gaps == gaps[0]

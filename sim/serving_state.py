@@ -142,9 +142,10 @@ class SideQueues:
 class EventLoop:
     """A min-heap of timed callbacks (ties in insertion order).
 
-    ``reserve(n)`` sets aside the first ``n`` places of that order for callbacks known in
-    advance and added later (``at(..., place=k)``): they tie as if added before any other, and
-    the heap holds only those due next, not all of them at once.
+    ``reserve(n)`` sets aside the next ``n`` places of that order (it returns the first,
+    ``base``) for callbacks known now and added later (``at(..., place=base + k)``): they tie
+    as if they had been added when reserved, and the heap holds only those due next, not all of
+    them at once.
     """
 
     def __init__(self) -> None:
