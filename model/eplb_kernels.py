@@ -19,26 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba compiles the loops; without it the numpy path runs (same placements)
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
-    numba = None
+from .compiled import compiled as _compiled
+from .compiled import numba
 
 #: whether the compiled loops are used (tests switch it off to compare with the numpy path)
 ENABLED = numba is not None
-
-
-def _compiled(fn):
-    """``fn`` compiled by numba with an on-disk cache where numba finds a writable place, per
-    process where it finds none; ``fn.py_func`` is the Python function either way (the helper
-    of sim/engine_walk.py, repeated: epsim.model may not import sim)."""
-    if numba is None:  # pragma: no cover
-        fn.py_func = fn
-        return fn
-    try:
-        return numba.njit(cache=True)(fn)
-    except RuntimeError:  # "cannot cache function ...: no locator available" (read-only install)
-        return numba.njit(fn)
 
 
 @_compiled

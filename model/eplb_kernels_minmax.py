@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .eplb_kernels import _changed, _compiled, _stable_desc
+from .compiled import compiled as _compiled
+from .eplb_kernels import _changed, _stable_desc
 
 # Each group pair's best swap is kept until either group changes, in arrays passed one by one
 # (a tuple of them took numba seconds more to compile): ``ver`` [k + 1] each group's version

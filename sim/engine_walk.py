@@ -21,23 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba compiles the walk; without it the same code runs as Python (slower, equal results)
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
-    numba = None
-
-
-def _compiled(fn):
-    """``fn`` compiled by numba, cached on disk where numba finds a writable place (beside the
-    module, else its user cache); compiled per process where it finds none; as Python without
-    numba (``fn.py_func`` is the Python function either way)."""
-    if numba is None:  # pragma: no cover
-        fn.py_func = fn
-        return fn
-    try:
-        return numba.njit(cache=True)(fn)
-    except RuntimeError:  # "cannot cache function ...: no locator available" (read-only install)
-        return numba.njit(fn)
+from epsim.model.compiled import compiled as _compiled
 
 
 @_compiled
