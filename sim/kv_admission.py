@@ -64,7 +64,7 @@ class KVPool:
 
     def usage(self) -> float:
         """Held share of the side's KV, in [0, 1]."""
-        return float(self.used.sum()) / (self.capacity * len(self.used))
+        return float(sum(self.used.tolist())) / (self.capacity * len(self.used))
 
     def take(self, r: int, i: int, tokens: int) -> None:
         self.used[r] += tokens

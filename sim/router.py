@@ -63,7 +63,9 @@ class Router:
 
     def done(self, instances: np.ndarray) -> None:
         """Requests finished at ``instances`` (one entry per request)."""
-        if len(instances):
+        if len(self.outstanding) == 1:
+            self.outstanding[0] -= len(instances)
+        elif len(instances):
             self.outstanding -= np.bincount(instances, minlength=len(self.outstanding))
 
 

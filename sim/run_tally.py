@@ -84,8 +84,13 @@ class Weighted:
         return np.where(gamma >= 0.5, b - diff * (1 - gamma), out)
 
 
+#: gaps a :class:`GapLog` buffers per instance before it counts them (a sort): 2 MB
+REST_BUFFER_GAPS = 1 << 18
+
+
 class GapLog:
-    """The gaps of a run as its steps emit them (``add``), then :meth:`finish`."""
+    """The gaps of a run as its steps emit them (``add``, or ``add_counted`` where the emit has
+    counted its first gap's and buffered the others), then :meth:`finish`."""
 
     def __init__(self, keep_requests: bool) -> None:
         self.keep_requests = keep_requests
@@ -102,6 +107,10 @@ class GapLog:
         self._emit_n: list[int] = []
         self._raw: list[np.ndarray] = []
         self._raw_ids: list[np.ndarray] = []
+        # per instance, the gaps of :meth:`add_counted` emits that differ from their emit's
+        # first, uncounted yet (a buffer and its fill): counted by one sort when full
+        self._rest: dict[int, np.ndarray] = {}
+        self._rest_n: dict[int, int] = {}
 
     def first_tokens(self, t: float, n: int) -> None:
         """``n`` first tokens reached the client at ``t`` (outputs, not gaps)."""
@@ -131,7 +140,43 @@ class GapLog:
             self._raw.append(gaps)
             self._raw_ids.append(ids.copy())
 
+    def rest_buffer(self, instance: int, need: int) -> tuple[np.ndarray, int]:
+        """Instance ``instance``'s buffer of uncounted gaps with room for ``need`` more, and its
+        fill (where an emit writes its gaps that differ from its first)."""
+        buf, n = self._rest.get(instance), self._rest_n.get(instance, 0)
+        if buf is None or n + need > len(buf):
+            self._count_rest(instance)
+            n = 0
+            if buf is None or need > len(buf):
+                buf = self._rest[instance] = np.empty(max(need, REST_BUFFER_GAPS))
+        return buf, n
+
+    def add_counted(self, first_gap: float, n_same: int, n: int, rest_n: int, t: float,
+                    instance: int) -> None:
+        """One output each for ``n`` requests at ``t``: ``n_same`` gaps of ``first_gap``, the
+        others written to :meth:`rest_buffer`'s buffer, which is now filled to ``rest_n`` (the
+        per-request lists are not kept on this path)."""
+        self._bulk_value.append(first_gap)
+        self._bulk_count.append(n_same)
+        self._bulk_instance.append(instance)
+        self._rest_n[instance] = rest_n
+        self._emit_t.append(t)
+        self._emit_n.append(n)
+
+    def _count_rest(self, instance: int) -> None:
+        n = self._rest_n.get(instance, 0)
+        if n:
+            values, counts = np.unique(self._rest[instance][:n], return_counts=True)
+            self._other.append(values)
+            self._other_counts.append(counts)
+            self._other_instance.append(instance)
+            self._other_sizes.append(len(values))
+        self._rest_n[instance] = 0
+
     def finish(self) -> Gaps:
+        for instance in list(self._rest):
+            self._count_rest(instance)
+
         def cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
             return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
@@ -262,10 +307,13 @@ class StepTally:
         self.decoding = StepFigures()
         self.parts: dict[tuple[str, int], StepFigures] = {}
 
-    def add(self, s: Any) -> None:
+    def add(self, s: Any, peak: int | None = None) -> None:
+        """Step ``s`` as it ends; ``peak``: its most sequences on one rank, where the caller
+        knows it (else read off ``s.rank_decode_seqs``)."""
         decode = s.kind == "decode"
-        seqs = s.rank_decode_seqs
-        peak = int(seqs.max()) if seqs is not None and len(seqs) else 0
+        if peak is None:
+            seqs = s.rank_decode_seqs
+            peak = max(seqs.tolist()) if seqs is not None and len(seqs) else 0
         self.run.add(s, decode, peak, True)  # the run's breakdown and imbalance: its metrics'
         if s.engine in self.DECODING:
             self.decoding.add(s, decode, peak, False)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from .kv_admission import KVPool, Paged, Reservation, WholeSequence
+from .loop_kernels import off_ranks
 from .serving_state import RequestState, SideQueues, rank_mask
 
 if TYPE_CHECKING:  # the config lives with the loop; schedulers only read it
@@ -197,14 +198,17 @@ class PrefillFirst(Scheduler):
                "reserved at admission")
 
     def chunks(self) -> dict[int, Chunk]:
-        side, count = self.side, self.side.running.count(self.st)
-        return {r: c for r in range(side.ranks) if side.has_prompts(r)
-                for c in [self.form_chunk(r, side.chunk, int(count[r]))] if c}
+        side = self.side
+        prompted = [r for r in range(side.ranks) if side.has_prompts(r)]
+        if not prompted:
+            return {}
+        count = side.running.count(self.st).tolist()
+        return {r: c for r in prompted for c in [self.form_chunk(r, side.chunk, count[r])] if c}
 
     def decodes(self, chunks: dict[int, Chunk]) -> np.ndarray:
         ids = self.side.running.ids
         if chunks and len(ids) and not self.mixed():
-            ids = ids[~rank_mask(self.side.ranks, chunks)[self.st.rank[ids]]]
+            ids = off_ranks(ids, self.st.rank, rank_mask(self.side.ranks, chunks))
         return ids
 
     def mixed(self) -> bool:

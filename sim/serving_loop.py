@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .kv_admission import KVPool
+from .loop_kernels import off_ranks, rank_batches, rank_counts
 from .router import Router, make_router
 from .run_tally import StepTally
 from .schedulers import Counters, Scheduler, StepPlan, scheduler_class
@@ -89,12 +90,9 @@ def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int
     per-sequence work (GEMMs, which scale with seqs) and the attention work (which scales with
     summed context) are those of the busiest rank.
     """
-    r = st.rank[ids]
-    seqs = np.bincount(r, minlength=ranks)
-    ctx = np.bincount(r, weights=(st.isl[ids] + st.generated[ids]).astype(np.float64),
-                      minlength=ranks)
-    max_seqs = int(seqs.max())
-    return max_seqs, max(1, math.ceil(float(ctx.max()) / max_seqs)), seqs
+    seqs, ctx = rank_batches(ids, st.rank, st.isl, st.generated, ranks)
+    max_seqs = max(seqs.tolist())  # Python's max: a [ranks] array is too small for numpy's
+    return max_seqs, max(1, math.ceil(max(ctx.tolist()) / max_seqs)), seqs
 
 
 def _chunk_shape(st: RequestState, items: list[tuple[int, int]]) -> tuple[int, int, int]:
@@ -102,7 +100,8 @@ def _chunk_shape(st: RequestState, items: list[tuple[int, int]]) -> tuple[int, i
     tokens and prefix."""
     seqs = len(items)
     new = sum(t for _, t in items)
-    prefix = sum(int(st.prefilled[i]) for i, _ in items)
+    prefilled = st.prefilled
+    prefix = sum(prefilled.item(i) for i, _ in items)
     new_per = max(1, round(new / seqs))
     pre_per = round(prefix / seqs)
     return seqs, pre_per + new_per, pre_per
@@ -158,20 +157,21 @@ class Server:
         ids = plan.decode
         counts = self.spec.tokens(self.st.osl[ids] - self.st.generated[ids]) if self.spec.drafts \
             else None
-        record = self.record(side, plan, t, counts)
-        self.tally.add(record)
+        record, peak = self.record(side, plan, t, counts)
+        self.tally.add(record, peak)
         if self.keep_steps:
             self.steps.append(record)
         self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
 
     def record(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray | None
-               ) -> StepRecord:
+               ) -> tuple[StepRecord, int]:
         """Cost ``plan``: every prefilling rank's chunk (with its decodes in a mixed batch) and
-        the busiest decode-only rank; the step lasts as long as the slowest."""
+        the busiest decode-only rank; the step lasts as long as the slowest. -> the step and
+        its most sequences decoding on one rank."""
         st, ranks, ids = self.st, side.queues.ranks, plan.decode
         dec_only = ids
         if plan.mixed and plan.prefill and len(ids):
-            dec_only = ids[~rank_mask(ranks, plan.prefill)[st.rank[ids]]]
+            dec_only = off_ranks(ids, st.rank, rank_mask(ranks, plan.prefill))
         pre = max((self._chunk_cost(side, plan, r, c) for r, c in plan.prefill.items()),
                   key=lambda c: c.seconds, default=None)
         dec, max_seqs, ctx, seqs = None, 0, 0, None
@@ -179,19 +179,20 @@ class Server:
             max_seqs, ctx, seqs = _decode_batch(st, dec_only, ranks)
             dec = side.decode.decode(max_seqs, ctx, any_prefill=bool(plan.prefill))
         if seqs is None or dec_only is not ids:
-            seqs = np.bincount(st.rank[ids], minlength=ranks) if len(ids) \
-                else np.zeros(ranks, dtype=np.int64)
-        if len(ids):
-            self.peak = max(self.peak, int(seqs.max()))
+            seqs = rank_counts(ids, st.rank, ranks)
+        peak = max(seqs.tolist()) if len(ids) else 0
+        self.peak = max(self.peak, peak)
         dt = side.decode.wall(max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0))
         kind = "mixed" if (pre and len(ids)) else ("prefill" if pre else "decode")
         prompt = np.zeros(ranks, dtype=np.int64)
+        prompt_total = 0
         for r, chunk in plan.prefill.items():
-            prompt[r] = sum(n for _, n in chunk)
+            prompt[r] = rank_prompt = sum(n for _, n in chunk)
+            prompt_total += rank_prompt
         tokens = len(ids) if counts is None else int(counts.sum())
-        return StepRecord(side.name, t, dt, kind, tokens, int(prompt.sum()),
+        return StepRecord(side.name, t, dt, kind, tokens, prompt_total,
                           max_seqs, ctx, dec, side.kv.usage(), prompt, seqs, **self.counts(),
-                          instance=side.instance)
+                          instance=side.instance), peak
 
     def _chunk_cost(self, side: Side, plan: StepPlan, r: int, chunk: list[tuple[int, int]]
                     ) -> StepCost:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from .loop_kernels import emit_tokens, rank_counts, without
 from .run_tally import GapLog
 from .workload import Requests
 
@@ -65,6 +66,14 @@ class RequestState:
         """One more token (``counts`` more under MTP) for each request of ``ids`` at ``t``, as
         one output each (one inter-token gap, as vLLM's client times a streamed chunk), by
         ``instance``; returns those now finished."""
+        if not len(ids):
+            return ids
+        if not self.gaps.keep_requests:  # one compiled pass (sim/loop_kernels.py)
+            rest, rest_n = self.gaps.rest_buffer(instance, len(ids))
+            first_gap, n_same, rest_n, done = emit_tokens(ids, t, self.last, self.generated,
+                                                          self.osl, counts, rest, rest_n)
+            self.gaps.add_counted(first_gap, n_same, len(ids), rest_n, t, instance)
+            return done
         self.gaps.add(t - self.last[ids], ids, t, instance)
         self.last[ids] = t
         self.generated[ids] += 1 if counts is None else counts
@@ -104,16 +113,14 @@ class Running:
     def remove(self, ids: np.ndarray) -> None:
         if len(ids):
             # a mark per request id (O(running), not a sort like np.isin), cleared after
-            top = max(self._top, int(ids.max())) + 1
+            top = max(self._top, max(ids.tolist())) + 1
             if len(self._gone) < top:
                 self._gone = np.zeros(max(top, 2 * len(self._gone)), dtype=bool)
-            self._gone[ids] = True
-            self.ids = self.ids[~self._gone[self.ids]]
-            self._gone[ids] = False
+            self.ids = without(self.ids, ids, self._gone)
 
     def count(self, st: RequestState) -> np.ndarray:
         """``[ranks]`` requests decoding on each rank (not those joining at the next flush)."""
-        return np.bincount(st.rank[self.ids], minlength=self.ranks)
+        return rank_counts(self.ids, st.rank, self.ranks)
 
     def on_rank(self, st: RequestState, r: int) -> np.ndarray:
         """Rank ``r``'s decoding requests, oldest first."""
