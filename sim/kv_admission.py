@@ -31,6 +31,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from .loop_kernels import release
 from .serving_state import RequestState
 
 #: SGLang's CLIP_MAX_NEW_TOKENS (``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, default 4096), in
@@ -72,15 +73,8 @@ class KVPool:
 
     def release(self, ids: np.ndarray) -> None:
         """Free everything ``ids`` hold."""
-        if len(ids) == 1:
-            i = int(ids[0])
-            self.used[self.rank[i]] -= self.held[i]
-            self.held[i] = 0
-        elif len(ids):
-            # a sum per rank (exact: token counts are far below 2**53), not np.subtract.at
-            self.used -= np.bincount(self.rank[ids], weights=self.held[ids],
-                                     minlength=len(self.used)).astype(np.int64)
-            self.held[ids] = 0
+        if len(ids):
+            release(ids, self.rank, self.held, self.used)  # one compiled pass, exact in int64
 
     # what each engine's admission decides -------------------------------------------------
 
@@ -112,7 +106,7 @@ class WholeSequence(KVPool):
     def __init__(self, ranks: int, capacity: int, st: RequestState, rank: np.ndarray,
                  need: Callable[[int], int] | None = None) -> None:
         super().__init__(ranks, capacity, st, rank)
-        self.need = need or (lambda i: int(st.isl[i] + st.osl[i]) + self.lookahead)
+        self.need = need or (lambda i: st.isl.item(i) + st.osl.item(i) + self.lookahead)
 
     def admit(self, r: int, i: int, tokens: int, admitted: Callable[[], np.ndarray]) -> bool:
         need = self.need(i)

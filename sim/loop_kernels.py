@@ -16,6 +16,7 @@ replaces). Without numba the same source runs as Python (``model/compiled.py``).
     off_ranks        the requests not on any of the given ranks
     rank_counts      ``[ranks]`` requests on each rank
     without          the running requests less those that finished
+    release          the KV the finished requests held, given back to their ranks
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from epsim.model.compiled import compiled as _compiled
+
+
+_NO_EXTRA = np.zeros(0, dtype=np.int64)  # one token each: no per-request counts
 
 
 @_compiled
@@ -62,7 +66,7 @@ def emit_tokens(ids: np.ndarray, t: float, last: np.ndarray, generated: np.ndarr
     Returns:
         ``(first gap, how many gaps equal it, the buffer's new fill, [finished ids])``.
     """
-    extra = np.zeros(0, dtype=np.int64) if counts is None else np.asarray(counts, np.int64)
+    extra = _NO_EXTRA if counts is None else np.asarray(counts, np.int64)
     done = np.empty(len(ids), dtype=np.int64)
     g0, same, rest_n, finished = _emit_tokens(ids, float(t), last, generated, osl, extra, rest,
                                               rest_n, done)
@@ -138,3 +142,17 @@ def without(ids: np.ndarray, gone: np.ndarray, mark: np.ndarray) -> np.ndarray:
     False, left so): ``ids[~np.isin(ids, gone)]`` in O(len(ids))."""
     out = np.empty(len(ids), dtype=np.int64)
     return out[:_without(ids, gone, mark, out)]
+
+
+@_compiled
+def _release(ids, rank, held, used):  # noqa: ANN001, ANN202
+    for j in range(ids.shape[0]):
+        i = ids[j]
+        used[rank[i]] -= held[i]
+        held[i] = 0
+
+
+def release(ids: np.ndarray, rank: np.ndarray, held: np.ndarray, used: np.ndarray) -> None:
+    """Give back what each request of ``ids`` (distinct) holds: ``used[rank[i]] -= held[i]``,
+    then ``held[i] = 0`` (int64, exact)."""
+    _release(ids, rank, held, used)

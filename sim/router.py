@@ -63,10 +63,12 @@ class Router:
 
     def done(self, instances: np.ndarray) -> None:
         """Requests finished at ``instances`` (one entry per request)."""
-        if len(self.outstanding) == 1:
-            self.outstanding[0] -= len(instances)
-        elif len(instances):
+        if len(instances):
             self.outstanding -= np.bincount(instances, minlength=len(self.outstanding))
+
+    def done_at_one(self, n: int) -> None:
+        """``n`` requests finished at the only instance."""
+        self.outstanding[0] -= n
 
 
 ROUTERS: dict[str, type[Router]] = {}

@@ -99,6 +99,10 @@ def _chunk_shape(st: RequestState, items: list[tuple[int, int]]) -> tuple[int, i
     """A rank's chunk as ``seqs`` uniform sequences: (seqs, prompt, prefix) of the mean new
     tokens and prefix."""
     seqs = len(items)
+    if seqs == 1:  # the usual chunk: one request's prompt, or its next part
+        i, new = items[0]
+        prefix = st.prefilled.item(i)
+        return 1, prefix + max(1, new), prefix
     new = sum(t for _, t in items)
     prefilled = st.prefilled
     prefix = sum(prefilled.item(i) for i, _ in items)
@@ -172,8 +176,11 @@ class Server:
         dec_only = ids
         if plan.mixed and plan.prefill and len(ids):
             dec_only = off_ranks(ids, st.rank, rank_mask(ranks, plan.prefill))
-        pre = max((self._chunk_cost(side, plan, r, c) for r, c in plan.prefill.items()),
-                  key=lambda c: c.seconds, default=None)
+        pre = None  # the slowest chunk (the first of equals, as max() keeps)
+        for r, c in plan.prefill.items():
+            cost = self._chunk_cost(side, plan, r, c)
+            if pre is None or cost.seconds > pre.seconds:
+                pre = cost
         dec, max_seqs, ctx, seqs = None, 0, 0, None
         if len(dec_only):
             max_seqs, ctx, seqs = _decode_batch(st, dec_only, ranks)
@@ -215,8 +222,9 @@ class Server:
         for r, items in plan.prefill.items():
             q.partial[r] = None
             for i, n in items:
-                st.prefilled[i] += n
-                if st.prefilled[i] < st.prefill_target(i):
+                done_tokens = st.prefilled.item(i) + n
+                st.prefilled[i] = done_tokens
+                if done_tokens < st.isl.item(i) + st.generated.item(i):  # prefill_target(i)
                     q.partial[r] = i
                 elif side.on_prefilled(side, i, t):
                     also_done.append(i)
@@ -242,13 +250,14 @@ class Server:
 
     def finish(self, ids: np.ndarray, t: float) -> None:
         if len(ids):
-            owner = self.st.owner[ids]
-            if len(self.decode_kvs) == 1:
+            if len(self.decode_kvs) == 1:  # one instance: every request is its own
                 self.decode_kvs[0].release(ids)
+                self.router.done_at_one(len(ids))
             else:
+                owner = self.st.owner[ids]
                 for k in np.unique(owner):
                     self.decode_kvs[k].release(ids[owner == k])
-            self.router.done(owner)
+                self.router.done(owner)
             self.client.finished(ids, t)
 
     def counts(self) -> dict[str, int]:

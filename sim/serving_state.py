@@ -81,10 +81,19 @@ class RequestState:
 
 
 def rank_mask(ranks: int, chosen: Iterable[int]) -> np.ndarray:
-    """``[ranks]`` True for the ranks in ``chosen``."""
-    mask = np.zeros(ranks, dtype=bool)
-    mask[list(chosen)] = True
+    """``[ranks]`` True for the ranks in ``chosen`` (read-only: one array per set of ranks,
+    kept, since a run meets the same few sets step after step)."""
+    key = (ranks, *chosen)
+    mask = _RANK_MASKS.get(key)
+    if mask is None:
+        mask = np.zeros(ranks, dtype=bool)
+        mask[list(key[1:])] = True
+        mask.flags.writeable = False
+        _RANK_MASKS[key] = mask
     return mask
+
+
+_RANK_MASKS: dict[tuple[int, ...], np.ndarray] = {}
 
 
 class Running:
@@ -201,6 +210,7 @@ class Client:
         self.st, self.req, self.cap, self.loop, self.send_fn = st, req, cap, loop, send
         self.next = 0
         self.in_flight = 0
+        self._issue = req.issue_times_s.tolist()  # Python floats, cheaper to read one by one
         # ``progress(finished, total)`` about every 1/200 of the requests, and at the end
         self.progress = progress
         self.finished_count = 0
@@ -224,8 +234,8 @@ class Client:
         self.pump(t)
 
     def pump(self, t: float) -> None:
-        n = len(self.req)
-        while self.next < n and self.req.issue_times_s[self.next] <= t + 1e-12 and (
+        n, issue = len(self.req), self._issue
+        while self.next < n and issue[self.next] <= t + 1e-12 and (
                 self.cap is None or self.in_flight < self.cap):
             i = self.next
             self.next += 1
