@@ -161,12 +161,21 @@ class EventLoop:
     ``reserve(n)`` sets aside the next ``n`` places of that order (it returns the first,
     ``base``) for callbacks known now and added later (``at(..., place=base + k)``): they tie
     as if they had been added when reserved, and the heap holds only those due next, not all of
-    them at once.
+    them at once. ``stream(times, fn)`` is that for a sorted list known whole (the client's
+    arrivals): ``fn(times[k])`` in place ``base + k``, read off the list beside the heap instead
+    of passing through it, in the same order.
     """
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[[float], None]]] = []
         self._n = 0
+        self._stream: tuple[list[float], int, Callable[[float], None]] | None = None
+
+    def stream(self, times: list[float], fn: Callable[[float], None]) -> None:
+        """``fn(t)`` at each of ``times`` (sorted), in places reserved now (one stream a loop)."""
+        if self._stream is not None:
+            raise ValueError("an event loop runs one stream")
+        self._stream = (times, self.reserve(len(times)), fn)
 
     def reserve(self, n: int) -> int:
         """Set aside the next ``n`` places of the order -> the first of them."""
@@ -181,8 +190,19 @@ class EventLoop:
         heapq.heappush(self._heap, (t, place, fn))
 
     def run(self) -> None:
-        while self._heap:
-            t, _, fn = heapq.heappop(self._heap)
+        heap, pop = self._heap, heapq.heappop
+        times, base, fire = self._stream or ([], 0, None)
+        k, n = 0, len(times)
+        while True:
+            if k < n:  # the stream's next, unless the heap's first is due before it
+                t = times[k]
+                if not heap or t < heap[0][0] or (t == heap[0][0] and base + k < heap[0][1]):
+                    k += 1
+                    fire(t)
+                    continue
+            if not heap:
+                return
+            t, _, fn = pop(heap)
             fn(t)
 
 
@@ -218,20 +238,10 @@ class Client:
         self._next_report = self._tick
 
     def start(self) -> None:
-        # one wake-up per distinct issue time, each added when the one before fires (the heap
-        # stays small with a million requests) in the place it would have had if all were
-        # added now; pump() sends whatever is due and has a slot
-        self._wakes = np.unique(self.req.issue_times_s).tolist()
-        self._place = self.loop.reserve(len(self._wakes))
-        if self._wakes:
-            self.loop.at(self._wakes[0], self._wake, place=self._place)
-        self._woken = 0
-
-    def _wake(self, t: float) -> None:
-        self._woken += 1
-        if self._woken < len(self._wakes):
-            self.loop.at(self._wakes[self._woken], self._wake, place=self._place + self._woken)
-        self.pump(t)
+        # one wake-up per distinct issue time, in the place each would have had if all were
+        # added to the heap now (the loop reads them off their list: the heap stays small with
+        # a million requests); pump() sends whatever is due and has a slot
+        self.loop.stream(np.unique(self.req.issue_times_s).tolist(), self.pump)
 
     def pump(self, t: float) -> None:
         n, issue = len(self.req), self._issue

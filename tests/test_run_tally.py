@@ -116,3 +116,17 @@ def test_reserved_places_tie_after_the_events_queued_before_them():
     loop.at(1.0, lambda t: order.append("late"))
     loop.run()
     assert order == ["early", "first", "second", "late"]
+
+
+def test_a_stream_fires_in_the_places_it_reserved():
+    from epsim.sim.serving_state import EventLoop
+
+    loop, order = EventLoop(), []
+    loop.at(1.0, lambda t: order.append(("early", t)))
+    loop.stream([0.5, 1.0, 2.0], lambda t: order.append(("stream", t)))
+    loop.at(1.0, lambda t: order.append(("late", t)))
+    # an event a stream callback adds at its own time comes after the stream's later places
+    loop.at(0.7, lambda t: loop.at(2.0, lambda t2: order.append(("added", t2))))
+    loop.run()
+    assert order == [("stream", 0.5), ("early", 1.0), ("stream", 1.0), ("late", 1.0),
+                     ("stream", 2.0), ("added", 2.0)]
