@@ -124,24 +124,32 @@ def rank_counts(ids: np.ndarray, rank: np.ndarray, ranks: int) -> np.ndarray:
 
 
 @_compiled
-def _without(ids, gone, mark, out):  # noqa: ANN001, ANN202
+def _without(ids, gone, mark, out, rank, per_rank):  # noqa: ANN001, ANN202
     for j in range(gone.shape[0]):
         mark[gone[j]] = True
     n = 0
     for j in range(ids.shape[0]):
-        if not mark[ids[j]]:
-            out[n] = ids[j]
+        i = ids[j]
+        if not mark[i]:
+            out[n] = i
             n += 1
+        elif per_rank.shape[0]:
+            per_rank[rank[i]] -= 1
     for j in range(gone.shape[0]):
         mark[gone[j]] = False
     return n
 
 
-def without(ids: np.ndarray, gone: np.ndarray, mark: np.ndarray) -> np.ndarray:
+def without(ids: np.ndarray, gone: np.ndarray, mark: np.ndarray,
+            rank: np.ndarray | None = None, per_rank: np.ndarray | None = None) -> np.ndarray:
     """``ids`` (in order) less those in ``gone``, through ``mark`` (a bool per request id, all
-    False, left so): ``ids[~np.isin(ids, gone)]`` in O(len(ids))."""
+    False, left so): ``ids[~np.isin(ids, gone)]`` in O(len(ids)). With ``rank`` and
+    ``per_rank`` (``[ranks]`` counts of ``ids``), each id taken out is taken off its rank's
+    count."""
     out = np.empty(len(ids), dtype=np.int64)
-    return out[:_without(ids, gone, mark, out)]
+    if per_rank is None:
+        rank, per_rank = ids, _NO_EXTRA  # unread: no counts to keep
+    return out[:_without(ids, gone, mark, out, rank, per_rank)]
 
 
 @_compiled

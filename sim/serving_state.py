@@ -109,6 +109,10 @@ class Running:
         self._incoming: list[int] = []
         self._gone = np.zeros(0, dtype=bool)
         self._top = 0  # the largest id that joined
+        # from the first count() on, the requests on each rank, kept as they join and leave
+        # (a request keeps its rank while it runs), and the rank of each request
+        self._per_rank: np.ndarray | None = None
+        self._rank: np.ndarray | None = None
 
     def add(self, i: int) -> None:
         self._incoming.append(i)
@@ -116,8 +120,11 @@ class Running:
     def flush(self) -> None:
         if self._incoming:
             self._top = max(self._top, max(self._incoming))
-            self.ids = np.concatenate([self.ids, np.array(self._incoming, dtype=np.int64)])
+            joined = np.array(self._incoming, dtype=np.int64)
+            self.ids = np.concatenate([self.ids, joined])
             self._incoming = []
+            if self._per_rank is not None:
+                self._per_rank += rank_counts(joined, self._rank, self.ranks)
 
     def remove(self, ids: np.ndarray) -> None:
         if len(ids):
@@ -125,11 +132,14 @@ class Running:
             top = max(self._top, max(ids.tolist())) + 1
             if len(self._gone) < top:
                 self._gone = np.zeros(max(top, 2 * len(self._gone)), dtype=bool)
-            self.ids = without(self.ids, ids, self._gone)
+            self.ids = without(self.ids, ids, self._gone, self._rank, self._per_rank)
 
     def count(self, st: RequestState) -> np.ndarray:
         """``[ranks]`` requests decoding on each rank (not those joining at the next flush)."""
-        return rank_counts(self.ids, st.rank, self.ranks)
+        if self._per_rank is None:
+            self._rank = st.rank
+            self._per_rank = rank_counts(self.ids, st.rank, self.ranks)
+        return self._per_rank.copy()
 
     def on_rank(self, st: RequestState, r: int) -> np.ndarray:
         """Rank ``r``'s decoding requests, oldest first."""

@@ -126,3 +126,29 @@ def test_a_lean_run_counting_its_gaps_in_a_small_buffer_gives_the_same_metrics(m
             assert lean[k] == pytest.approx(full[k], rel=1e-12), k
         else:
             assert lean[k] == full[k], k
+
+
+def test_running_counts_kept_as_requests_join_and_leave_equal_a_fresh_count(monkeypatch):
+    from epsim.sim import serving_state
+
+    checked = []
+    count = serving_state.Running.count
+
+    def checked_count(self, st):
+        kept = count(self, st)
+        assert kept.tolist() == np.bincount(st.rank[self.ids], minlength=self.ranks).tolist()
+        checked.append(1)
+        return kept
+
+    monkeypatch.setattr(serving_state.Running, "count", checked_count)
+    rng = np.random.default_rng(2)
+    n = 300
+    req = Requests(input_lens=rng.integers(50, 2000, n), output_lens=rng.integers(1, 200, n),
+                   issue_times_s=np.sort(rng.uniform(0, 2, n)))
+    # a small KV pool: vLLM preempts (requests leave the running set and join again)
+    for scheduler in ("prefill_first", "decode_first", "sglang"):
+        cfg = ServingConfig(dp=4, kv_capacity_tokens=6_000, chunked_prefill_size=512,
+                            scheduler=scheduler)
+        simulate_serving(req, cfg, Affine(per_seq=1e-4, per_ctx=1e-8, p_token=1e-5),
+                         details=False)
+    assert len(checked) > 100
