@@ -25,8 +25,7 @@ import numpy as np
 
 from epsim.model.compiled import compiled as _compiled
 
-
-_NO_EXTRA = np.zeros(0, dtype=np.int64)  # one token each: no per-request counts
+_NO_EXTRA = np.zeros(0, dtype=np.int64)  # empty: no per-request token counts, no rank counts
 
 
 @_compiled

@@ -43,3 +43,15 @@ def affine_factory(**kw):
                       p_token=kw.get("p_token", 1e-6))
 
     return make
+
+
+def assert_same_metrics(want: dict, got: dict, rel: float = 1e-12) -> None:
+    """Two runs' ``compute_metrics``: the same keys, floats equal to ``rel``, the rest exactly."""
+    import pytest
+
+    assert got.keys() == want.keys()
+    for k in want:
+        if isinstance(want[k], float):
+            assert got[k] == pytest.approx(want[k], rel=rel), k
+        else:
+            assert got[k] == want[k], k

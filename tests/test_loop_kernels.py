@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
-from serving_models import Affine
+from serving_models import Affine, assert_same_metrics
 
 from epsim.sim import run_tally
 from epsim.sim.loop_kernels import emit_tokens, off_ranks, rank_batches, rank_counts, without
@@ -119,13 +119,7 @@ def test_a_lean_run_counting_its_gaps_in_a_small_buffer_gives_the_same_metrics(m
     model = Affine(per_seq=1e-4, per_ctx=1e-8, p_token=1e-5)
     full = compute_metrics(simulate_serving(req, cfg, model, details=True))
     monkeypatch.setattr(run_tally, "REST_BUFFER_GAPS", 8)
-    lean = compute_metrics(simulate_serving(req, cfg, model, details=False))
-    assert lean.keys() == full.keys()
-    for k in full:
-        if isinstance(full[k], float):
-            assert lean[k] == pytest.approx(full[k], rel=1e-12), k
-        else:
-            assert lean[k] == full[k], k
+    assert_same_metrics(full, compute_metrics(simulate_serving(req, cfg, model, details=False)))
 
 
 def test_running_counts_kept_as_requests_join_and_leave_equal_a_fresh_count(monkeypatch):
