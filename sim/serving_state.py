@@ -182,7 +182,8 @@ class EventLoop:
         self._stream: tuple[list[float], int, Callable[[float], None]] | None = None
 
     def stream(self, times: list[float], fn: Callable[[float], None]) -> None:
-        """``fn(t)`` at each of ``times`` (sorted), in places reserved now (one stream a loop)."""
+        """``fn(t)`` at each of ``times`` (sorted), in places reserved now (one stream a loop,
+        given before :meth:`run`)."""
         if self._stream is not None:
             raise ValueError("an event loop runs one stream")
         self._stream = (times, self.reserve(len(times)), fn)
