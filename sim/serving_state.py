@@ -86,6 +86,8 @@ def rank_mask(ranks: int, chosen: Iterable[int]) -> np.ndarray:
     key = (ranks, *chosen)
     mask = _RANK_MASKS.get(key)
     if mask is None:
+        if len(_RANK_MASKS) >= RANK_MASKS_KEPT:  # many dp ranks meet many sets: start again
+            _RANK_MASKS.clear()
         mask = np.zeros(ranks, dtype=bool)
         mask[list(key[1:])] = True
         mask.flags.writeable = False
@@ -94,6 +96,7 @@ def rank_mask(ranks: int, chosen: Iterable[int]) -> np.ndarray:
 
 
 _RANK_MASKS: dict[tuple[int, ...], np.ndarray] = {}
+RANK_MASKS_KEPT = 4096
 
 
 class Running:
