@@ -3,8 +3,10 @@
     Weighted   a population of values with multiplicities, sorted: ``mean``, ``std``,
                ``median`` and numpy's linear ``percentile`` of the expanded population, the
                order statistics exact (no sketch: see below)
-    GapLog     the inter-token gaps as the steps emit them, kept as (value, count) per emit and
-               instance; the raw per-request lists only when asked (``keep_requests``)
+    GapLog     the inter-token gaps as the steps emit them, kept as (value, count): an emit's
+               first gap and how many share it, the emit's other gaps buffered per instance
+               and counted by a sort when the buffer fills; the raw per-request lists only
+               when asked (``keep_requests``)
     Gaps       the finished log: every gap's value and multiplicity and its instance, the
                outputs emitted per instant (vLLM's peak output rate), and the raw lists if kept
     StepTally  the step figures the metrics take (decode-only throughput, breakdown, KV use,
