@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import per_request_itls_s
+from .metrics import latency_stats, per_request_itls_s, percentile_word
 from .run_tally import Weighted
 from .serving import ServingRun
 
@@ -55,21 +55,12 @@ def populations_s(run: ServingRun) -> dict[str, np.ndarray | Weighted]:
 
 
 def stat_ms(values_s: np.ndarray | Weighted, word: str) -> float:
-    """``mean``/``median``/``std``/``pNN`` of ``values_s`` in ms (an empty list counts as [0],
-    as vLLM's ``np.mean(x or 0)``)."""
-    if isinstance(values_s, Weighted) and len(values_s):
-        ms = values_s.scaled(1e3)
-        if word in ("mean", "median", "std"):
-            return getattr(ms, word)()
-        return float(ms.percentile([float(word[1:])])[0])
-    ms = values_s * 1e3 if len(values_s) else np.zeros(1)
-    if word == "mean":
-        return float(np.mean(ms))
-    if word == "median":
-        return float(np.median(ms))
-    if word == "std":
-        return float(np.std(ms))
-    return float(np.percentile(ms, float(word[1:])))
+    """``mean``/``median``/``std``/``pNN`` of ``values_s`` in ms, as ``metrics.latency_stats``
+    gives it (an empty list counts as [0], as vLLM's ``np.mean(x or 0)``)."""
+    if word in ("mean", "median", "std"):
+        return latency_stats("x", values_s, (), False)[f"{word}_x_ms"]
+    p = float(word[1:])
+    return latency_stats("x", values_s, (p,), True)[f"p{percentile_word(p)}_x_ms"]
 
 
 def max_output_tokens_per_s(run: ServingRun) -> float:

@@ -253,10 +253,6 @@ class EngineStepTime:
         self.variants = variants
         self.policy = policy or StepPolicy()
         self.touched: dict[int, tuple[StepTimeModel, int]] = {}
-        # costs by their call's arguments (a serving run asks for the same shapes again and
-        # again): the value the variant's model gives, without choosing the variant again
-        self._decodes: dict[tuple[int, int, bool], StepCost] = {}
-        self._prefills: dict[tuple[int, int, int], StepCost] = {}
 
     @classmethod
     def of(cls, model: StepTimeModel, policy: StepPolicy | None = None) -> EngineStepTime:
@@ -281,27 +277,13 @@ class EngineStepTime:
 
     def decode(self, seqs: int, context: int, any_prefill: bool = False) -> StepCost:
         """The busiest rank's decode batch: ``seqs`` sequences of ``context`` tokens each."""
-        key = (seqs, context, any_prefill)
-        found = self._decodes.get(key)
-        if found is None:
-            if len(self._decodes) >= DECODED_KEPT:
-                self._decodes.clear()
-            graph = self.decode_graph(seqs, any_prefill)
-            found = self._decodes[key] = self._variant(graph, seqs, False, any_prefill).decode(
-                seqs, context)
-        return found
+        graph = self.decode_graph(seqs, any_prefill)
+        return self._variant(graph, seqs, False, any_prefill).decode(seqs, context)
 
     def prefill(self, seqs: int, prompt: int, prefix: int) -> StepCost:
         """One rank's prefill chunk: ``seqs`` sequences of ``prompt - prefix`` new tokens."""
-        key = (seqs, prompt, prefix)
-        found = self._prefills.get(key)
-        if found is None:
-            if len(self._prefills) >= DECODED_KEPT:
-                self._prefills.clear()
-            graph = self.policy.graph and not self.policy.prefill_eager
-            found = self._prefills[key] = self._variant(graph, seqs * (prompt - prefix),
-                                                        True).prefill(seqs, prompt, prefix)
-        return found
+        graph = self.policy.graph and not self.policy.prefill_eager
+        return self._variant(graph, seqs * (prompt - prefix), True).prefill(seqs, prompt, prefix)
 
     def mixed(self, seqs: int, prompt: int, prefix: int, decode_seqs: int, context: int
               ) -> StepCost:
