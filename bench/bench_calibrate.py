@@ -59,9 +59,10 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores; folder {folder}")
     print(f"calibrate wall {t_cal:.1f} s, validate wall {t_val:.1f} s, "
           f"total {t_cal + t_val:.1f} s ({(t_cal + t_val) / 60:.1f} min; acceptance <= 15 min)")
+    around = {k: "unknown" if v is None else f"{v:.2f}"
+              for k, v in report["load_average"].items()}
     print(f"load average (1 min): before calibrate {load0:.2f}, after it {load1:.2f}, "
-          f"around validate {report['load_average']['before']} -> "
-          f"{report['load_average']['after']} (its own ranks included)")
+          f"around validate {around['before']} -> {around['after']} (its own ranks included)")
     print("| configuration | measured ms: median of passes (pass medians) | spread | "
           "predicted ms | error |")
     print("|---|---|---|---|---|")

@@ -230,11 +230,13 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         if held:
             eff["a2a_host_block_by_group_s"] = {k: {str(g): v for g, v in sorted(t.items())}
                                                 for k, t in held.items()}
+            dispatch = ("the last rank to arrive's time plus the dispatch straggler of the ranks "
+                        "sweep" if late else "the last rank to arrive's time")
             sources["efficiency.a2a_host_block_by_group_s"] = src(
                 "a2a", "host_s: the time inside the call that issues the exchange (dispatch: "
-                "its blocking count exchange, the last rank to arrive's time plus the dispatch "
-                "straggler of the ranks sweep; combine: gloo's asynchronous call, the ranks' "
-                "mean), fixed part of a line over link bytes, per kind and world size")
+                f"its blocking count exchange, {dispatch}; combine: gloo's asynchronous call, "
+                "the ranks' mean), fixed part of a line over link bytes, per kind and world "
+                "size")
     else:
         if base is None:
             raise EpsimError("no all-to-all measurements and no --base profile to take the "

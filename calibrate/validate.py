@@ -370,6 +370,22 @@ def kind_summary(report: Mapping[str, Any]) -> dict[str, dict[str, float]]:
             for k, d in out.items()}
 
 
+def _probe_reference(probe: Any) -> Mapping[str, Any] | None:
+    """The profile's ``calibration.probe`` checked (``None``: the profile has none), so that a
+    malformed one is refused before any launch, not met as a traceback after the runs."""
+    if not probe:
+        return None
+    seconds = probe.get("seconds") if isinstance(probe, Mapping) else None
+    processes = probe.get("processes") if isinstance(probe, Mapping) else None
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0
+            and isinstance(processes, int) and not isinstance(processes, bool)
+            and processes > 0):
+        raise EpsimError("the profile's calibration.probe must be an object with a positive "
+                         "'seconds' and a positive integer 'processes' (epsim calibrate writes "
+                         "it); remove it to validate without the machine probe")
+    return probe
+
+
 def _load_average() -> float | None:
     """The 1-minute load average (None where the platform has none)."""
     try:
@@ -417,8 +433,8 @@ def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int
     if not has_torch:
         raise EpsimError("epsim validate runs the runtime, which needs torch: "
                          "pip install 'epsim[runtime]'")
+    reference = _probe_reference(calib.get("probe") if isinstance(calib, Mapping) else None)
     say(f"running {len(cases)} configurations x {repeats} on the runtime")
-    reference = calib.get("probe") if isinstance(calib, Mapping) else None
     samples: list[float] = []
     hook = None
     if reference:

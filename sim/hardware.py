@@ -72,7 +72,7 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
                              exchange; the combine's asynchronous call, which returns only when
                              the rank's threads get a core); absent: a dispatch holds the host
                              for its whole fixed cost, a combine not at all
-      exchange_straggler_fraction  {group size: fraction}: the last rank reaches an EP exchange
+      exchange_straggler_fraction  {ranks per node: fraction}: the last rank reaches an EP exchange
                              this fraction of the compute since the previous exchange after the
                              average one (ranks time-sliced on shared cores drift apart in
                              proportion to the work between two meetings); the exchange and the

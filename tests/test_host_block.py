@@ -245,3 +245,15 @@ def test_exchange_times_per_repeat_over_the_ranks():
     assert _per_repeat([ranks], 16, "t_s", max) == [4.0, 5.0]   # the slowest rank's
     assert _per_repeat([ranks], 16, "t_s", min) == [1.0, 3.0]   # the last to arrive's
     assert _per_repeat([ranks], 16, "t_s", np.mean) == [2.5, 4.0]
+
+
+@pytest.mark.parametrize("probe", [{"seconds": 0.02}, {"seconds": 0, "processes": 2},
+                                   {"seconds": 0.02, "processes": "2"}, [0.02, 2]])
+def test_a_malformed_machine_probe_is_refused_before_any_launch(probe):
+    from epsim.calibrate.validate import _probe_reference
+
+    with pytest.raises(EpsimError, match="calibration.probe"):
+        _probe_reference(probe)
+    assert _probe_reference(None) is None
+    good = {"seconds": 0.02, "processes": 2}
+    assert _probe_reference(good) is good

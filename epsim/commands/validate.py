@@ -118,7 +118,7 @@ def run_grid(args: argparse.Namespace) -> int:
     for c in report["cases"]:
         print(f"  {c['label']:<40} {c['measured_ms']:>11.2f} {c['pass_spread_pct']:>7.1f}% "
               f"{c['predicted_ms']:>12.2f} {c['error_pct']:>+7.1f}%")
-    load = report["load_average"]
+    load = {k: "unknown" if v is None else f"{v:.2f}" for k, v in report["load_average"].items()}
     print(f"  |error| median {report['median_abs_error_pct']:.1f}%, p90 "
           f"{report['p90_abs_error_pct']:.1f}%, max {report['max_abs_error_pct']:.1f}%; "
           f"each case: the median of its {report['repeats']} passes (spread: max - min over "
