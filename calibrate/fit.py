@@ -345,8 +345,10 @@ def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None,
     """
     if method not in EXCHANGE_FITS:
         raise EpsimError(f"exchange fit must be one of {', '.join(EXCHANGE_FITS)}, got {method!r}")
-    fixed, fraction = fit_straggler(ranks) if ranks is not None else ({}, {})
-    if method == "slowest" or not fixed or "last_s" not in a2a or a2a["last_s"].isna().any():
+    if method == "slowest":
+        return fit_comm(a2a), {}
+    fixed, fraction = fit_straggler(ranks)
+    if not fixed or "last_s" not in a2a or a2a["last_s"].isna().any():
         return fit_comm(a2a), {}
     pure = fit_comm(a2a.assign(time_s=a2a["last_s"]))
     latency = {k: {w: v + fixed.get(w, 0.0) for w, v in t.items()}

@@ -267,7 +267,8 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
 
     points = list(points)
     samples: dict[tuple, tuple[str, list[float]]] = {}
-    arrivals: dict[tuple, list[tuple[float, float]]] = {}  # per (op, round, step): the ranks'
+    # per (op, round, step): each rank's (wait, compute since the previous exchange)
+    arrivals: dict[tuple, list[tuple[float, float]]] = {}
     for rnd in range(rounds):  # rounds alternate the world sizes (background load is bursty)
         for world in worlds:
             options, keys = [], []
@@ -294,13 +295,16 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         waits = [w for w, _ in per_rank]
         late.setdefault(key, []).append((statistics.fmean(waits) - min(waits),
                                          statistics.fmean(s for _, s in per_rank)))
-    rows = [{"shape": name, "world": world, "batch": batch, "context": context, "op_id": op_id,
-             "kind": kind, "time_s": statistics.median(times), "repeats": len(times),
-             **({"straggler_s": statistics.median(v for v, _ in late[key]),
-                 "segment_s": statistics.median(v for _, v in late[key])}
-                if key in late else {})}
-            for key, (kind, times) in samples.items()
-            for name, world, batch, context, op_id in [key]]
+    rows = []
+    for key, (kind, times) in samples.items():
+        name, world, batch, context, op_id = key
+        row = {"shape": name, "world": world, "batch": batch, "context": context,
+               "op_id": op_id, "kind": kind, "time_s": statistics.median(times),
+               "repeats": len(times)}
+        if key in late:
+            row["straggler_s"] = statistics.median(v for v, _ in late[key])
+            row["segment_s"] = statistics.median(v for _, v in late[key])
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
