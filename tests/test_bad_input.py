@@ -170,3 +170,12 @@ def test_sigterm_during_a_command_leaves_no_output_and_no_temp_file(tmp_path):
     assert p.returncode == 143
     assert err.splitlines() == ["epsim sweep: error: terminated by SIGTERM"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_flag_the_chosen_mode_would_ignore_is_refused(tmp_path, capsys):
+    bench = tmp_path / "result.json"
+    bench.write_text("{}")
+    refused(capsys, "calibrate", "--device", "cuda", "--out", str(tmp_path / "p.json"),
+            "--exchange-fit", "slowest", match="--exchange-fit")
+    refused(capsys, "validate", "--bench", str(bench), "--no-probe-scaling",
+            match="--no-probe-scaling")

@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--base", metavar="HW", default=None,
                    help="--device cuda: shipped profile whose communication figures are kept "
                    "(default h200)")
-    add_flag(p, "--exchange-fit", default=DEFAULT_EXCHANGE_FIT,
+    add_flag(p, "--exchange-fit", default=None,
              help="the EP exchange's fixed cost: the slowest rank's time in the all-to-all "
              "benchmark (slowest, the default), or what the last rank to arrive waits plus the "
              "straggler measured in decode steps (last-plus-straggler); "
@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_trace and args.from_bench:
         raise EpsimError("--from-trace and --from-bench are two fits: give one")
+    if args.exchange_fit is not None and (args.from_trace or args.from_bench
+                                          or args.device != "cpu"):
+        raise EpsimError("--exchange-fit chooses how a CPU calibration fits the all-to-all "
+                         "table: it does not apply to --from-trace, --from-bench or --device "
+                         "cuda")
     if args.from_trace:
         return run_trace(args)
     if args.from_bench:
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))
     obj = calibrate(args.out, device=args.device, quick=args.quick, base=args.base, log=log,
-                    exchange_fit=args.exchange_fit)
+                    exchange_fit=args.exchange_fit or DEFAULT_EXCHANGE_FIT)
     wall = time.perf_counter() - t0
     eff = obj["efficiency"]
     tables = {k: str(v) for k, v in table_paths(args.out).items()}

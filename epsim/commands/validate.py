@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     if args.bench and args.profile:
         raise EpsimError("--bench and --profile are two modes of validate: give one")
     if args.bench:
+        if args.no_probe_scaling:
+            raise EpsimError("--no-probe-scaling is about the runtime grid's machine probe: "
+                             "a --bench replay runs no probe")
         return run_bench(args)
     if not args.profile:
         raise EpsimError("validate needs --profile PROFILE (the runtime over a grid) or "
