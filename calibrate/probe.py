@@ -87,4 +87,7 @@ def load_factor(ratio: float, world: int, cores: int) -> float:
     Example: ratio 1.5 on 2 cores (one more busy thread): world 2 -> 1.5, world 4 -> 1.25.
     """
     extra = cores * (ratio - 1.0)
+    # a probe far faster than at calibration (ratio near 0) would scale a case to nothing or
+    # below, which processor sharing cannot explain: the floor (5 %, an assumption, not a
+    # measurement) only keeps the factor positive there
     return max(0.05, 1.0 + extra / max(world, cores))

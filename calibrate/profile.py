@@ -175,11 +175,11 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     exchange_parts: dict[str, Any] = {}
     if a2a is not None and not a2a.empty:
         cf, parts = F.fit_exchange(a2a, ranks, exchange_fit)
-        exchange_parts = {"latency_s": {k: {str(w): v for w, v in t.items()}
-                                        for k, t in parts["latency_s"].items()},
-                          **{k: {str(w): v for w, v in parts[k].items()}
-                             for k in ("straggler_fixed_s", "straggler_fraction")}} \
-            if parts else {}
+        if parts:  # JSON keys are strings
+            exchange_parts = {"latency_s": {k: _by_world(t)
+                                            for k, t in parts["latency_s"].items()},
+                              "straggler_fixed_s": _by_world(parts["straggler_fixed_s"]),
+                              "straggler_fraction": _by_world(parts["straggler_fraction"])}
         obj["fabric"] = {"topology": "full_mesh", "links_per_gpu": 63,
                          "link_bandwidth": cf.bandwidth}
         obj["nic_bandwidth_per_gpu"] = cf.bandwidth
@@ -202,8 +202,7 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                      "(ranks straggler_s: " + ", ".join(
                          f"W={w}: {v * 1e3:.2f} ms" for w, v in
                          sorted(parts["straggler_fixed_s"].items())) + ")")
-            eff["exchange_straggler_fraction"] = {
-                str(w): v for w, v in sorted(parts["straggler_fraction"].items())}
+            eff["exchange_straggler_fraction"] = _by_world(parts["straggler_fraction"])
             sources["efficiency.exchange_straggler_fraction"] = src(
                 "ranks", "straggler_s = fixed + fraction * segment_s over the ranks sweep's "
                 "exchanges (mean minus least of the ranks' exchange times; the ranks' compute "
@@ -306,6 +305,11 @@ def _memory_bytes() -> float:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 8e9
+
+
+def _by_world(table: dict[int, float]) -> dict[str, float]:
+    """``{world: value}`` with JSON's string keys, in world order."""
+    return {str(w): v for w, v in sorted(table.items())}
 
 
 def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
