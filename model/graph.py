@@ -90,6 +90,22 @@ class _Emitter:
         return producer, value
 
 
+class _OpsOnlyEmitter(_Emitter):
+    """An emitter that keeps the ops alone (``build_representative_ops``: no edges are built,
+    so no reads are resolved; the checks of ``_Emitter.emit`` are of the builder's code, which
+    every full build of the same code runs)."""
+
+    def emit(self, layer: int, name: str, kind: str, category: str, *,
+             deps: Iterable[Read | None] | None = None, outputs: Sequence[str] = ("out",),
+             **fields: Any) -> str:
+        ident = op_id(layer, name, self.microbatch, self.draft)
+        self.ops[ident] = Op(id=ident, kind=kind, name=name, layer=layer,
+                             microbatch=self.microbatch, category=category,
+                             outputs=tuple(outputs), draft=self.draft, **fields)
+        self.last = ident
+        return ident
+
+
 def query_tokens(plan: ParallelPlan, batch: Batch) -> int:
     """New tokens per sequence a step computes: a decode step's 1 + ``plan.mtp`` (the last
     token and the drafts it verifies), a prefill step's prompt chunk."""
@@ -636,7 +652,7 @@ def build_representative_ops(model: ModelConfig, plan: ParallelPlan, batch: Batc
     ops: dict[str, Op] = {}
     seq_split = _split(batch.seqs, min(plan.microbatches, batch.seqs))
     for mb, seqs in enumerate(seq_split):
-        emitter = _Emitter(mb)
+        emitter = _OpsOnlyEmitter(mb)
         _build_microbatch(model, plan, batch, seqs, emitter, layers)
         ops.update(emitter.ops)
     return ops

@@ -29,26 +29,17 @@ import numpy as np
 from epsim.model.config import ModelConfig
 from epsim.model.eplb import balance_placement
 from epsim.model.errors import EpsimError
-from epsim.model.mtp import draft_layer, routing_layer
 from epsim.model.opgraph import OP_KINDS, Batch
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
-from epsim.sim import a2a, cost, kernel_cost
+from epsim.sim import kernel_cost
 from epsim.sim.engine import CATEGORIES, Program, Timeline, run_exact, run_fast
 from epsim.sim.hardware import HardwareProfile
-from epsim.sim.routing import (
-    LOAD_KINDS,
-    RoutingSample,
-    node_tokens,
-    placed_frequencies,
-    sample_routing,
-    sample_rows,
-    stack_routing,
-    synthetic_loads,
-)
+from epsim.sim.routing import LOAD_KINDS, placed_frequencies, synthetic_loads
 from epsim.sim.step_compile import EXCHANGES, Compiled, compile_step
 from epsim.sim.step_compile import remember as _remember
+from epsim.sim.step_routing import route_step
 
 MODES = ("fast", "exact")
 
@@ -189,107 +180,6 @@ def _synthetic_loads(model: ModelConfig, kind: str) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def _apply_routing(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
-                   profile: HardwareProfile, routing: RoutingSample, explain: bool = False
-                   ) -> tuple[Program, dict[str, np.ndarray]]:
-    """The compiled program with this step's expert and dispatch/combine durations, and (when
-    ``explain``) the ``tokens`` feature each routed op was looked up at: ``{"experts": [L, mb,
-    gpus], "dispatch": [L, mb], "combine": [L, mb]}``."""
-    prog = comp.program
-    work = prog.work.copy()
-    ranks = plan.world_size
-    gpus = routing.pairs.shape[-1]
-    captured = comp.captured
-    node_s = prog.node_s
-    ex_idx, di_idx, co_idx = comp.routed["experts"], comp.routed["dispatch"], comp.routed["combine"]
-    # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
-    per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
-    ex_op = comp.ops[ex_idx[0, 0]]
-    row_tokens = comp.row_tokens  # [rows, mb]: the MoE layers' and the draft passes' own
-
-    def expert_tokens() -> np.ndarray:
-        # a rank's tokens-equivalent: the pairs it computes over the kernel's top-k (its own
-        # tokens join the routed pairs when the kernel runs the shared expert too)
-        pairs = per_expert.sum(axis=-1)
-        shared = ex_op.dims.get("shared_experts", 0)
-        if shared:
-            pairs = pairs + shared * row_tokens[:, :, None]
-        return pairs / (kernel_cost.op_top_k(ex_op, comp.top_k) or 1.0)
-
-    t_exp = kernel_cost.routed_seconds(
-        ex_op, profile, expert_tokens,
-        lambda: cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
-                                profile), top_k=comp.top_k)
-    work[ex_idx] = (t_exp + node_s) * comp.share
-    nodes = np.arange(ranks) // plan.gpus_per_node
-    mode = comp.exchange
-    times, swept = [], {}
-    # token rows per link: rank r to GPU g, or node-then-GPU; the combine's go back (transpose)
-    rows = a2a.link_traffic("dispatch", mode, routing.tokens, nodes, lambda: node_tokens(
-        routing, row_tokens, model.moe.top_k, plan.gpus_per_node))
-    for role, idx, traffic in (("dispatch", di_idx, rows),
-                               ("combine", co_idx, np.swapaxes(rows, -1, -2))):
-        op = comp.ops[idx[0, 0]]
-        t_roof = cost.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
-                                      captured)
-
-        def tokens(role=role, idx=idx, t_roof=t_roof) -> np.ndarray:
-            # the tokens per rank that, uniformly routed, would load the busiest link as much
-            lat = cost.collective_latency(role, profile, captured, ranks)
-            nominal = comp.memo.get(role)
-            if nominal is None:  # this batch's, whatever the routing: worked out once
-                nominal = comp.memo[role] = _nominal_rows(comp, idx, profile, nodes, captured,
-                                                          mode)
-            bw = nominal - lat
-            return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
-
-        t = kernel_cost.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
-                                       nodes=nodes, captured=captured, mode=mode)
-        times.append(t)
-        if explain:
-            swept[role] = tokens()
-    if explain:
-        swept["experts"] = expert_tokens()
-    work[di_idx] = (times[0] + node_s)[..., None]
-    work[co_idx] = (times[1] + node_s)[..., None]
-    if comp.straggler is not None:  # the last rank's lateness, re-timed exchanges too
-        work[di_idx] += comp.straggler[di_idx][..., None]
-        work[co_idx] += comp.straggler[co_idx][..., None]
-    return replace(prog, work=work), swept
-
-
-def _nominal_rows(comp: Compiled, idx: np.ndarray, profile: HardwareProfile,
-                  nodes: np.ndarray, captured: bool, mode: a2a.A2AMode | None) -> np.ndarray:
-    """``[rows, mb]`` each routed collective's time under uniform routing (ops of equal
-    per-peer bytes costed once: the MoE layers' repeat, the draft passes' differ)."""
-    seen: dict[tuple[float, ...] | None, float] = {}
-    out = np.zeros(idx.shape)
-    for pos, i in np.ndenumerate(idx):
-        op = comp.ops[i]
-        if op.peer_bytes not in seen:
-            seen[op.peer_bytes] = kernel_cost.nominal_collective(op, profile, nodes, captured,
-                                                                 mode)
-        out[pos] = seen[op.peer_bytes]
-    return out
-
-
-def _sample(comp: Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.ndarray,
-            placement: Placement, p_slot: np.ndarray, rng: np.random.Generator
-            ) -> RoutingSample:
-    """This step's routing of the MoE layers, then of each MTP draft pass's MoE layer (drawn
-    after the main layers', so a plan without MTP draws exactly as before)."""
-    main = sample_routing(model, loads, placement, comp.mb_tokens, plan.world_size, rng,
-                          p_slot=p_slot)
-    if not comp.draft_tokens:
-        return main
-    # the draft layer routes and sits like the routing layer (epsim.model.mtp.routing_layer)
-    row = model.moe_layers.index(routing_layer(model))
-    drafts = [sample_rows(np.array([draft_layer(model)]), p_slot[row:row + 1], model.moe.top_k,
-                          placement, tokens, plan.world_size, rng)
-              for tokens in comp.draft_tokens]
-    return stack_routing([main, *drafts])
-
-
 def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                   profile: HardwareProfile, *, loads: np.ndarray | None = None,
                   placement: Placement | None = None, eplb: bool = True, mode: str = "fast",
@@ -345,10 +235,8 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                              f"{plan.expert_slots(model)} ({model.moe.num_experts} experts + "
                              f"{plan.redundant_experts} redundant)")
         p_slot = _slot_frequencies(key, loads, placement, model)
-        rng = np.random.default_rng(seed)
-        routing = _sample(comp, model, plan, loads, placement, p_slot, rng)
-        prog, swept = _apply_routing(comp, model, plan, profile, routing, explain)
-        imbalance = routing.imbalance()
+        prog, swept, imbalance = route_step(comp, model, plan, profile, key, loads, placement,
+                                            p_slot, int(seed), explain)
     timeline = run_exact(prog) if mode == "exact" else run_fast(prog, fold=not trace)
     result = _result(comp, prog, timeline, imbalance, mode, seed, trace, profile.kernel_set)
     if explain:

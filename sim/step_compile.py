@@ -92,6 +92,9 @@ class Compiled:
     #: ``[n]`` seconds each EP exchange waits for its last rank beyond the average one (included
     #: in ``program``; the routing step adds them to the exchanges it re-times); None: none
     straggler: np.ndarray | None = None
+    #: ``[n]`` the representative op each op is (its index among the structure's, in the order
+    #: each first stands for an op) when costed on representative ops; None: its own ops
+    rep_index: np.ndarray | None = None
 
     @property
     def captured(self) -> bool:
@@ -226,7 +229,7 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
     reps = build_representative_ops(model, plan, batch)
     rep_ops = [reps[r] for r in s.rep_ids]
     rep_work = _op_work(rep_ops, plan, profile, first.captured, first.top_k, first.exchange)
-    ops = tuple(rep_ops[j] for j in s.rep_index.tolist())
+    ops = tuple(map(rep_ops.__getitem__, s.rep_index.tolist()))
     work = rep_work[s.rep_index]
     prog = first.program
     late = _stragglers(ops, work, profile, plan)
@@ -238,7 +241,8 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
                       steps=_reshare(s, prog.steps, work - prog.node_s), host_release_s=release)
     row_tokens, mb_tokens, draft_tokens = _routed_tokens(ops, first.routed, model)
     return replace(first, ops=ops, program=program, row_tokens=row_tokens, mb_tokens=mb_tokens,
-                   draft_tokens=draft_tokens, batch=batch, memo={}, straggler=late)
+                   draft_tokens=draft_tokens, batch=batch, memo={}, straggler=late,
+                   rep_index=s.rep_index)
 
 
 def _reshare(s: _Structure, steps: StepPlan | None, net: np.ndarray) -> StepPlan | None:

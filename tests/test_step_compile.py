@@ -5,7 +5,7 @@ import pytest
 
 from epsim.model import Batch, load_model, make_plan
 from epsim.model.graph import build_representative_ops, build_step_graph, representative_layers
-from epsim.sim import step_compile
+from epsim.sim import step_compile, step_routing
 from epsim.sim.hardware import load_profile
 from epsim.sim.step import simulate_step
 
@@ -15,10 +15,15 @@ MI = load_profile("mi300x")
 H100 = load_profile("h100")
 
 
-def _fresh(*args, **kwargs):
+def _clear():
     step_compile._compiled.clear()
     step_compile._structures.clear()
     step_compile._op_seconds.clear()
+    step_routing.clear_memos()
+
+
+def _fresh(*args, **kwargs):
+    _clear()
     return simulate_step(*args, **kwargs).to_json()
 
 
@@ -64,9 +69,7 @@ SHAPES = [Batch.decode(64, 900), Batch.decode(511, 2100), Batch.decode(1, 50),
 def test_a_recosted_batch_equals_a_fresh_build_bit_for_bit(model, profile, plan_kw):
     plan = make_plan(model, **plan_kw)
     fresh = {b: _fresh(model, plan, b, profile, seed=2) for b in SHAPES}
-    step_compile._compiled.clear()
-    step_compile._structures.clear()
-    step_compile._op_seconds.clear()
+    _clear()
     for b in SHAPES:  # the first of each phase builds the structure; the rest are recosted
         assert simulate_step(model, plan, b, profile, seed=2).to_json() == fresh[b]
     # decode with 2 microbatches, decode with 1 (a single sequence), prefill with 2 and 1
@@ -84,3 +87,25 @@ def test_explain_after_a_recost_equals_a_fresh_build_s():
     listed = [i for kind in fresh["kernel_sources"].values() for entry in kind["outside"]
               for i in entry["ops"]]
     assert any(i.startswith("L4.") for i in listed)  # a layer that is not a representative
+
+
+@pytest.mark.parametrize("plan_kw,eplb", [(dict(dp=8, ep=8), True), (dict(dp=8, ep=8), False),
+                                          (dict(dp=8, ep=8, mtp=2), True)],
+                         ids=["balanced", "contiguous", "mtp2"])
+def test_a_serving_grid_reuses_samples_and_equals_fresh_steps(plan_kw, eplb):
+    # the serving simulator's grid points: one seed, a batch at several contexts (one sample
+    # and one set of routed times), another seed at a context already met (a new sample)
+    plan = make_plan(R1, **plan_kw)
+    calls = [(Batch.decode(200, c), 0) for c in (300, 1100, 2600, 5000)]
+    calls += [(Batch.decode(200, 1100), 7), (Batch.decode(96, 1100), 0)]
+    fresh = [_fresh(R1, plan, b, MI, seed=s, eplb=eplb) for b, s in calls]
+    _clear()
+    for (b, s), want in zip(calls, fresh, strict=True):
+        assert simulate_step(R1, plan, b, MI, seed=s, eplb=eplb).to_json() == want
+    # three samples (batch 200 with seed 0 and 7, batch 96), each costed once: the memo was used
+    assert len(step_routing._samples) == 3
+    assert len(step_routing._routed) == 3  # the full-graph batch and its recosts alike
+    sampled = next(iter(step_routing._samples.values()))
+    assert not sampled.routing.slot_pairs.flags.writeable  # shared: nobody may change it
+    # a new seed gives a new draw
+    assert fresh[4]["rank_ms"] != fresh[1]["rank_ms"]

@@ -1,0 +1,273 @@
+"""A step's routing applied to its compiled program: ``route_step`` (steps 2-3 of ``sim.step``).
+
+Glossary:
+    sample      this step's routing (``sim.routing.RoutingSample``): the MoE layers', then each
+                MTP draft pass's MoE layer's, drawn from ``np.random.default_rng(seed)``.
+    routed times
+                the seconds of the routed ops under a sample: each GPU's fused MoE ``[rows, mb,
+                gpus]``, each dispatch and combine ``[rows, mb]`` (their busiest link).
+    sample key  what a sample is a function of: the model, the loads, the placement, the
+                dispatch tokens per rank of each microbatch (main and draft passes), the ranks
+                and the seed. Never the context: a decode step's routing does not see it.
+
+Both are memoised. The serving simulator costs hundreds of (batch, context) grid points with
+one seed, and the points of one batch share its sample and its routed ops (their dims follow
+the tokens, not the context), so a new context pays neither the draw nor the routed lookups
+again. A memoised value is the value a fresh computation gives (same draws from the same seed,
+same functions of the same ops): step times do not move (a test compares them, memo cleared).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from epsim.model.config import ModelConfig
+from epsim.model.mtp import draft_layer, routing_layer
+from epsim.model.opgraph import Op
+from epsim.model.placement import Placement
+from epsim.model.plan import ParallelPlan
+from epsim.sim import a2a, cost, kernel_cost
+from epsim.sim.engine import Program
+from epsim.sim.hardware import HardwareProfile
+from epsim.sim.routing import (
+    RoutingSample,
+    node_tokens,
+    sample_routing,
+    sample_rows,
+    stack_routing,
+)
+from epsim.sim.step_compile import Compiled, remember
+
+#: samples (and routed times) kept: a serving run's distinct batches, with room to spare
+SAMPLES_KEPT = 512
+#: uniform-routing collective times kept (one per distinct exchange op and profile)
+NOMINAL_KEPT = 4096
+
+
+@dataclass(frozen=True, eq=False)
+class _Sampled:
+    """A memoised sample and what is derived from it alone (read-only arrays).
+
+    placement: the placement it was drawn on (an entry is used only for this very object).
+    routing: the sample.
+    imbalance: ``[rows, mb]`` ``routing.imbalance()``.
+    """
+
+    placement: Placement
+    routing: RoutingSample
+    imbalance: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class _RoutedTimes:
+    """The routed ops' seconds under one sample, before graph-node gaps and stragglers.
+
+    experts: ``[rows, mb, gpus]`` each GPU's fused MoE, times the ranks' core share.
+    dispatch / combine: ``[rows, mb]`` each exchange's.
+    """
+
+    sampled: _Sampled
+    graph: object  # the structure's op graph the routed indices belong to
+    experts: np.ndarray
+    dispatch: np.ndarray
+    combine: np.ndarray
+
+
+_samples: OrderedDict[tuple, _Sampled] = OrderedDict()
+_routed: OrderedDict[tuple, _RoutedTimes] = OrderedDict()
+_nominal: OrderedDict[tuple, float] = OrderedDict()
+
+
+def clear_memos() -> None:
+    """Forget every memoised sample, routed time and nominal collective (tests)."""
+    _samples.clear()
+    _routed.clear()
+    _nominal.clear()
+
+
+def route_step(comp: Compiled, model: ModelConfig, plan: ParallelPlan, profile: HardwareProfile,
+               loads_key: tuple, loads: np.ndarray, placement: Placement, p_slot: np.ndarray,
+               seed: int, explain: bool = False
+               ) -> tuple[Program, dict[str, np.ndarray], np.ndarray]:
+    """``comp``'s program with this step's routed durations, the ``tokens`` feature each routed
+    op was looked up at (only when ``explain``: ``{"experts": [L, mb, gpus], "dispatch": [L, mb],
+    "combine": [L, mb]}``) and the ``[rows, mb]`` expert imbalance.
+
+    ``loads_key`` names ``loads`` (its digest); ``p_slot``: ``[moe_layers, slots]`` the
+    placement's per-slot pair probabilities for them."""
+    skey = (model, loads_key, id(placement), comp.mb_tokens, comp.draft_tokens,
+            plan.world_size, seed)
+    sampled = _samples.get(skey)
+    if sampled is None or sampled.placement is not placement:
+        routing = _sample(comp, model, plan, loads, placement, p_slot,
+                          np.random.default_rng(seed))
+        for a in (routing.slot_pairs, routing.pairs, routing.tokens):
+            a.setflags(write=False)  # shared by every step of this sample
+        imbalance = routing.imbalance()
+        imbalance.setflags(write=False)
+        sampled = remember(_samples, skey, _Sampled(placement, routing, imbalance), SAMPLES_KEPT)
+    else:
+        _samples.move_to_end(skey)
+    if explain:
+        times, swept = _routed_times(comp, model, plan, profile, sampled, explain=True)
+    else:
+        times = _memo_routed_times(skey, comp, model, plan, profile, sampled)
+        swept = {}
+    prog = comp.program
+    work = prog.work.copy()
+    node_s = prog.node_s
+    di_idx, co_idx = comp.routed["dispatch"], comp.routed["combine"]
+    work[comp.routed["experts"]] = times.experts
+    work[di_idx] = (times.dispatch + node_s)[..., None]
+    work[co_idx] = (times.combine + node_s)[..., None]
+    if comp.straggler is not None:  # the last rank's lateness, re-timed exchanges too
+        work[di_idx] += comp.straggler[di_idx][..., None]
+        work[co_idx] += comp.straggler[co_idx][..., None]
+    return replace(prog, work=work), swept, sampled.imbalance
+
+
+def _sample(comp: Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.ndarray,
+            placement: Placement, p_slot: np.ndarray, rng: np.random.Generator
+            ) -> RoutingSample:
+    """This step's routing of the MoE layers, then of each MTP draft pass's MoE layer (drawn
+    after the main layers', so a plan without MTP draws exactly as before)."""
+    main = sample_routing(model, loads, placement, comp.mb_tokens, plan.world_size, rng,
+                          p_slot=p_slot)
+    if not comp.draft_tokens:
+        return main
+    # the draft layer routes and sits like the routing layer (epsim.model.mtp.routing_layer)
+    row = model.moe_layers.index(routing_layer(model))
+    drafts = [sample_rows(np.array([draft_layer(model)]), p_slot[row:row + 1], model.moe.top_k,
+                          placement, tokens, plan.world_size, rng)
+              for tokens in comp.draft_tokens]
+    return stack_routing([main, *drafts])
+
+
+def _op_signature(op: Op) -> tuple:
+    """Everything of ``op`` its routed cost reads (its id, layer and microbatch aside)."""
+    return (op.kind, op.name, op.category, op.dtype, tuple(op.dims.items()), op.flops,
+            op.bytes_read, op.bytes_written, op.weight_bytes, op.peer_bytes, op.draft is None)
+
+
+def _routed_signature(comp: Compiled) -> tuple:
+    """Per role, the distinct routed ops' signatures in issue order and which of them each
+    routed position holds (equal for a structure's full-graph batch and its representative-op
+    batches of equal ops), worked out once per compiled batch."""
+    found = comp.memo.get("routed_signature")
+    if found is not None:
+        return found
+    out = []
+    for role in ("experts", "dispatch", "combine"):
+        idx = comp.routed[role].ravel()
+        # positions holding one op object share its signature: group them by representative
+        groups = idx if comp.rep_index is None else comp.rep_index[idx]
+        _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
+        distinct: dict[tuple, int] = {}
+        code = [distinct.setdefault(_op_signature(comp.ops[i]), len(distinct))
+                for i in idx[first].tolist()]
+        out.append((tuple(distinct), np.asarray(code, dtype=np.int64)[inverse].tobytes()))
+    found = comp.memo["routed_signature"] = tuple(out)
+    return found
+
+
+def _memo_routed_times(skey: tuple, comp: Compiled, model: ModelConfig, plan: ParallelPlan,
+                       profile: HardwareProfile, sampled: _Sampled) -> _RoutedTimes:
+    """:func:`_routed_times`, memoised on the sample and all the routed costs read."""
+    key = (skey, id(comp.graph), profile.fingerprint, comp.captured, comp.exchange, comp.share,
+           comp.top_k, comp.row_tokens.tobytes(), _routed_signature(comp))
+    hit = _routed.get(key)
+    if hit is not None and hit.sampled is sampled and hit.graph is comp.graph:
+        _routed.move_to_end(key)
+        return hit
+    times, _ = _routed_times(comp, model, plan, profile, sampled)
+    return remember(_routed, key, times, SAMPLES_KEPT)
+
+
+def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
+                  profile: HardwareProfile, sampled: _Sampled, explain: bool = False
+                  ) -> tuple[_RoutedTimes, dict[str, np.ndarray]]:
+    """The routed ops' seconds under ``sampled``'s routing, and with ``explain`` the tokens
+    each was looked up at."""
+    routing = sampled.routing
+    ranks = plan.world_size
+    gpus = routing.pairs.shape[-1]
+    captured = comp.captured
+    node_s = comp.program.node_s
+    ex_idx, di_idx, co_idx = comp.routed["experts"], comp.routed["dispatch"], comp.routed["combine"]
+    # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
+    per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
+    ex_op = comp.ops[ex_idx[0, 0]]
+    row_tokens = comp.row_tokens  # [rows, mb]: the MoE layers' and the draft passes' own
+
+    def expert_tokens() -> np.ndarray:
+        # a rank's tokens-equivalent: the pairs it computes over the kernel's top-k (its own
+        # tokens join the routed pairs when the kernel runs the shared expert too)
+        pairs = per_expert.sum(axis=-1)
+        shared = ex_op.dims.get("shared_experts", 0)
+        if shared:
+            pairs = pairs + shared * row_tokens[:, :, None]
+        return pairs / (kernel_cost.op_top_k(ex_op, comp.top_k) or 1.0)
+
+    t_exp = kernel_cost.routed_seconds(
+        ex_op, profile, expert_tokens,
+        lambda: cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
+                                profile), top_k=comp.top_k)
+    nodes = np.arange(ranks) // plan.gpus_per_node
+    mode = comp.exchange
+    times, swept = [], {}
+    # token rows per link: rank r to GPU g, or node-then-GPU; the combine's go back (transpose)
+    rows = a2a.link_traffic("dispatch", mode, routing.tokens, nodes, lambda: node_tokens(
+        routing, row_tokens, model.moe.top_k, plan.gpus_per_node))
+    for role, idx, traffic in (("dispatch", di_idx, rows),
+                               ("combine", co_idx, np.swapaxes(rows, -1, -2))):
+        op = comp.ops[idx[0, 0]]
+        t_roof = cost.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
+                                      captured)
+
+        def tokens(role=role, idx=idx, t_roof=t_roof) -> np.ndarray:
+            # the tokens per rank that, uniformly routed, would load the busiest link as much
+            lat = cost.collective_latency(role, profile, captured, ranks)
+            nominal = comp.memo.get(role)
+            if nominal is None:  # this batch's, whatever the routing: worked out once
+                nominal = comp.memo[role] = _nominal_rows(comp, idx, profile, nodes, captured,
+                                                          mode)
+            bw = nominal - lat
+            return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
+
+        t = kernel_cost.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
+                                       nodes=nodes, captured=captured, mode=mode)
+        times.append(t)
+        if explain:
+            swept[role] = tokens()
+    if explain:
+        swept["experts"] = expert_tokens()
+    out = _RoutedTimes(sampled, comp.graph, (t_exp + node_s) * comp.share,
+                       np.asarray(times[0], dtype=np.float64), np.asarray(times[1], dtype=np.float64))
+    for a in (out.experts, out.dispatch, out.combine):
+        a.setflags(write=False)
+    return out, swept
+
+
+def _nominal_rows(comp: Compiled, idx: np.ndarray, profile: HardwareProfile,
+                  nodes: np.ndarray, captured: bool, mode: a2a.A2AMode | None) -> np.ndarray:
+    """``[rows, mb]`` each routed collective's time under uniform routing (ops of equal
+    signature costed once: the MoE layers' repeat, the draft passes' differ; and once per
+    profile across batches)."""
+    seen: dict[int, float] = {}
+    out = np.zeros(idx.shape)
+    context = (profile.fingerprint, nodes.tobytes(), captured, mode)
+    for pos, i in np.ndenumerate(idx):
+        op = comp.ops[i]
+        value = seen.get(id(op))
+        if value is None:
+            key = (context, op.kind, op.peer_bytes, tuple(op.dims.items()))
+            value = _nominal.get(key)
+            if value is None:
+                value = remember(_nominal, key, kernel_cost.nominal_collective(
+                    op, profile, nodes, captured, mode), NOMINAL_KEPT)
+            seen[id(op)] = value
+        out[pos] = value
+    return out
