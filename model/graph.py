@@ -8,6 +8,7 @@ their FLOPs, bytes and the values they read and write, and attaches the schedule
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -632,6 +633,7 @@ def layer_class(model: ModelConfig, layer: int) -> tuple[bool, bool, str]:
     return (layer == 0, model.is_moe_layer(layer), model.attention.layer_types[layer])
 
 
+@functools.lru_cache(maxsize=64)  # asked once per batch costed on a compiled step
 def representative_layers(model: ModelConfig) -> tuple[int, ...]:
     """Per decoder layer, the first layer of its class (``layer_class``). Example: DeepSeek-R1
     (3 dense layers, then 58 MoE layers): ``(0, 1, 1, 3, 3, ..., 3)``."""
@@ -651,10 +653,19 @@ def build_representative_ops(model: ModelConfig, plan: ParallelPlan, batch: Batc
     layers = sorted(set(representative_layers(model)))
     ops: dict[str, Op] = {}
     seq_split = _split(batch.seqs, min(plan.microbatches, batch.seqs))
+    first: dict[str, Op] = {}
     for mb, seqs in enumerate(seq_split):
+        if mb and seqs == seq_split[0]:
+            # a microbatch of as many sequences as the first has its ops but for id and index
+            for op in first.values():
+                ident = op_id(op.layer, op.name, mb, op.draft)
+                ops[ident] = op.in_microbatch(mb, ident)
+            continue
         emitter = _OpsOnlyEmitter(mb)
         _build_microbatch(model, plan, batch, seqs, emitter, layers)
         ops.update(emitter.ops)
+        if not mb:
+            first = emitter.ops
     return ops
 
 

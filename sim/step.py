@@ -133,10 +133,19 @@ class StepResult:
 
 _placements: OrderedDict[tuple, Placement] = OrderedDict()
 _frequencies: OrderedDict[tuple, tuple[Placement, np.ndarray]] = OrderedDict()
-_synthetic: OrderedDict[tuple, np.ndarray] = OrderedDict()
+#: synthetic loads by (model, kind), with their digest
+_synthetic: OrderedDict[tuple, tuple[np.ndarray, tuple]] = OrderedDict()
 
 
 def _loads_key(loads: np.ndarray) -> tuple:
+    # the synthetic loads (read-only, shared) carry their digest: asked once per step
+    for shared, key in _synthetic.values():
+        if loads is shared:
+            return key
+    return _digest(loads)
+
+
+def _digest(loads: np.ndarray) -> tuple:
     return (hashlib.sha1(np.ascontiguousarray(loads).tobytes()).hexdigest(), loads.shape)
 
 
@@ -167,12 +176,12 @@ def _synthetic_loads(model: ModelConfig, kind: str) -> np.ndarray:
     key = (model, kind)
     hit = _synthetic.get(key)
     if hit is None:
-        hit = synthetic_loads(model, kind)
-        hit.setflags(write=False)  # shared by every caller
-        _remember(_synthetic, key, hit)
+        loads = synthetic_loads(model, kind)
+        loads.setflags(write=False)  # shared by every caller
+        hit = _remember(_synthetic, key, (loads, _digest(loads)))
     else:
         _synthetic.move_to_end(key)
-    return hit
+    return hit[0]
 
 
 # --------------------------------------------------------------------------------------------

@@ -171,13 +171,15 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
     ranks = plan.world_size
     node_s = eff.graph_node_s  # the GPU-side gap between kernels, graph or not
     ranks_on_node = min(ranks, plan.gpus_per_node)
-    work = np.zeros(len(ops))
+    work = []
     seen: dict[tuple, float] = {}
+    shares: dict[str, float] = {}  # per op class: the same for every op of it
     context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, captured, top_k,
                exchange)
-    for i, op in enumerate(ops):
+    for op in ops:
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
-        if sig not in seen:
+        seconds = seen.get(sig)
+        if seconds is None:
             # batches of one plan share most ops (a new context changes only attention's):
             # each op's cost is kept across them, keyed by all that the cost models read
             key = (context, op.kind, op.name, op.category, op.dtype, tuple(op.dims.items()),
@@ -189,10 +191,15 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
                                                                  top_k, exchange),
                                    OP_CACHE_SIZE)
             seen[sig] = seconds
-        work[i] = seen[sig] + node_s
+        seconds = seconds + node_s
         if not op.is_collective:
-            work[i] *= eff.core_share(ranks_on_node, cost.op_class(op))
-    return work
+            kind = cost.op_class(op)
+            share = shares.get(kind)
+            if share is None:
+                share = shares[kind] = eff.core_share(ranks_on_node, kind)
+            seconds = seconds * share
+        work.append(seconds)
+    return np.array(work, dtype=np.float64)
 
 
 def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: bool,
@@ -216,6 +223,12 @@ def _routed_tokens(ops: Sequence[Op], routed: dict[str, np.ndarray], model: Mode
         return np.zeros((0, 0)), (), ()
     row_tokens = np.array([[ops[i].dims["tokens"] for i in row] for row in routed["dispatch"]],
                           dtype=np.float64)
+    return _token_tuples(row_tokens, model)
+
+
+def _token_tuples(row_tokens: np.ndarray, model: ModelConfig
+                  ) -> tuple[np.ndarray, tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """``row_tokens`` with ``mb_tokens`` and ``draft_tokens`` read off it."""
     mb_tokens = tuple(int(t) for t in row_tokens[0])
     draft_tokens = tuple(tuple(int(t) for t in row)
                          for row in row_tokens[len(model.moe_layers):])
@@ -239,7 +252,14 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
         _, release = _host_holds(ops, prog.group_size, profile, first.captured, late)
     program = replace(prog, work=np.tile(work[:, None], (1, prog.ranks)),
                       steps=_reshare(s, prog.steps, work - prog.node_s), host_release_s=release)
-    row_tokens, mb_tokens, draft_tokens = _routed_tokens(ops, first.routed, model)
+    row_tokens, mb_tokens, draft_tokens = np.zeros((0, 0)), (), ()
+    if first.routed:  # each dispatch's tokens, read once per representative op it stands for
+        reps_of_rows = s.rep_index[first.routed["dispatch"]]
+        distinct, where = np.unique(reps_of_rows, return_inverse=True)
+        tokens = np.array([rep_ops[j].dims["tokens"] for j in distinct.tolist()],
+                          dtype=np.float64)
+        row_tokens, mb_tokens, draft_tokens = _token_tuples(
+            tokens[where].reshape(reps_of_rows.shape), model)
     return replace(first, ops=ops, program=program, row_tokens=row_tokens, mb_tokens=mb_tokens,
                    draft_tokens=draft_tokens, batch=batch, memo={}, straggler=late,
                    rep_index=s.rep_index)
@@ -251,8 +271,9 @@ def _reshare(s: _Structure, steps: StepPlan | None, net: np.ndarray) -> StepPlan
     if steps is None:
         return None
     runs, width = s.run_cats.shape
-    by_cat = np.zeros((runs, width))
-    np.add.at(by_cat, (s.run_of_op, s.run_cat_rank), net[s.run_ops])
+    # np.add.at's sums (each cell's in op order from 0), by bincount: the same additions
+    by_cat = np.bincount(s.run_of_op * width + s.run_cat_rank, weights=net[s.run_ops],
+                         minlength=runs * width).reshape(runs, width)
     total = np.zeros(runs)
     for j in range(width):  # left to right, as Python's sum over the run's categories
         total = total + by_cat[:, j]

@@ -37,9 +37,12 @@ def test_representative_layers_group_layers_whose_ops_are_equal():
                for layer in range(1, OSS.num_layers))
 
 
-def test_representative_ops_stand_for_every_op_of_the_full_graph():
+@pytest.mark.parametrize("batch", [Batch.decode(37, 1234), Batch.decode(64, 900),
+                                   Batch("prefill", 2, 2000)],
+                         ids=["unequal-microbatches", "equal-microbatches", "prefill"])
+def test_representative_ops_stand_for_every_op_of_the_full_graph(batch):
+    # an equal second microbatch's ops are copied from the first's: they must still be its own
     plan = make_plan(R1, dp=8, ep=8, mtp=1)
-    batch = Batch.decode(37, 1234)
     full = build_step_graph(R1, plan, batch)
     reps = build_representative_ops(R1, plan, batch)
     assert len(reps) < len(full.ops) / 10
@@ -49,9 +52,11 @@ def test_representative_ops_stand_for_every_op_of_the_full_graph():
             else op.layer
         key = op.id.replace(f"L{op.layer}.", f"L{layer}.", 1) if op.layer >= 0 else op.id
         rep = reps[key]
-        assert (rep.kind, rep.dims, rep.flops, rep.bytes_read, rep.bytes_written,
-                rep.peer_bytes) == (op.kind, op.dims, op.flops, op.bytes_read,
-                                    op.bytes_written, op.peer_bytes)
+        assert rep.id == key
+        fields = ("kind", "name", "microbatch", "category", "dims", "dtype", "flops",
+                  "bytes_read", "bytes_written", "weight_bytes", "peer_bytes", "routed",
+                  "outputs", "draft")
+        assert [getattr(rep, f) for f in fields] == [getattr(op, f) for f in fields]
 
 
 CASES = [
