@@ -41,8 +41,10 @@ from epsim.sim.routing import (
 )
 from epsim.sim.step_compile import Compiled, remember
 
-#: samples (and routed times) kept: a serving run's distinct batches, with room to spare
-SAMPLES_KEPT = 512
+#: samples kept (about 0.36 MB each for DeepSeek-R1 on 8 GPUs): what a batch's variants share
+SAMPLES_KEPT = 64
+#: routed times kept (about 7 kB each): a serving run's distinct batches, with room to spare
+ROUTED_KEPT = 1024
 #: uniform-routing collective times kept (one per distinct exchange op and profile)
 NOMINAL_KEPT = 4096
 
@@ -63,17 +65,22 @@ class _Sampled:
 
 @dataclass(frozen=True, eq=False)
 class _RoutedTimes:
-    """The routed ops' seconds under one sample, before graph-node gaps and stragglers.
+    """The routed ops' seconds under one sample, before graph-node gaps and stragglers (kept
+    without the sample itself, which is much larger).
 
+    placement / graph: the placement the sample was drawn on and the structure's op graph the
+        routed indices belong to (an entry is used only for these very objects).
     experts: ``[rows, mb, gpus]`` each GPU's fused MoE, times the ranks' core share.
     dispatch / combine: ``[rows, mb]`` each exchange's.
+    imbalance: ``[rows, mb]`` the sample's expert imbalance.
     """
 
-    sampled: _Sampled
-    graph: object  # the structure's op graph the routed indices belong to
+    placement: Placement
+    graph: object
     experts: np.ndarray
     dispatch: np.ndarray
     combine: np.ndarray
+    imbalance: np.ndarray
 
 
 _samples: OrderedDict[tuple, _Sampled] = OrderedDict()
@@ -100,22 +107,17 @@ def route_step(comp: Compiled, model: ModelConfig, plan: ParallelPlan, profile: 
     placement's per-slot pair probabilities for them."""
     skey = (model, loads_key, id(placement), comp.mb_tokens, comp.draft_tokens,
             plan.world_size, seed)
-    sampled = _samples.get(skey)
-    if sampled is None or sampled.placement is not placement:
-        routing = _sample(comp, model, plan, loads, placement, p_slot,
-                          np.random.default_rng(seed))
-        for a in (routing.slot_pairs, routing.pairs, routing.tokens):
-            a.setflags(write=False)  # shared by every step of this sample
-        imbalance = routing.imbalance()
-        imbalance.setflags(write=False)
-        sampled = remember(_samples, skey, _Sampled(placement, routing, imbalance), SAMPLES_KEPT)
+    swept: dict[str, np.ndarray] = {}
+    rkey = (skey, id(comp.graph), profile.fingerprint, comp.captured, comp.exchange,
+            comp.share, comp.top_k, comp.row_tokens.tobytes(), _routed_signature(comp))
+    times = None if explain else _routed.get(rkey)
+    if times is not None and times.placement is placement and times.graph is comp.graph:
+        _routed.move_to_end(rkey)
     else:
-        _samples.move_to_end(skey)
-    if explain:
-        times, swept = _routed_times(comp, model, plan, profile, sampled, explain=True)
-    else:
-        times = _memo_routed_times(skey, comp, model, plan, profile, sampled)
-        swept = {}
+        sampled = _sampled(skey, comp, model, plan, loads, placement, p_slot, seed)
+        times, swept = _routed_times(comp, model, plan, profile, sampled, explain)
+        if not explain:
+            remember(_routed, rkey, times, ROUTED_KEPT)
     prog = comp.program
     work = prog.work.copy()
     node_s = prog.node_s
@@ -126,7 +128,23 @@ def route_step(comp: Compiled, model: ModelConfig, plan: ParallelPlan, profile: 
     if comp.straggler is not None:  # the last rank's lateness, re-timed exchanges too
         work[di_idx] += comp.straggler[di_idx][..., None]
         work[co_idx] += comp.straggler[co_idx][..., None]
-    return replace(prog, work=work), swept, sampled.imbalance
+    return replace(prog, work=work), swept, times.imbalance
+
+
+def _sampled(skey: tuple, comp: Compiled, model: ModelConfig, plan: ParallelPlan,
+             loads: np.ndarray, placement: Placement, p_slot: np.ndarray, seed: int
+             ) -> _Sampled:
+    """The sample of ``skey`` (route_step's key), drawn from ``seed`` unless memoised."""
+    sampled = _samples.get(skey)
+    if sampled is not None and sampled.placement is placement:
+        _samples.move_to_end(skey)
+        return sampled
+    routing = _sample(comp, model, plan, loads, placement, p_slot, np.random.default_rng(seed))
+    for a in (routing.slot_pairs, routing.pairs, routing.tokens):
+        a.setflags(write=False)  # shared by every step of this sample
+    imbalance = routing.imbalance()
+    imbalance.setflags(write=False)
+    return remember(_samples, skey, _Sampled(placement, routing, imbalance), SAMPLES_KEPT)
 
 
 def _sample(comp: Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.ndarray,
@@ -171,19 +189,6 @@ def _routed_signature(comp: Compiled) -> tuple:
         out.append((tuple(distinct), np.asarray(code, dtype=np.int64)[inverse].tobytes()))
     found = comp.memo["routed_signature"] = tuple(out)
     return found
-
-
-def _memo_routed_times(skey: tuple, comp: Compiled, model: ModelConfig, plan: ParallelPlan,
-                       profile: HardwareProfile, sampled: _Sampled) -> _RoutedTimes:
-    """:func:`_routed_times`, memoised on the sample and all the routed costs read."""
-    key = (skey, id(comp.graph), profile.fingerprint, comp.captured, comp.exchange, comp.share,
-           comp.top_k, comp.row_tokens.tobytes(), _routed_signature(comp))
-    hit = _routed.get(key)
-    if hit is not None and hit.sampled is sampled and hit.graph is comp.graph:
-        _routed.move_to_end(key)
-        return hit
-    times, _ = _routed_times(comp, model, plan, profile, sampled)
-    return remember(_routed, key, times, SAMPLES_KEPT)
 
 
 def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
@@ -244,8 +249,9 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
             swept[role] = tokens()
     if explain:
         swept["experts"] = expert_tokens()
-    out = _RoutedTimes(sampled, comp.graph, (t_exp + node_s) * comp.share,
-                       np.asarray(times[0], dtype=np.float64), np.asarray(times[1], dtype=np.float64))
+    out = _RoutedTimes(sampled.placement, comp.graph, (t_exp + node_s) * comp.share,
+                       np.asarray(times[0], dtype=np.float64),
+                       np.asarray(times[1], dtype=np.float64), sampled.imbalance)
     for a in (out.experts, out.dispatch, out.combine):
         a.setflags(write=False)
     return out, swept
