@@ -253,6 +253,9 @@ class EngineStepTime:
         self.variants = variants
         self.policy = policy or StepPolicy()
         self.touched: dict[int, tuple[StepTimeModel, int]] = {}
+        # prefill costs by their exact shape: a serving run costs a chunk per request, and
+        # its variant and grid point are the same every time a shape comes back
+        self._prefills: dict[tuple[int, int, int], StepCost] = {}
 
     @classmethod
     def of(cls, model: StepTimeModel, policy: StepPolicy | None = None) -> EngineStepTime:
@@ -282,8 +285,15 @@ class EngineStepTime:
 
     def prefill(self, seqs: int, prompt: int, prefix: int) -> StepCost:
         """One rank's prefill chunk: ``seqs`` sequences of ``prompt - prefix`` new tokens."""
-        graph = self.policy.graph and not self.policy.prefill_eager
-        return self._variant(graph, seqs * (prompt - prefix), True).prefill(seqs, prompt, prefix)
+        key = (seqs, prompt, prefix)
+        found = self._prefills.get(key)
+        if found is None:
+            if len(self._prefills) >= DECODED_KEPT:
+                self._prefills.clear()
+            graph = self.policy.graph and not self.policy.prefill_eager
+            found = self._prefills[key] = self._variant(graph, seqs * (prompt - prefix),
+                                                        True).prefill(seqs, prompt, prefix)
+        return found
 
     def mixed(self, seqs: int, prompt: int, prefix: int, decode_seqs: int, context: int
               ) -> StepCost:
