@@ -44,8 +44,9 @@ def main() -> None:
     cold = simulate_step(model, plan, batch, profile, seed=0)
     cold_s = time.perf_counter() - t
 
-    # every call below draws from a seed no earlier call used (a sample is memoised per batch
-    # and seed), except the serving loop's case, which reuses seed 0's sample on purpose
+    # the cold and warm calls draw from seeds no earlier call used (a sample is memoised per
+    # batch and seed); the serving loop's case reuses seed 0's sample on purpose, and the exact
+    # calls the warm ones' seeds (to compare the two modes on the same samples)
     cold_times = []
     for i in range(args.repeat):
         t = time.perf_counter()

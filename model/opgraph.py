@@ -177,14 +177,12 @@ class Op:
         return self.bytes_read + self.bytes_written
 
     def in_microbatch(self, microbatch: int, ident: str) -> Op:
-        """This op as microbatch ``microbatch``'s, with id ``ident``: a copy sharing its
-        ``dims`` (ops never change them), made without ``dataclasses.replace``'s second run of
-        the frozen ``__init__`` (a representative build copies a second, equal microbatch's
-        every op so)."""
+        """This op as microbatch ``microbatch``'s, with id ``ident`` (its own copy of ``dims``),
+        made without ``dataclasses.replace``'s second run of the frozen ``__init__`` (a
+        representative build copies a second, equal microbatch's every op so)."""
         new = object.__new__(Op)
         new.__dict__.update(self.__dict__)
-        new.__dict__["id"] = ident
-        new.__dict__["microbatch"] = microbatch
+        new.__dict__.update(id=ident, microbatch=microbatch, dims=dict(self.dims))
         return new
 
 

@@ -7,7 +7,8 @@ What happens in a call:
    times (eager) or the graph-replay costs (captured), the collective groups
    (:mod:`sim.step_compile`). The program's structure is built once per plan and phase; a new
    batch is costed on it, and each compiled batch is memoised, so repeated calls (the serving
-   simulator's) pay only for steps 2-4;
+   simulator's) pay only for steps 2-4, and for step 4 alone once a batch's routing under a
+   seed is known (its sample and routed times are memoised, :mod:`sim.step_routing`);
 2. this step's routing is sampled (:mod:`sim.routing`): per MoE layer, microbatch and rank a
    multinomial over the load statistics, mapped to GPUs by the placement (balanced by
    ``epsim.model.eplb.balance_placement`` unless ``eplb=False``: then contiguous);

@@ -18,8 +18,8 @@ Glossary:
 A compiled step (``Compiled``) is memoised per (model, plan, batch, profile) and the structure per
 (model, plan, phase, microbatches, profile): the serving simulator's hundreds of (batch, context)
 shapes build the graph once per plan and variant. Costs are the same functions of the same ops in
-the same order as a fresh build's, so step times equal a fresh build's (a test checks them to
-1e-9 relative).
+the same order as a fresh build's, so step times equal a fresh build's bit for bit (a test
+compares every key of the step's JSON).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class Compiled:
         each MTP draft pass's MoE layer).
     draft_tokens: per draft pass, tokens per microbatch.
     draft_mask: ``[n]`` the MTP draft-module ops.
-    memo: values the step simulator derives once per compiled batch (``sim.step``).
+    memo: values the routing step derives once per compiled batch (``sim.step_routing``: the
+        exchanges' uniform-routing times, the routed ops' signature).
     exchange: the EP exchanges' mode in this step (``sim.a2a``; its phase's, so the
         structure's).
     """

@@ -19,6 +19,7 @@ same functions of the same ops): step times do not move (a test compares them, m
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -70,15 +71,16 @@ class _RoutedTimes:
     """The routed ops' seconds under one sample, before graph-node gaps and stragglers (kept
     without the sample itself, which is much larger).
 
-    placement / graph: the placement the sample was drawn on and the structure's op graph the
-        routed indices belong to (an entry is used only for these very objects).
+    placement / graph: weak references to the placement the sample was drawn on and to the
+        structure's op graph the routed indices belong to (an entry is used only for these very
+        objects, and keeps neither alive: a graph is some MB).
     experts: ``[rows, mb, gpus]`` each GPU's fused MoE, times the ranks' core share.
     dispatch / combine: ``[rows, mb]`` each exchange's.
     imbalance: ``[rows, mb]`` the sample's expert imbalance.
     """
 
-    placement: Placement
-    graph: object
+    placement: weakref.ref
+    graph: weakref.ref
     experts: np.ndarray
     dispatch: np.ndarray
     combine: np.ndarray
@@ -113,7 +115,7 @@ def route_step(comp: Compiled, model: ModelConfig, plan: ParallelPlan, profile: 
     rkey = (skey, id(comp.graph), profile.fingerprint, comp.captured, comp.exchange,
             comp.share, comp.top_k, comp.row_tokens.tobytes(), _routed_signature(comp))
     times = None if explain else _routed.get(rkey)
-    if times is not None and times.placement is placement and times.graph is comp.graph:
+    if times is not None and times.placement() is placement and times.graph() is comp.graph:
         _routed.move_to_end(rkey)
     else:
         sampled = _sampled(skey, comp, model, plan, loads, placement, p_slot, seed)
@@ -251,7 +253,8 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
             swept[role] = tokens()
     if explain:
         swept["experts"] = expert_tokens()
-    out = _RoutedTimes(sampled.placement, comp.graph, (t_exp + node_s) * comp.share,
+    out = _RoutedTimes(weakref.ref(sampled.placement), weakref.ref(comp.graph),
+                       (t_exp + node_s) * comp.share,
                        np.asarray(times[0], dtype=np.float64),
                        np.asarray(times[1], dtype=np.float64), sampled.imbalance)
     for a in (out.experts, out.dispatch, out.combine):

@@ -1,6 +1,8 @@
 """A step compiled once per plan: a new batch costed on a known structure (from one layer per
 class) gives exactly what a fresh build gives."""
 
+import gc
+
 import pytest
 
 from epsim.model import Batch, load_model, make_plan
@@ -114,3 +116,19 @@ def test_a_serving_grid_reuses_samples_and_equals_fresh_steps(plan_kw, eplb):
     assert not sampled.routing.slot_pairs.flags.writeable  # shared: nobody may change it
     # a new seed gives a new draw
     assert fresh[4]["rank_ms"] != fresh[1]["rank_ms"]
+
+
+def test_routed_times_keep_no_op_graph_alive():
+    # a routed-times entry names its structure's graph weakly: dropping the compiled steps
+    # frees the graph (some MB) whatever the routed memo still holds
+    _clear()
+    simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI)
+    entry = next(iter(step_routing._routed.values()))
+    assert entry.graph() is not None
+    step_compile._compiled.clear()
+    step_compile._structures.clear()
+    gc.collect()
+    assert entry.graph() is None
+    # and a step after that is still the fresh one
+    again = simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI).to_json()
+    assert again == _fresh(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI)
