@@ -183,9 +183,7 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
         if seconds is None:
             # batches of one plan share most ops (a new context changes only attention's):
             # each op's cost is kept across them, keyed by all that the cost models read
-            key = (context, op.kind, op.name, op.category, op.dtype, tuple(op.dims.items()),
-                   op.flops, op.bytes_read, op.bytes_written, op.weight_bytes, op.peer_bytes,
-                   op.routed, op.draft is None)
+            key = (context, *op_cost_key(op))
             seconds = _op_seconds.get(key)
             if seconds is None:
                 seconds = remember(_op_seconds, key, _seconds_of(op, plan, profile, captured,
@@ -201,6 +199,14 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
             seconds = seconds * share
         work.append(seconds)
     return np.array(work, dtype=np.float64)
+
+
+def op_cost_key(op: Op) -> tuple:
+    """Everything of ``op`` the cost models read (its id, layer and microbatch aside): ops of
+    equal keys cost the same under one profile and plan."""
+    return (op.kind, op.name, op.category, op.dtype, tuple(op.dims.items()), op.flops,
+            op.bytes_read, op.bytes_written, op.weight_bytes, op.peer_bytes, op.routed,
+            op.draft is None)
 
 
 def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: bool,

@@ -27,7 +27,6 @@ import numpy as np
 
 from epsim.model.config import ModelConfig
 from epsim.model.mtp import draft_layer, routing_layer
-from epsim.model.opgraph import Op
 from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.sim import a2a, cost, kernel_cost
@@ -40,7 +39,7 @@ from epsim.sim.routing import (
     sample_rows,
     stack_routing,
 )
-from epsim.sim.step_compile import Compiled, remember
+from epsim.sim.step_compile import Compiled, op_cost_key, remember
 
 #: samples kept (about 0.36 MB each for DeepSeek-R1 on 8 GPUs): a batch's variants (graph or
 #: eager, with a prefill or not) ask for its sample close together, so a few suffice (a
@@ -168,12 +167,6 @@ def _sample(comp: Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.nd
     return stack_routing([main, *drafts])
 
 
-def _op_signature(op: Op) -> tuple:
-    """Everything of ``op`` its routed cost reads (its id, layer and microbatch aside)."""
-    return (op.kind, op.name, op.category, op.dtype, tuple(op.dims.items()), op.flops,
-            op.bytes_read, op.bytes_written, op.weight_bytes, op.peer_bytes, op.draft is None)
-
-
 def _routed_signature(comp: Compiled) -> tuple:
     """Per role, the distinct routed ops' signatures in issue order and which of them each
     routed position holds (equal for a structure's full-graph batch and its representative-op
@@ -188,7 +181,7 @@ def _routed_signature(comp: Compiled) -> tuple:
         groups = idx if comp.rep_index is None else comp.rep_index[idx]
         _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
         distinct: dict[tuple, int] = {}
-        code = [distinct.setdefault(_op_signature(comp.ops[i]), len(distinct))
+        code = [distinct.setdefault(op_cost_key(comp.ops[i]), len(distinct))
                 for i in idx[first].tolist()]
         out.append((tuple(distinct), np.asarray(code, dtype=np.int64)[inverse].tobytes()))
     found = comp.memo["routed_signature"] = tuple(out)
