@@ -17,6 +17,7 @@ result is marked extrapolated.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ METHODS = ("table-exact", "table-interpolated", "table-extrapolated", "roofline"
 EXACT, INTERPOLATED, EXTRAPOLATED = 0, 1, 2
 
 _LEAF_CACHE = 4096  # resolved fixed-feature tuples kept per table
+_TINY = float(np.finfo(np.float64).tiny)  # the smallest value a distance's log is taken of
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,6 +163,9 @@ class Table:
         its index in ``nearest`` (-1 elsewhere)."""
         fixed = tuple(float(v) for v in fixed)
         v = np.asarray(values, dtype=np.float64).reshape(-1)
+        if len(v) == 1:  # one op's own features: scalar arithmetic, no array calls
+            how, secs, near = self._locate_one(fixed, float(v[0]))
+            return np.array([how]), np.array([secs]), np.array([near])
         m = len(v)
         method = np.full(m, EXTRAPOLATED)
         secs = np.zeros(m)
@@ -203,15 +208,70 @@ class Table:
         nearest = np.full(m, -1)
         if out.any():
             log_x = self._cache["log_x"]
-            tiny = np.log(np.finfo(np.float64).tiny)
-            base = sum((log_x[:, d] - (math.log(q) if q > 0 else tiny)) ** 2
-                       for d, q in enumerate(fixed))
+            base = self._nearest_base(fixed)
             lv = np.log(np.maximum(v[out], np.finfo(np.float64).tiny))
             dist = base[None, :] + (log_x[None, :, -1] - lv[:, None]) ** 2
             near = np.argmin(dist, axis=1)
             nearest[out] = near
             secs[out] = self.seconds[near]
         return method, secs, nearest
+
+    def _leaf_lists(self, fixed: tuple[float, ...]) -> list[tuple] | None:
+        """``_leaves(fixed)`` as Python lists per leaf: ``(weight, xs, log xs, log times,
+        times, point indices)`` (one value's lookup reads them without array calls)."""
+        lists = self._cache.setdefault("leaf_lists", {})
+        hit = lists.get(fixed, False)
+        if hit is False:
+            leaves = self._leaves(fixed)
+            if len(lists) >= _LEAF_CACHE:
+                lists.clear()
+            hit = lists[fixed] = None if leaves is None else [
+                (w, self.x[leaf, -1].tolist(), self._cache["log_x"][leaf, -1].tolist(),
+                 self._cache["log_t"][leaf].tolist(), self.seconds[leaf].tolist(),
+                 leaf.tolist()) for w, leaf in leaves]
+        return hit
+
+    def _nearest_base(self, fixed: tuple[float, ...]) -> np.ndarray:
+        """``[points]`` squared log distance of every point's fixed features to ``fixed``."""
+        bases = self._cache.setdefault("nearest_base", {})
+        base = bases.get(fixed)
+        if base is None:
+            log_x = self._cache["log_x"]
+            tiny = np.log(np.finfo(np.float64).tiny)
+            base = sum((log_x[:, d] - (math.log(q) if q > 0 else tiny)) ** 2
+                       for d, q in enumerate(fixed))
+            if len(bases) >= _LEAF_CACHE:
+                bases.clear()
+            bases[fixed] = base
+        return base
+
+    def _locate_one(self, fixed: tuple[float, ...], value: float) -> tuple[int, float, int]:
+        """:meth:`locate` of one value, ``(method, seconds, nearest)``: the same arithmetic as
+        the array path (numpy's ``log`` / ``exp``, ``np.interp``'s formula), so equal results."""
+        leaves = self._leaf_lists(fixed)
+        inside = value > 0 and leaves is not None and all(
+            xs[0] <= value <= xs[-1] for _, xs, _, _, _, _ in leaves)
+        if not inside:
+            lv = float(np.log(max(value, _TINY)))
+            dist = self._nearest_base(fixed) + (self._cache["log_x"][:, -1] - lv) ** 2
+            near = int(np.argmin(dist))
+            return EXTRAPOLATED, float(self.seconds[near]), near
+        lv = float(np.log(value))
+        acc, t_min, t_max = 0.0, math.inf, 0.0
+        for w, xs, lxs, lts, ts, _ in leaves:
+            acc += w * _interp_one(lv, lxs, lts)
+            hi = min(bisect.bisect_left(xs, value), len(xs) - 1)
+            lo = hi if xs[hi] == value else max(hi - 1, 0)
+            t_min = min(t_min, min(ts[lo], ts[hi]))
+            t_max = max(t_max, max(ts[lo], ts[hi]))
+        # exp(log(t)) may be off by an ulp: keep the result between its bracketing points
+        t = min(max(float(np.exp(acc)), t_min), t_max)
+        if len(leaves) == 1:  # every fixed feature exact: a knot is a measured point
+            _, xs, _, _, ts, _ = leaves[0]
+            j = min(bisect.bisect_left(xs, value), len(xs) - 1)
+            if xs[j] == value:
+                return EXACT, ts[j], -1
+        return INTERPOLATED, t, -1
 
     def points_used(self, features: Sequence[float]) -> tuple[int, ...]:
         """Indices of the points a lookup at ``features`` (resolution order) rests on."""
@@ -226,6 +286,27 @@ class Table:
             lo = hi if xs[hi] == value else max(hi - 1, 0)
             used.update((int(leaf[lo]), int(leaf[hi])))
         return tuple(sorted(used))
+
+
+def _interp_one(x: float, xp: list[float], fp: list[float]) -> float:
+    """``np.interp(x, xp, fp)`` of one value, by numpy's own formula and cases."""
+    n = len(xp)
+    if n == 1:
+        return fp[0]
+    j = bisect.bisect_right(xp, x) - 1  # the last knot at or below x
+    if j < 0:
+        return fp[0]
+    if j >= n - 1:  # at or past the last knot
+        return fp[n - 1]
+    if xp[j] == x:
+        return fp[j]
+    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+    out = slope * (x - xp[j]) + fp[j]
+    if math.isnan(out):
+        out = slope * (x - xp[j + 1]) + fp[j + 1]
+        if math.isnan(out) and fp[j] == fp[j + 1]:
+            out = fp[j]
+    return out
 
 
 @dataclass(frozen=True)

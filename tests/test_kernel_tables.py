@@ -331,3 +331,43 @@ def test_feature_names_are_documented_per_kind():
     sets = parse_kernels(json.loads("{" + example + "}")["kernels"], "docs")
     assert sets.names == ("aiter", "no-aiter", "none")
     assert sets.sets["aiter"].plan_options == {"shared_expert_in_moe": True}
+
+
+def _shipped_tables() -> list:
+    out = []
+    for name in ("mi300x", "h800", "h100"):
+        kernels = load_profile(name).kernels
+        if kernels is not None:
+            out += [t for s in kernels.sets.values() for t in s.tables.values()]
+    return out
+
+
+def test_one_value_lookup_equals_the_array_lookup_bit_for_bit():
+    # an op's own lookup (one value) takes the scalar path; a routed op's many values the array
+    # path: at every kind of query (a point, between points, past the ends, a missing corner,
+    # zero) the two give the same method, seconds and nearest point
+    rng = np.random.default_rng(7)
+    tables = _shipped_tables()
+    assert len(tables) >= 10
+    methods = set()
+    for table in tables:
+        x = table.x
+        col = x[:, -1]
+        for trial in range(60):
+            i, j = rng.integers(len(x), size=2)
+            if trial % 3 == 0:
+                fixed = x[i, :-1]
+            elif trial % 3 == 1:
+                fixed = np.where(rng.random(x.shape[1] - 1) < 0.5, x[i, :-1],
+                                 np.sqrt(x[i, :-1] * x[j, :-1]))
+            else:
+                fixed = x[i, :-1] * np.exp(rng.normal(0.0, 1.0, x.shape[1] - 1))
+            value = [col[rng.integers(len(col))],
+                     math.exp(rng.uniform(math.log(col.min()) - 1, math.log(col.max()) + 1)),
+                     col.min(), col.max() * (1 + 1e-7), 0.0][trial % 5]
+            many = table.locate(tuple(fixed), np.array([value, value]))
+            one = table.locate(tuple(fixed), np.array([value]))
+            for a, b in zip(many, one, strict=True):
+                assert a.tolist()[:1] == b.tolist()
+            methods.add(int(one[0][0]))
+    assert methods == {0, 1, 2}  # exact, interpolated and extrapolated all met

@@ -71,3 +71,39 @@ def test_replicated_expert_shares_its_frequency_through_remap():
     freqs = np.array([[0.5, 0.3, 0.2]])
     p = slot_frequencies(freqs, placement, np.array([0]))
     np.testing.assert_allclose(p, [[0.25, 0.3, 0.25, 0.2]])
+
+
+def _normal_split_by_arrays(total, probs, rng):
+    """The normal-law split as whole-array numpy (what sim.routing._split_counts computed
+    before its rounding moved into a compiled loop)."""
+    mean = total[..., None] * probs
+    y = np.sqrt(mean) * rng.standard_normal(mean.shape)
+    counts = np.maximum(np.rint(mean + y - probs * y.sum(axis=-1, keepdims=True)), 0.0)
+    hot = probs.argmax(axis=-1)[..., None]
+    diff = total[..., None] - counts.sum(axis=-1, keepdims=True)
+    np.put_along_axis(counts, hot, np.maximum(np.take_along_axis(counts, hot, -1) + diff, 0), -1)
+    return counts
+
+
+def test_normal_split_equals_the_array_expression_bit_for_bit():
+    from epsim.sim.routing import NORMAL_SPLIT_MIN_MEAN, _split_counts
+
+    g = np.random.default_rng(3)
+    for trial in range(120):
+        layers, gpus, slots = (int(v) for v in g.integers(1, [40, 9, 40]))
+        probs = g.dirichlet(np.full(slots, g.uniform(0.05, 3.0)), size=(layers, gpus))
+        if trial % 4 == 0 and slots >= 2:  # a tie for the likeliest slot: the first absorbs
+            probs[..., 1] = probs[..., 0]
+        low = int(NORMAL_SPLIT_MIN_MEAN * slots)
+        total = g.integers(low, 50 * low + 1, size=(layers, gpus))
+        want = _normal_split_by_arrays(total, probs, np.random.default_rng(trial))
+        got = _split_counts(total, probs, np.random.default_rng(trial))
+        assert np.array_equal(got, want)
+        assert np.array_equal(np.signbit(got), np.signbit(want))  # zeros of the same sign
+    # skewed shares clip slots at 0, and the likeliest slot still absorbs the rounding
+    probs = np.array([[[0.97] + [0.001] * 30]])
+    probs /= probs.sum()
+    total = np.array([[496]])
+    got = _split_counts(total, probs, np.random.default_rng(0))
+    assert np.array_equal(got, _normal_split_by_arrays(total, probs, np.random.default_rng(0)))
+    assert got.sum() == 496 and got.min() >= 0
