@@ -175,11 +175,10 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
     exchange_parts: dict[str, Any] = {}
     if a2a is not None and not a2a.empty:
         cf, parts = F.fit_exchange(a2a, ranks, exchange_fit)
-        if parts:  # JSON keys are strings
+        if parts:  # JSON keys are strings; the straggler's fraction is efficiency's own key
             exchange_parts = {"latency_s": {k: _by_world(t)
                                             for k, t in parts["latency_s"].items()},
-                              "straggler_fixed_s": _by_world(parts["straggler_fixed_s"]),
-                              "straggler_fraction": _by_world(parts["straggler_fraction"])}
+                              "straggler_fixed_s": _by_world(parts["straggler_fixed_s"])}
         obj["fabric"] = {"topology": "full_mesh", "links_per_gpu": 63,
                          "link_bandwidth": cf.bandwidth}
         obj["nic_bandwidth_per_gpu"] = cf.bandwidth
