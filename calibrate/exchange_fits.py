@@ -1,13 +1,19 @@
 """The names of the exchange models ``epsim calibrate --exchange-fit`` chooses between (kept
 apart from ``calibrate/fit.py`` so that the CLI's flag table needs no pandas).
 
-    slowest               an exchange's fixed cost per kind and world is the slowest rank's time
-                          in the all-to-all benchmark (each exchange issued after ~1 ms of
-                          compute), which holds the ranks' spread at an exchange; the default
+    in-step               an exchange's fixed cost per kind and world is the median time of the
+                          exchanges in the ranks sweep's decode steps (the calibration shapes
+                          launched as ``epsim run`` does, each rank timed from its issue to the
+                          end of its wait, as validation times them); the bandwidth is the
+                          all-to-all benchmark's; the default
+    slowest               the slowest rank's time in the all-to-all benchmark (each exchange
+                          issued after ~1 ms of compute), which holds the ranks' spread at an
+                          exchange (the default before the in-step fit; docs/validation.md
+                          compares the two)
     last-plus-straggler   what the last rank to arrive waits (``last_s``) plus the straggler the
                           ranks sweep measures in decode steps, with a part that grows with the
                           compute between exchanges (``efficiency.exchange_straggler_fraction``)
 """
 
-EXCHANGE_FITS = ("slowest", "last-plus-straggler")
-DEFAULT_EXCHANGE_FIT = "slowest"
+EXCHANGE_FITS = ("in-step", "slowest", "last-plus-straggler")
+DEFAULT_EXCHANGE_FIT = "in-step"

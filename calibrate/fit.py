@@ -333,7 +333,8 @@ def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None,
     """The exchange model of ``method`` (``calibrate/exchange_fits.py``).
 
     ``"slowest"``: the slowest rank's time (``time_s``) per kind and world, which holds the
-    ranks' spread after the benchmark's short compute. ``"last-plus-straggler"``: the latency the
+    ranks' spread after the benchmark's short compute. ``"in-step"``: the exchanges of the
+    ranks sweep's decode steps (:func:`fit_in_step`). ``"last-plus-straggler"``: the latency the
     last rank to arrive sees (the all-to-all table's ``last_s``) plus the straggler's fixed part
     (:func:`fit_straggler`), per kind and world; the straggler's part that grows with the compute
     between exchanges is the profile's ``exchange_straggler_fraction``; without the columns
@@ -347,6 +348,8 @@ def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None,
         raise EpsimError(f"exchange fit must be one of {', '.join(EXCHANGE_FITS)}, got {method!r}")
     if method == "slowest":
         return fit_comm(a2a), {}
+    if method == "in-step":
+        return fit_in_step(a2a, ranks), {}
     fixed, fraction = fit_straggler(ranks)
     if not fixed or "last_s" not in a2a or a2a["last_s"].isna().any():
         return fit_comm(a2a), {}
@@ -356,6 +359,28 @@ def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None,
     return (CommFit(latency, pure.bandwidth, pure.rel_err),
             {"latency_s": pure.latency_s, "straggler_fixed_s": fixed,
              "straggler_fraction": fraction})
+
+
+def fit_in_step(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> CommFit:
+    """The exchange model measured where validation measures it: per (kind, world), the median
+    time of the ranks sweep's exchange ops (decode steps of the calibration shapes on ``world``
+    local ranks: from each rank's issue to the end of its wait, so the ranks' spread at every
+    meeting is in it), the all-to-all benchmark's fitted bandwidth; a (kind, world) the ranks
+    sweep has no exchange of keeps the benchmark's latency.
+
+    The bytes of those decode-sized exchanges are in their times and are charged again as
+    ``link_bytes / W``: a few kilobytes at the fitted W, under 1 % of the latency on a CPU.
+    """
+    bench = fit_comm(a2a)
+    latency = {k: dict(t) for k, t in bench.latency_s.items()}
+    if ranks is not None and not ranks.empty:
+        rows = ranks[ranks["kind"].isin(["dispatch", "combine"]) & (ranks["world"] > 1)]
+        for (kind, world), g in rows.groupby(["kind", "world"]):
+            latency.setdefault(str(kind), {})[int(world)] = float(g["time_s"].median())
+    fit = CommFit(latency, bench.bandwidth)
+    err = np.abs(fit.predict(a2a) - a2a["time_s"].to_numpy(dtype=float)) \
+        / a2a["time_s"].to_numpy(dtype=float)
+    return CommFit(latency, bench.bandwidth, float(np.median(err)))
 
 
 def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,
@@ -410,6 +435,16 @@ def fit_rank_slowdown_by_kind(single: pd.DataFrame, ranks: pd.DataFrame,
             continue
         out[kind] = fit_rank_slowdown(one, sub, skip)
     return out
+
+
+def fit_comm_slowdown_by_world(contention: pd.DataFrame, floor: float = 0.01,
+                               cap: float = 0.9) -> dict[int, float]:
+    """``{world: s}``: :func:`fit_comm_slowdown` at each world size of the contention table
+    (``world``, ``probe_s``, ``probe_under_comm_s``): with more ranks than cores, gloo's threads
+    take a larger share of each core, so one figure for every world size misstates both."""
+    return {int(w): fit_comm_slowdown(g["probe_s"].tolist(), g["probe_under_comm_s"].tolist(),
+                                      floor, cap)
+            for w, g in contention.groupby("world")}
 
 
 def fit_comm_slowdown(together_s: Sequence[float], under_comm_s: Sequence[float],

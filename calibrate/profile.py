@@ -195,6 +195,11 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         })
         what = (f"t = latency[kind][world] + link_bytes / W over the runtime's dispatch_dynamic "
                 f"/ combine_dynamic between compute (median |error| {cf.rel_err:.0%})")
+        if exchange_fit == "in-step":
+            what = ("latency[kind][world]: the median time of the exchange ops of the ranks "
+                    f"sweep's decode steps ({csv_names['ranks']}, each rank from its issue to "
+                    "the end of its wait); W: t = latency + link_bytes / W fitted over "
+                    f"{csv_names['a2a']}")
         if parts:
             what += ("; latency = what the last rank to arrive waits (a2a last_s) + the fixed part "
                      "of how long after the average rank the last one arrives in a decode step "
@@ -277,6 +282,11 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         sources["efficiency.comm_compute_slowdown"] = src(
             "contention", "1 - probe time / probe time under a large all-to-all in flight "
             "(median over world sizes, clamped to [0.01, 0.9])")
+        by_world = F.fit_comm_slowdown_by_world(cont)
+        eff["comm_compute_slowdown_by_group"] = _by_world(by_world)
+        sources["efficiency.comm_compute_slowdown_by_group"] = src(
+            "contention", "the same per world size (" + ", ".join(
+                f"W={w}: {v:.2f}" for w, v in sorted(by_world.items())) + ")")
     else:
         eff["comm_compute_slowdown"] = 0.01
         sources["efficiency.comm_compute_slowdown"] = "not measured (one device): 0.01"

@@ -31,7 +31,7 @@ OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "op_overhead_s", "op_time_scale", "op_bytes_scale", "roofline", "a2a_latency_per_peer_s", "combine_latency_s",
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
     "rank_compute_slowdown_by_kind", "comm_concurrency", "op_final_scale", "host_ms_per_step",
-    "a2a_host_block_by_group_s", "exchange_straggler_fraction",
+    "a2a_host_block_by_group_s", "exchange_straggler_fraction", "comm_compute_slowdown_by_group",
 )
 #: the groups of op kinds an ``op_final_scale`` key may name (besides a kind or an op class)
 SCALE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -115,6 +115,7 @@ class Efficiency:
     host_ms_per_step: float | None = None
     a2a_host_block_by_group_s: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     exchange_straggler_fraction: Mapping[int, float] = field(default_factory=dict)
+    comm_compute_slowdown_by_group: Mapping[int, float] = field(default_factory=dict)
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
@@ -176,6 +177,17 @@ class Efficiency:
             if key in table:
                 return table[key]
         return 1.0
+
+    def comm_slowdown(self, ranks_per_node: int) -> float:
+        """Share of compute speed lost while an exchange is in flight, with ``ranks_per_node``
+        ranks sharing a node (``comm_compute_slowdown_by_group``: linear between its measured
+        points, the nearest end outside them; ``comm_compute_slowdown`` without the table)."""
+        table = self.comm_compute_slowdown_by_group
+        if not table:
+            return self.comm_compute_slowdown
+        points = sorted(table.items())
+        return float(np.interp(ranks_per_node, [float(r) for r, _ in points],
+                               [v for _, v in points]))
 
     def core_share(self, ranks_per_node: int, kind: str | None = None) -> float:
         """How much longer a compute op (of op class ``kind``) takes when ``ranks_per_node``
@@ -288,6 +300,12 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
         out["exchange_straggler_fraction"] = _int_keyed(
             obj["exchange_straggler_fraction"], f"{where}: efficiency.exchange_straggler_fraction",
             zero=True)
+    if "comm_compute_slowdown_by_group" in obj:
+        where_table = f"{where}: efficiency.comm_compute_slowdown_by_group"
+        table = out["comm_compute_slowdown_by_group"] = _int_keyed(
+            obj["comm_compute_slowdown_by_group"], where_table, zero=True)
+        if any(v >= 1 for v in table.values()):
+            raise EpsimError(f"{where_table}: each share must be below 1")
     if "rank_compute_slowdown" in obj:
         out["rank_compute_slowdown"] = _int_keyed(obj["rank_compute_slowdown"],
                                                   f"{where}: efficiency.rank_compute_slowdown")

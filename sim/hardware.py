@@ -77,6 +77,10 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
                              average one (ranks time-sliced on shared cores drift apart in
                              proportion to the work between two meetings); the exchange and the
                              host's wait on a dispatch last that much longer (absent: 0)
+      comm_compute_slowdown_by_group  {ranks per node: share}: ``comm_compute_slowdown``
+                             measured at each number of ranks sharing a node's cores (gloo's
+                             threads take more of a core the more ranks share them); linear
+                             between the points, the nearest end outside; absent: the scalar
     fitted by ``epsim calibrate --from-bench`` (and ``--from-trace``) to measured runs of one
     stack; they act under any kernel set (no shipped profile has them):
       op_final_scale         {factor: multiplier} on an op's final time (kernel table or

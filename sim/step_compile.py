@@ -369,7 +369,8 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         work=np.tile(work[:, None], (1, ranks)), node_s=eff.graph_node_s, floor=floor,
         launch_s=0.0 if captured else profile.kernel_launch_s, host_sync=host_sync,
         host_release_s=host_release_s, group_size=group_size, comm_slots=eff.comm_concurrency,
-        slowdown=eff.comm_compute_slowdown, quiet=quiet if quiet.any() else None,
+        slowdown=eff.comm_slowdown(min(ranks, plan.gpus_per_node)),
+        quiet=quiet if quiet.any() else None,
     )
     # runs of compute ops fold only inside a captured graph (eager: the host may hold any op)
     program = replace(program, steps=plan_steps(program, fold=captured))

@@ -2,6 +2,7 @@
 from the all-to-all table, the profile key, the program the simulator builds from it, and the
 validation report judged on the median of its passes."""
 
+import copy
 import json
 
 import numpy as np
@@ -141,12 +142,74 @@ def test_exchange_latency_is_the_last_arrivals_plus_the_fixed_straggler():
     # without the ranks' stragglers: the slowest rank's time, as before
     old, none = fit_exchange(a2a, None, "last-plus-straggler")
     assert old.latency_s["dispatch"][2] == pytest.approx(7e-3, rel=1e-6) and none == {}
-    # the default model: the slowest rank's time, whatever the tables hold
-    slowest, nothing = fit_exchange(a2a, ranks)
+    # the slowest rank's time, whatever the tables hold
+    slowest, nothing = fit_exchange(a2a, ranks, "slowest")
     assert slowest.latency_s["dispatch"][2] == pytest.approx(7e-3, rel=1e-6)
     assert slowest.latency_s["combine"][2] == pytest.approx(6e-3, rel=1e-6) and nothing == {}
     with pytest.raises(EpsimError, match="exchange fit"):
         fit_exchange(a2a, ranks, "fastest")
+
+
+def test_in_step_exchange_latency_is_the_ranks_sweeps_median_exchange_time():
+    from epsim.calibrate.exchange_fits import DEFAULT_EXCHANGE_FIT
+    from epsim.calibrate.fit import fit_exchange
+
+    a2a = pd.DataFrame([{"kind": k, "world": w, "link_bytes": b, "time_s": lat * w + b / 1e8}
+                        for k, lat in (("dispatch", 6e-3), ("combine", 3e-3))
+                        for w in (2, 4) for b in (1e3, 1e5, 1e6)])
+    # decode-step exchanges of the ranks sweep: dispatch at both world sizes, combine at 2 only,
+    # and a world-1 row (no peers) that must be ignored
+    ranks = pd.DataFrame([{"kind": "dispatch", "world": 2, "time_s": t} for t in (4e-3, 5e-3, 9e-3)]
+                         + [{"kind": "dispatch", "world": 4, "time_s": t} for t in (1e-2, 1.2e-2)]
+                         + [{"kind": "combine", "world": 2, "time_s": 1.5e-3},
+                            {"kind": "dispatch", "world": 1, "time_s": 1.0}])
+    fit, parts = fit_exchange(a2a, ranks, "in-step")
+    assert DEFAULT_EXCHANGE_FIT == "in-step" and parts == {}
+    assert fit.latency_s["dispatch"] == {2: pytest.approx(5e-3), 4: pytest.approx(1.1e-2)}
+    # combine at 4 ranks: no decode-step exchange measured, the benchmark's own latency
+    assert fit.latency_s["combine"][2] == pytest.approx(1.5e-3)
+    assert fit.latency_s["combine"][4] == pytest.approx(1.2e-2, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(1e8, rel=1e-6)  # the benchmark's
+    bench, _ = fit_exchange(a2a, None, "in-step")  # no ranks sweep: the benchmark alone
+    assert bench.latency_s["dispatch"][2] == pytest.approx(1.2e-2, rel=1e-6)
+
+
+def test_comm_slowdown_is_fitted_and_looked_up_per_world_size():
+    from epsim.calibrate.fit import fit_comm_slowdown_by_world
+
+    cont = pd.DataFrame([{"world": 2, "probe_s": 0.01, "probe_under_comm_s": 0.0125},
+                         {"world": 4, "probe_s": 0.01, "probe_under_comm_s": 0.04}])
+    assert fit_comm_slowdown_by_world(cont) == {2: pytest.approx(0.2), 4: pytest.approx(0.75)}
+    obj = copy.deepcopy(dict(load_profile("mi300x").raw))
+    eff = profile_from_dict(obj, "x").require_efficiency()
+    assert eff.comm_slowdown(8) == eff.comm_compute_slowdown  # no table: the scalar
+    obj["efficiency"]["comm_compute_slowdown_by_group"] = {"2": 0.2, "4": 0.75}
+    obj["sources"]["efficiency.comm_compute_slowdown_by_group"] = "a test"
+    eff = profile_from_dict(obj, "x").require_efficiency()
+    assert [eff.comm_slowdown(w) for w in (1, 2, 3, 4, 8)] == pytest.approx(
+        [0.2, 0.2, 0.475, 0.75, 0.75])
+    obj["efficiency"]["comm_compute_slowdown_by_group"] = {"2": 1.0}
+    with pytest.raises(EpsimError, match="below 1"):
+        profile_from_dict(obj, "x")
+
+
+def test_a_steps_comm_slowdown_is_its_ranks_per_nodes_entry():
+    from epsim.sim.step import simulate_step
+
+    model = load_model("deepseek-r1")
+    plan = make_plan(model, dp=8, ep=8)  # 8 ranks on the node, DBO: exchanges overlap compute
+    batch = Batch.decode(256, 2000)
+
+    def step_ms(raw: dict) -> float:
+        return simulate_step(model, plan, batch, profile_from_dict(raw), seed=1).step_ms
+
+    base = json.loads(json.dumps(load_profile("mi300x").raw))
+    scalar = base["efficiency"]["comm_compute_slowdown"]
+    same = _with("comm_compute_slowdown_by_group", {"2": 0.9, "8": scalar, "16": 0.9})
+    assert step_ms(same) == step_ms(base)
+    heavier = _with("comm_compute_slowdown_by_group", {"8": 0.6})
+    as_scalar = _with("comm_compute_slowdown", 0.6)
+    assert step_ms(heavier) == step_ms(as_scalar) > step_ms(base)
 
 
 def test_exchange_records_sum_the_compute_since_the_previous_exchange():

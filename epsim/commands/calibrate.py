@@ -40,8 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="--device cuda: shipped profile whose communication figures are kept "
                    "(default h200)")
     add_flag(p, "--exchange-fit", default=None,
-             help="the EP exchange's fixed cost: the slowest rank's time in the all-to-all "
-             "benchmark (slowest, the default), or what the last rank to arrive waits plus the "
+             help="the EP exchange's fixed cost: the median exchange time in the ranks "
+             "sweep's decode steps (in-step, the default), the slowest rank's time in the "
+             "all-to-all benchmark (slowest), or what the last rank to arrive waits plus the "
              "straggler measured in decode steps (last-plus-straggler); "
              "calibrate/exchange_fits.py")
     add_trace_args(p)
@@ -105,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
     if "rank_compute_slowdown" in eff:
         rows.append(("ranks sharing cores", ", ".join(
             f"{w} ranks: {f:.2f}x" for w, f in eff["rank_compute_slowdown"].items())))
-    rows.append(("comm/compute slowdown", f"{eff['comm_compute_slowdown']:.2f}"))
+    by_group = eff.get("comm_compute_slowdown_by_group")
+    rows.append(("comm/compute slowdown", ", ".join(
+        f"{w} ranks: {v:.2f}" for w, v in by_group.items()) if by_group
+        else f"{eff['comm_compute_slowdown']:.2f}"))
     rows.append(("wall time", f"{wall:.1f} s"))
     print_table(rows, title=f"epsim calibrate: {args.device}")
     return 0
