@@ -369,7 +369,7 @@ def fit_in_step(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> CommFit:
     sweep has no exchange of keeps the benchmark's latency.
 
     The bytes of those decode-sized exchanges are in their times and are charged again as
-    ``link_bytes / W``: a few kilobytes at the fitted W, under 1 % of the latency on a CPU.
+    ``link_bytes / W`` (docs/validation.md gives the size of that double count).
     """
     bench = fit_comm(a2a)
     latency = {k: dict(t) for k, t in bench.latency_s.items()}
