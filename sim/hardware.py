@@ -116,11 +116,8 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.shipped import shipped_names, shipped_text
 from epsim.sim.a2a import AUTO, check_choice
-from epsim.sim.efficiency import (  # noqa: F401 - the section's names, re-exported
+from epsim.sim.efficiency import (  # noqa: F401 - EFFICIENCY_KEYS: re-exported (calibrate)
     EFFICIENCY_KEYS,
-    OPTIONAL_EFFICIENCY_KEYS,
-    SCALE_GROUPS,
-    SCALE_KEYS,
     Efficiency,
     number,
     parse_efficiency,

@@ -55,6 +55,7 @@ EXACT, INTERPOLATED, EXTRAPOLATED = 0, 1, 2
 
 _LEAF_CACHE = 4096  # resolved fixed-feature tuples kept per table
 _TINY = float(np.finfo(np.float64).tiny)  # the smallest value a distance's log is taken of
+_MISSING = object()  # a memo's miss (None is a kept answer: no brackets)
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,17 +124,23 @@ class Table:
 
     # -- interpolation --------------------------------------------------------------------
 
+    def _memo(self, name: str, fixed: tuple[float, ...], make: Callable[[], Any]) -> Any:
+        """``make()`` kept in the table's cache ``name`` by fixed-feature tuple (at most
+        ``_LEAF_CACHE`` of them; the cache starts over when full)."""
+        memo = self._cache.setdefault(name, {})
+        hit = memo.get(fixed, _MISSING)
+        if hit is _MISSING:
+            if len(memo) >= _LEAF_CACHE:
+                memo.clear()
+            hit = memo[fixed] = make()
+        return hit
+
     def _leaves(self, fixed: tuple[float, ...]) -> list[tuple[float, np.ndarray]] | None:
         """The 1-D point sets (sorted along the swept feature) whose log-linear blend, with
         these weights, gives the table at ``fixed`` (every feature but the last); None: some
         bracket is missing."""
-        leaves = self._cache.setdefault("leaves", {})
-        hit = leaves.get(fixed, False)
-        if hit is False:
-            if len(leaves) >= _LEAF_CACHE:
-                leaves.clear()
-            hit = leaves[fixed] = self._resolve(np.arange(len(self)), 0, fixed)
-        return hit
+        return self._memo("leaves", fixed,
+                          lambda: self._resolve(np.arange(len(self)), 0, fixed))
 
     def _resolve(self, subset: np.ndarray, d: int, fixed: tuple[float, ...]
                  ) -> list[tuple[float, np.ndarray]] | None:
@@ -218,39 +225,28 @@ class Table:
 
     def _leaf_lists(self, fixed: tuple[float, ...]) -> list[tuple] | None:
         """``_leaves(fixed)`` as Python lists per leaf: ``(weight, xs, log xs, log times,
-        times, point indices)`` (one value's lookup reads them without array calls)."""
-        lists = self._cache.setdefault("leaf_lists", {})
-        hit = lists.get(fixed, False)
-        if hit is False:
+        times)`` (one value's lookup reads them without array calls)."""
+        def make() -> list[tuple] | None:
             leaves = self._leaves(fixed)
-            if len(lists) >= _LEAF_CACHE:
-                lists.clear()
-            hit = lists[fixed] = None if leaves is None else [
+            return None if leaves is None else [
                 (w, self.x[leaf, -1].tolist(), self._cache["log_x"][leaf, -1].tolist(),
-                 self._cache["log_t"][leaf].tolist(), self.seconds[leaf].tolist(),
-                 leaf.tolist()) for w, leaf in leaves]
-        return hit
+                 self._cache["log_t"][leaf].tolist(), self.seconds[leaf].tolist())
+                for w, leaf in leaves]
+        return self._memo("leaf_lists", fixed, make)
 
     def _nearest_base(self, fixed: tuple[float, ...]) -> np.ndarray:
         """``[points]`` squared log distance of every point's fixed features to ``fixed``."""
-        bases = self._cache.setdefault("nearest_base", {})
-        base = bases.get(fixed)
-        if base is None:
-            log_x = self._cache["log_x"]
-            tiny = np.log(np.finfo(np.float64).tiny)
-            base = sum((log_x[:, d] - (math.log(q) if q > 0 else tiny)) ** 2
-                       for d, q in enumerate(fixed))
-            if len(bases) >= _LEAF_CACHE:
-                bases.clear()
-            bases[fixed] = base
-        return base
+        log_x = self._cache["log_x"]
+        tiny = np.log(np.finfo(np.float64).tiny)
+        return self._memo("nearest_base", fixed, lambda: sum(
+            (log_x[:, d] - (math.log(q) if q > 0 else tiny)) ** 2 for d, q in enumerate(fixed)))
 
     def _locate_one(self, fixed: tuple[float, ...], value: float) -> tuple[int, float, int]:
         """:meth:`locate` of one value, ``(method, seconds, nearest)``: the same arithmetic as
         the array path (numpy's ``log`` / ``exp``, ``np.interp``'s formula), so equal results."""
         leaves = self._leaf_lists(fixed)
         inside = value > 0 and leaves is not None and all(
-            xs[0] <= value <= xs[-1] for _, xs, _, _, _, _ in leaves)
+            xs[0] <= value <= xs[-1] for _, xs, _, _, _ in leaves)
         if not inside:
             lv = float(np.log(max(value, _TINY)))
             dist = self._nearest_base(fixed) + (self._cache["log_x"][:, -1] - lv) ** 2
@@ -258,7 +254,7 @@ class Table:
             return EXTRAPOLATED, float(self.seconds[near]), near
         lv = float(np.log(value))
         acc, t_min, t_max = 0.0, math.inf, 0.0
-        for w, xs, lxs, lts, ts, _ in leaves:
+        for w, xs, lxs, lts, ts in leaves:
             acc += w * _interp_one(lv, lxs, lts)
             hi = min(bisect.bisect_left(xs, value), len(xs) - 1)
             lo = hi if xs[hi] == value else max(hi - 1, 0)
@@ -267,7 +263,7 @@ class Table:
         # exp(log(t)) may be off by an ulp: keep the result between its bracketing points
         t = min(max(float(np.exp(acc)), t_min), t_max)
         if len(leaves) == 1:  # every fixed feature exact: a knot is a measured point
-            _, xs, _, _, ts, _ = leaves[0]
+            _, xs, _, _, ts = leaves[0]
             j = min(bisect.bisect_left(xs, value), len(xs) - 1)
             if xs[j] == value:
                 return EXACT, ts[j], -1
