@@ -437,6 +437,18 @@ def fit_rank_slowdown_by_kind(single: pd.DataFrame, ranks: pd.DataFrame,
     return out
 
 
+def fit_rank_skew(ranks: pd.DataFrame) -> dict[int, float]:
+    """``{world: seconds}``: per world size above 1, the median over the ranks sweep's
+    configurations of ``rank_skew_s`` (the slowest rank's step beyond the ranks' mean); empty
+    for a table without the column (one written before it was measured)."""
+    if ranks.empty or "rank_skew_s" not in ranks:
+        return {}
+    rows = ranks[(ranks["world"] > 1) & ranks["rank_skew_s"].notna()]
+    configs = rows.drop_duplicates(["shape", "world", "batch", "context"])
+    return {int(w): max(0.0, float(g["rank_skew_s"].median()))
+            for w, g in configs.groupby("world")}
+
+
 def fit_comm_slowdown_by_world(contention: pd.DataFrame, floor: float = 0.01,
                                cap: float = 0.9) -> dict[int, float]:
     """``{world: s}``: :func:`fit_comm_slowdown` at each world size of the contention table

@@ -261,7 +261,10 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         (the expected latest of ``world`` jittered arrivals, less the average), what a
         simulator whose ranks arrive together must add; and ``segment_s``: the median over the
         timed steps of the ranks' mean compute time since the previous exchange (in issue
-        order), which the straggler grows with.
+        order), which the straggler grows with. Every row of a configuration run on more than
+        one rank also has ``rank_skew_s``: the median over the timed steps and rounds of the
+        slowest rank's step time minus the ranks' mean (a step lasts as long as its slowest
+        rank; ranks time-sliced on shared cores do not finish together).
     """
     from epsim.runtime import RunOptions, launch_local
 
@@ -269,6 +272,7 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
     samples: dict[tuple, tuple[str, list[float]]] = {}
     # per (op, round, step): each rank's (wait, compute since the previous exchange)
     arrivals: dict[tuple, list[tuple[float, float]]] = {}
+    skews: dict[tuple, list[float]] = {}  # per configuration: slowest minus mean rank, per step
     for rnd in range(rounds):  # rounds alternate the world sizes (background load is bursty)
         for world in worlds:
             options, keys = [], []
@@ -287,6 +291,9 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                         continue  # warm-up
                     key = (name, world, batch, context, e.op_id)
                     samples.setdefault(key, (e.kind, []))[1].append(e.dur_us * 1e-6)
+                if world > 1:
+                    skews.setdefault((name, world, batch, context), []).extend(
+                        rank_skews(summary["step_ms_per_rank"]))
                 for op_id, step, wait, since in exchange_records(summary["trace_events"]):
                     arrivals.setdefault(((name, world, batch, context, op_id), rnd, step),
                                         []).append((wait, since))
@@ -304,8 +311,18 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         if key in late:
             row["straggler_s"] = statistics.median(v for v, _ in late[key])
             row["segment_s"] = statistics.median(v for _, v in late[key])
+        if key[:4] in skews:
+            row["rank_skew_s"] = statistics.median(skews[key[:4]])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def rank_skews(step_ms_per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """Per timed step (the first is a warm-up), the slowest rank's step seconds minus the
+    ranks' mean (``step_ms_per_rank``: ``[rank][step]`` ms, the runtime summary's)."""
+    steps = min(len(r) for r in step_ms_per_rank)
+    return [(max(r[s] for r in step_ms_per_rank)
+             - statistics.fmean(r[s] for r in step_ms_per_rank)) / 1e3 for s in range(1, steps)]
 
 
 def exchange_records(events: Iterable[Any]) -> list[tuple[str, int, float, float]]:

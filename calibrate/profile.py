@@ -275,6 +275,13 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
             "shapes launched as epsim run does, EP for W > 1) over their summed time in the "
             "op sweep (" + ", ".join(
                 f"W={w}: {f:.2f}x" for w, f in slow.items()) + ")")
+        skew = F.fit_rank_skew(ranks)
+        if skew:
+            eff["rank_skew_by_group_s"] = _by_world(skew)
+            sources["efficiency.rank_skew_by_group_s"] = src(
+                "ranks", "median over the ranks sweep's configurations of the slowest rank's "
+                "step time minus the ranks' mean, per world size (" + ", ".join(
+                    f"W={w}: {v * 1e3:.2f} ms" for w, v in sorted(skew.items())) + ")")
     if cont is not None and not cont.empty:
         slow_c = F.fit_comm_slowdown(cont["probe_s"].tolist(),
                                      cont["probe_under_comm_s"].tolist())

@@ -233,6 +233,8 @@ def summarise(opts: RunOptions, model: Any, per_rank: list[list[dict[str, Any]]]
         "prefill": opts.prefill,
         "step_ms": stats,
         "step_ms_per_step": step_ms,  # every step, warm-up included (the slowest rank's)
+        # each rank's own: how far the slowest lags the others (epsim calibrate's rank skew)
+        "step_ms_per_rank": [[st["step_us"] / 1e3 for st in rank] for rank in decode],
         "tokens_per_s": _emitted_per_step(opts, decode, world) / (stats["mean"] / 1e3),
         "op_ms_per_step_by_kind": {
             k: sum(st["op_us"].get(k, 0.0) for rank in decode for st in rank)

@@ -32,6 +32,7 @@ OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
     "rank_compute_slowdown_by_kind", "comm_concurrency", "op_final_scale", "host_ms_per_step",
     "a2a_host_block_by_group_s", "exchange_straggler_fraction", "comm_compute_slowdown_by_group",
+    "rank_skew_by_group_s",
 )
 #: the groups of op kinds an ``op_final_scale`` key may name (besides a kind or an op class)
 SCALE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -84,6 +85,11 @@ class Efficiency:
         Example: ``{"attention": 1.3, "grouped_gemm": 0.8}``.
     host_ms_per_step: the engine's host time per step fitted to one stack, ``None`` unless
         fitted. Example: 6.0.
+    rank_skew_by_group_s: ``{ranks per node: seconds}`` (looked up at ``min(world size,
+        gpus_per_node)``) the slowest rank's step beyond the mean rank's when ranks share a
+        node's cores: a step lasts as long as its slowest rank, the simulator's ranks run alike;
+        empty unless fitted (``epsim calibrate``'s ranks sweep). Example (2 cores):
+        ``{2: 1.0e-3, 4: 6.0e-3}``.
     """
 
     gemm_flops_fraction: Mapping[str, float]
@@ -116,6 +122,7 @@ class Efficiency:
     a2a_host_block_by_group_s: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     exchange_straggler_fraction: Mapping[int, float] = field(default_factory=dict)
     comm_compute_slowdown_by_group: Mapping[int, float] = field(default_factory=dict)
+    rank_skew_by_group_s: Mapping[int, float] = field(default_factory=dict)
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
@@ -188,6 +195,16 @@ class Efficiency:
         points = sorted(table.items())
         return float(np.interp(ranks_per_node, [float(r) for r, _ in points],
                                [v for _, v in points]))
+
+    def rank_skew(self, ranks_per_node: int) -> float:
+        """Seconds the slowest of ``ranks_per_node`` ranks sharing a node's cores takes beyond
+        the mean rank per step (``rank_skew_by_group_s``: 0 at one rank, linear between its
+        measured points and the last two points' slope beyond, never falling; 0 without the
+        table)."""
+        table = self.rank_skew_by_group_s
+        if not table or ranks_per_node < 2:
+            return 0.0
+        return max(0.0, _interpolate({1: 0.0, **table}, ranks_per_node))
 
     def core_share(self, ranks_per_node: int, kind: str | None = None) -> float:
         """How much longer a compute op (of op class ``kind``) takes when ``ranks_per_node``
@@ -306,6 +323,9 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
             obj["comm_compute_slowdown_by_group"], where_table, zero=True)
         if any(v >= 1 for v in table.values()):
             raise EpsimError(f"{where_table}: each share must be below 1")
+    if "rank_skew_by_group_s" in obj:
+        out["rank_skew_by_group_s"] = _int_keyed(
+            obj["rank_skew_by_group_s"], f"{where}: efficiency.rank_skew_by_group_s", zero=True)
     if "rank_compute_slowdown" in obj:
         out["rank_compute_slowdown"] = _int_keyed(obj["rank_compute_slowdown"],
                                                   f"{where}: efficiency.rank_compute_slowdown")

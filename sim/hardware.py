@@ -81,6 +81,11 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
                              measured at each number of ranks sharing a node's cores (gloo's
                              threads take more of a core the more ranks share them); linear
                              between the points, the nearest end outside; absent: the scalar
+      rank_skew_by_group_s   {ranks per node: seconds}: how much longer the slowest of the ranks
+                             sharing a node's cores takes per step than the mean one (a step
+                             lasts as long as its slowest rank; the simulator's ranks run alike);
+                             added to the step's ``launch`` time; 0 at one rank, linear between
+                             the points, the last two points' slope beyond (absent: 0)
     fitted by ``epsim calibrate --from-bench`` (and ``--from-trace``) to measured runs of one
     stack; they act under any kernel set (no shipped profile has them):
       op_final_scale         {factor: multiplier} on an op's final time (kernel table or

@@ -54,7 +54,8 @@ class StepResult:
         dense, other (compute busy time, including comm interference), dispatch, combine,
         tp_comm (time its compute stream sat waiting for that collective, or, eager, for a host
         waiting on it: exposed communication, stragglers included), launch (waiting for the
-        host to launch kernels, graph launch, the per-kernel GPU gap).
+        host to launch kernels, graph launch, the per-kernel GPU gap; on CPU ranks sharing
+        cores, the slowest rank's lateness, ``efficiency.rank_skew_by_group_s``).
         The values sum to ``step_ms``.
     exposed_comm_ms: dispatch + combine + tp_comm of ``breakdown_ms``.
     comm_busy_ms: ``{category: ms}`` that rank's collectives were in flight (overlapped or not).
@@ -248,7 +249,9 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         prog, swept, imbalance = route_step(comp, model, plan, profile, key, loads, placement,
                                             p_slot, int(seed), explain)
     timeline = run_exact(prog) if mode == "exact" else run_fast(prog, fold=not trace)
-    result = _result(comp, prog, timeline, imbalance, mode, seed, trace, profile.kernel_set)
+    skew = profile.require_efficiency().rank_skew(min(plan.world_size, plan.gpus_per_node))
+    result = _result(comp, prog, timeline, imbalance, mode, seed, trace, profile.kernel_set,
+                     skew)
     if explain:
         result = replace(result, kernel_sources=_explain(comp, plan, profile, swept,
                                                          result.critical_rank))
@@ -285,10 +288,18 @@ def _explain(comp: Compiled, plan: ParallelPlan, profile: HardwareProfile,
 
 
 def _result(comp: Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str,
-            seed: int, trace: bool, kernels: str) -> StepResult:
+            seed: int, trace: bool, kernels: str, skew_s: float = 0.0) -> StepResult:
+    """The step's figures from its critical rank; ``skew_s``: how much longer the slowest rank
+    takes than the simulated ones, which run alike (``Efficiency.rank_skew``, CPU ranks sharing
+    cores): it lengthens the critical rank's step as host time (``launch``)."""
     critical = int(np.argmax(tl.rank_end))
     step_s = float(tl.rank_end[critical])
     parts = {c: float(tl.breakdown[critical, i] * 1e3) for i, c in enumerate(CATEGORIES)}
+    rank_ms = [float(x * 1e3) for x in tl.rank_end]
+    if skew_s > 0.0:
+        step_s += skew_s
+        parts["launch"] += skew_s * 1e3
+        rank_ms[critical] += skew_s * 1e3
     comm_cats = ("dispatch", "combine", "tp_comm")
     exposed = sum(parts[c] for c in comm_cats)
     busy = {c: float(tl.comm_busy[critical, CATEGORIES.index(c)] * 1e3) for c in comm_cats}
@@ -300,7 +311,7 @@ def _result(comp: Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray, 
         overlapped_comm_ms=max(0.0, sum(busy.values()) - exposed),
         compute_slowdown_ms=float(tl.slowdown_s[critical] * 1e3),
         expert_imbalance=float(imbalance.mean()), expert_imbalance_max=float(imbalance.max()),
-        critical_rank=critical, rank_ms=tuple(float(x * 1e3) for x in tl.rank_end),
+        critical_rank=critical, rank_ms=tuple(rank_ms),
         mode=mode, seed=seed, events=events,
         op_kinds_ms=_op_kinds_ms(comp, prog, critical), kernels=kernels,
         draft_ms=_draft_ms(comp, prog, critical),

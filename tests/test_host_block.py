@@ -1,6 +1,8 @@
 """How long issuing an exchange holds an eager host (``a2a_host_block_by_group_s``): the fit
 from the all-to-all table, the profile key, the program the simulator builds from it, and the
-validation report judged on the median of its passes."""
+validation report judged on the median of its passes; and the other CPU-run terms fitted beside
+it (stragglers, the in-step exchange latency, the comm/compute slowdown and the slowest rank's
+lateness per world size)."""
 
 import copy
 import json
@@ -9,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from epsim.calibrate.fit import fit_host_block
+from epsim.calibrate.fit import fit_host_block, fit_rank_skew
+from epsim.calibrate.micro import rank_skews
 from epsim.calibrate.validate import Case, compare
 from epsim.model.config import load_model
 from epsim.model.errors import EpsimError
@@ -17,6 +20,7 @@ from epsim.model.graph import build_step_graph
 from epsim.model.opgraph import Batch
 from epsim.model.plan import make_plan
 from epsim.sim.hardware import load_profile, profile_from_dict
+from epsim.sim.step import simulate_step
 from epsim.sim.step_compile import _host_holds
 
 
@@ -320,3 +324,54 @@ def test_a_malformed_machine_probe_is_refused_before_any_launch(probe):
     assert _probe_reference(None) is None
     good = {"seconds": 0.02, "processes": 2}
     assert _probe_reference(good) is good
+
+
+# -- the slowest rank's lateness on shared cores (efficiency.rank_skew_by_group_s) ----------
+
+def test_rank_skews_are_the_slowest_minus_the_mean_rank_per_timed_step():
+    # [rank][step] ms; step 0 is the warm-up
+    per_rank = [[50.0, 20.0, 21.0], [10.0, 22.0, 25.0], [10.0, 20.0, 23.0]]
+    got = rank_skews(per_rank)
+    assert got == pytest.approx([(22.0 - 62.0 / 3) / 1e3, (25.0 - 23.0) / 1e3])
+
+
+def test_fit_takes_the_median_over_configurations_per_world_size():
+    rows = []
+    for world, batch, skew in ((2, 6, 1e-3), (2, 20, 4e-3), (2, 96, 2e-3), (4, 6, 6e-3)):
+        for op in ("L0.attn", "L1.moe.dispatch.mb0"):  # every row of a configuration holds it
+            rows.append({"shape": "a", "world": world, "batch": batch, "context": 40,
+                         "op_id": op, "kind": "norm", "time_s": 1e-4, "rank_skew_s": skew})
+    rows.append({"shape": "a", "world": 1, "batch": 6, "context": 40, "op_id": "L0.attn",
+                 "kind": "norm", "time_s": 1e-4})  # one rank: no skew
+    got = fit_rank_skew(pd.DataFrame(rows))
+    assert got == {2: pytest.approx(2e-3), 4: pytest.approx(6e-3)}
+    older = pd.DataFrame(rows).drop(columns=["rank_skew_s"])
+    assert fit_rank_skew(older) == {}
+
+
+def test_profile_key_is_zero_at_one_rank_linear_between_and_checked():
+    eff = profile_from_dict(_with("rank_skew_by_group_s", {"2": 1e-3, "4": 6e-3})
+                            ).require_efficiency()
+    assert eff.rank_skew(1) == 0.0
+    assert eff.rank_skew(2) == pytest.approx(1e-3)
+    assert eff.rank_skew(3) == pytest.approx(3.5e-3)
+    assert eff.rank_skew(8) == pytest.approx(6e-3 + 2.5e-3 * 4)  # the last two points' slope
+    assert load_profile("mi300x").require_efficiency().rank_skew(8) == 0.0
+    with pytest.raises(EpsimError, match="rank_skew_by_group_s.2 must be a non-negative"):
+        profile_from_dict(_with("rank_skew_by_group_s", {"2": -1e-3}))
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_steps_time_grows_by_its_ranks_per_nodes_skew_as_host_time(microbatches):
+    model = load_model("deepseek-r1")
+    plan = make_plan(model, dp=8, ep=8, microbatches=microbatches)
+    batch = Batch.decode(64, 1000)
+    base = simulate_step(model, plan, batch, load_profile("mi300x"), seed=2)
+    skewed = simulate_step(model, plan, batch, profile_from_dict(
+        _with("rank_skew_by_group_s", {"2": 1e-3, "8": 4e-3})), seed=2)
+    assert skewed.step_ms == pytest.approx(base.step_ms + 4.0, rel=1e-12)
+    assert skewed.breakdown_ms["launch"] == pytest.approx(base.breakdown_ms["launch"] + 4.0)
+    assert sum(skewed.breakdown_ms.values()) == pytest.approx(skewed.step_ms, rel=1e-9)
+    assert max(skewed.rank_ms) == pytest.approx(skewed.step_ms)
+    others = {k: v for k, v in skewed.breakdown_ms.items() if k != "launch"}
+    assert others == {k: v for k, v in base.breakdown_ms.items() if k != "launch"}

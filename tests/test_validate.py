@@ -201,6 +201,10 @@ def test_quick_calibrate_then_validate(epsim, tmp_path):
     assert "fitted by epsim calibrate" in profile["sources"]["efficiency.op_overhead_s"]
     assert "cpu.ops.csv" in profile["sources"]["efficiency.op_overhead_s"]
     assert profile["calibration"]["configs"]
+    # the ranks sweep's world-2 launches measured how far the slowest rank lags the mean one
+    assert set(profile["efficiency"]["rank_skew_by_group_s"]) == {"2"}
+    assert profile["efficiency"]["rank_skew_by_group_s"]["2"] >= 0.0
+    assert "slowest rank" in profile["sources"]["efficiency.rank_skew_by_group_s"]
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps([{"model": "tiny-deepseek", "world_size": 2, "batch": 4,
                                  "context": 16, "dbo": True}]))

@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if "rank_compute_slowdown" in eff:
         rows.append(("ranks sharing cores", ", ".join(
             f"{w} ranks: {f:.2f}x" for w, f in eff["rank_compute_slowdown"].items())))
+    if "rank_skew_by_group_s" in eff:
+        rows.append(("slowest rank's lateness", ", ".join(
+            f"{w} ranks: {v * 1e3:.2f} ms" for w, v in eff["rank_skew_by_group_s"].items())))
     by_group = eff.get("comm_compute_slowdown_by_group")
     rows.append(("comm/compute slowdown", ", ".join(
         f"{w} ranks: {v:.2f}" for w, v in by_group.items()) if by_group
