@@ -328,6 +328,34 @@ def fit_straggler(ranks: pd.DataFrame) -> tuple[dict[int, float], dict[int, floa
     return fixed, fraction
 
 
+def fit_host_in_step(ranks: pd.DataFrame | None
+                     ) -> tuple[dict[str, dict[int, float]], dict[int, float]]:
+    """How long issuing an exchange holds the host in the ranks sweep's decode steps (its
+    ``host_s``): a dispatch's blocking count exchange is a meeting of every rank, so it lasts
+    ``fixed[world] + fraction[world] * segment`` (``segment_s``: the compute since the previous
+    exchange, over which time-sliced ranks drift apart; a non-negative fit on relative errors
+    per world size); a combine's asynchronous call is the rank's own: the median per world.
+
+    Returns:
+        ``({"dispatch": {world: fixed}, "combine": {world: seconds}}, {world: fraction})``;
+        empty without the column (tables of an older epsim) or without multi-rank exchanges.
+    """
+    if ranks is None or ranks.empty or not {"host_s", "segment_s"} <= set(ranks):
+        return {}, {}
+    rows = ranks.dropna(subset=["host_s", "segment_s"])
+    rows = rows[rows["world"] > 1]
+    held: dict[str, dict[int, float]] = {}
+    fraction: dict[int, float] = {}
+    for world, sub in rows[rows["kind"] == "dispatch"].groupby("world"):
+        t = np.maximum(sub["host_s"].to_numpy(dtype=float), 1e-7)
+        a, k, _ = _ls_overhead_scale(sub["segment_s"].to_numpy(dtype=float), t, None)
+        held.setdefault("dispatch", {})[int(world)] = a
+        fraction[int(world)] = k
+    for world, sub in rows[rows["kind"] == "combine"].groupby("world"):
+        held.setdefault("combine", {})[int(world)] = float(sub["host_s"].median())
+    return held, fraction
+
+
 def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None,
                  method: str = DEFAULT_EXCHANGE_FIT) -> tuple[CommFit, dict]:
     """The exchange model of ``method`` (``calibrate/exchange_fits.py``).

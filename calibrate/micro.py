@@ -264,7 +264,11 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         order), which the straggler grows with. Every row of a configuration run on more than
         one rank also has ``rank_skew_s``: the median over the timed steps and rounds of the
         slowest rank's step time minus the ranks' mean (a step lasts as long as its slowest
-        rank; ranks time-sliced on shared cores do not finish together).
+        rank; ranks time-sliced on shared cores do not finish together). Exchange rows measured
+        by a runtime that reports it also have ``host_s``: the median over the timed steps,
+        ranks and rounds of how long the call that issued the exchange held the host (the
+        trace's ``issue_us``: a dispatch's blocking count exchange, a combine's asynchronous
+        call).
     """
     from epsim.runtime import RunOptions, launch_local
 
@@ -273,6 +277,7 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
     # per (op, round, step): each rank's (wait, compute since the previous exchange)
     arrivals: dict[tuple, list[tuple[float, float]]] = {}
     skews: dict[tuple, list[float]] = {}  # per configuration: slowest minus mean rank, per step
+    holds: dict[tuple, list[float]] = {}  # per exchange op: each issue call's seconds
     for rnd in range(rounds):  # rounds alternate the world sizes (background load is bursty)
         for world in worlds:
             options, keys = [], []
@@ -291,6 +296,8 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                         continue  # warm-up
                     key = (name, world, batch, context, e.op_id)
                     samples.setdefault(key, (e.kind, []))[1].append(e.dur_us * 1e-6)
+                    if "issue_us" in e.args:
+                        holds.setdefault(key, []).append(e.args["issue_us"] * 1e-6)
                 if world > 1:
                     skews.setdefault((name, world, batch, context), []).extend(
                         rank_skews(summary["step_ms_per_rank"]))
@@ -311,6 +318,8 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         if key in late:
             row["straggler_s"] = statistics.median(v for v, _ in late[key])
             row["segment_s"] = statistics.median(v for _, v in late[key])
+        if key in holds:
+            row["host_s"] = statistics.median(holds[key])
         if key[:4] in skews:
             row["rank_skew_s"] = statistics.median(skews[key[:4]])
         rows.append(row)

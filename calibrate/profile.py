@@ -224,6 +224,8 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                                                    "combine latency"),
             "efficiency.collective_latency_graph_s": src("a2a", "as collective_latency_s"),
         })
+        held_in_step, hold_fraction = ({}, {}) if exchange_fit != "in-step" else \
+            F.fit_host_in_step(ranks)
         held = F.fit_host_block(a2a)
         # the dispatch's count exchange waits for the last rank too; the combine's call is the
         # rank's own (its time does not shrink for the last to arrive)
@@ -240,6 +242,21 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                 f"its blocking count exchange, {dispatch}; combine: gloo's asynchronous call, "
                 "the ranks' mean), fixed part of a line over link bytes, per kind and world "
                 "size")
+        if held_in_step:  # measured inside the decode steps, as the latencies are
+            eff["a2a_host_block_by_group_s"] = {
+                **eff.get("a2a_host_block_by_group_s", {}),
+                **{k: _by_world(t) for k, t in held_in_step.items()}}
+            sources["efficiency.a2a_host_block_by_group_s"] = src(
+                "ranks", "host_s: how long the call that issues an exchange held the host in the "
+                "ranks sweep's decode steps (the trace's issue_us); dispatch: the fixed part of "
+                "host_s = fixed + fraction * segment_s (its blocking count exchange is a meeting "
+                "of every rank), per world size; combine: the median of its asynchronous call")
+            if hold_fraction:
+                eff["a2a_host_block_fraction"] = _by_world(hold_fraction)
+                sources["efficiency.a2a_host_block_fraction"] = src(
+                    "ranks", "the fraction of that fit: a dispatch holds the host this share of "
+                    "the compute since the previous exchange longer (" + ", ".join(
+                        f"W={w}: {v:.3f}" for w, v in sorted(hold_fraction.items())) + ")")
     else:
         if base is None:
             raise EpsimError("no all-to-all measurements and no --base profile to take the "

@@ -10,7 +10,8 @@ microbatch's exchange is in flight while the other computes.
 
 Every op becomes a :class:`epsim.model.trace.TraceEvent` with the graph's op id, in issue order: compute
 ops on the ``compute`` stream (wall clock on the CPU, CUDA events on a GPU), collectives on
-``comm`` from issue to the end of the wait that needed them.
+``comm`` from issue to the end of the wait that needed them, with ``args["issue_us"]``: how long
+the issuing call held the host (a dispatch's blocking count exchange, gloo's asynchronous call).
 """
 
 from __future__ import annotations
@@ -358,11 +359,12 @@ class RankRuntime:
                         handle, mark = pending.pop(producer)
                         _store(values, mark[0], handle.wait())
                         mark[3] = now()
-                mark = [op, "compute", now(), None]
+                mark = [op, "compute", now(), None, None]
                 marks.append(mark)
                 result = OP_IMPLS[op.kind](self, op, {v: values[(p, v)] for p, v in reads}, state)
                 if isinstance(result, comm.Pending):
                     mark[1] = "comm"
+                    mark[4] = now()  # the issuing call returned: how long it held the host
                     pending[op_id] = (result, mark)
                 else:
                     mark[3] = now()
@@ -377,8 +379,10 @@ class RankRuntime:
         events = [] if capturing else [
             TraceEvent(op.id, op.kind, self.rank, stream, clock.us(t0),
                        max(0.0, clock.us(t1) - clock.us(t0)), op.layer, op.microbatch,
-                       {"tokens": _state_of(states, op).num_tokens})
-            for op, stream, t0, t1 in marks]
+                       {"tokens": _state_of(states, op).num_tokens} if issued is None else
+                       {"tokens": _state_of(states, op).num_tokens,
+                        "issue_us": max(0.0, clock.us(issued) - clock.us(t0))})
+            for op, stream, t0, t1, issued in marks]
         outputs = [{name: values[where] for name, where in graph.results[s.microbatch].items()}
                    for s in states]
         passes = range(self.plan.mtp)

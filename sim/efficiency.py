@@ -32,7 +32,7 @@ OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
     "rank_compute_slowdown_by_kind", "comm_concurrency", "op_final_scale", "host_ms_per_step",
     "a2a_host_block_by_group_s", "exchange_straggler_fraction", "comm_compute_slowdown_by_group",
-    "rank_skew_by_group_s",
+    "rank_skew_by_group_s", "a2a_host_block_fraction",
 )
 #: the groups of op kinds an ``op_final_scale`` key may name (besides a kind or an op class)
 SCALE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -85,6 +85,11 @@ class Efficiency:
         Example: ``{"attention": 1.3, "grouped_gemm": 0.8}``.
     host_ms_per_step: the engine's host time per step fitted to one stack, ``None`` unless
         fitted. Example: 6.0.
+    a2a_host_block_fraction: ``{ranks per node: fraction}``: a dispatch holds an eager host
+        this share of the compute issued since the previous exchange longer than its
+        ``a2a_host_block_by_group_s`` entry (its blocking count exchange waits for ranks that
+        drifted apart over that compute); empty unless fitted (``epsim calibrate``'s in-step
+        fit). Example (2 cores): ``{2: 0.05, 4: 0.3}``.
     rank_skew_by_group_s: ``{ranks per node: seconds}`` (looked up at ``min(world size,
         gpus_per_node)``) the slowest rank's step beyond the mean rank's when ranks share a
         node's cores: a step lasts as long as its slowest rank, the simulator's ranks run alike;
@@ -123,6 +128,7 @@ class Efficiency:
     exchange_straggler_fraction: Mapping[int, float] = field(default_factory=dict)
     comm_compute_slowdown_by_group: Mapping[int, float] = field(default_factory=dict)
     rank_skew_by_group_s: Mapping[int, float] = field(default_factory=dict)
+    a2a_host_block_fraction: Mapping[int, float] = field(default_factory=dict)
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
         """Fixed cost of one dispatch or combine in a group of ``group_size``."""
@@ -144,6 +150,15 @@ class Efficiency:
         all."""
         table = self.a2a_host_block_by_group_s.get(kind)
         return _interpolate(table, group_size) if table else None
+
+    def host_block_fraction(self, ranks_per_node: int) -> float:
+        """The share of the compute since the previous exchange a dispatch's count exchange
+        holds the host beyond its fixed part (``a2a_host_block_fraction``; 0 at one rank,
+        linear in between; 0 unless fitted)."""
+        table = self.a2a_host_block_fraction
+        if not table or ranks_per_node < 2:
+            return 0.0
+        return max(0.0, _interpolate({1: 0.0, **table}, ranks_per_node))
 
     def straggler_fraction(self, group_size: int) -> float:
         """The last rank's lateness at an exchange per second of compute since the previous
@@ -323,6 +338,10 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
             obj["comm_compute_slowdown_by_group"], where_table, zero=True)
         if any(v >= 1 for v in table.values()):
             raise EpsimError(f"{where_table}: each share must be below 1")
+    if "a2a_host_block_fraction" in obj:
+        out["a2a_host_block_fraction"] = _int_keyed(
+            obj["a2a_host_block_fraction"], f"{where}: efficiency.a2a_host_block_fraction",
+            zero=True)
     if "rank_skew_by_group_s" in obj:
         out["rank_skew_by_group_s"] = _int_keyed(
             obj["rank_skew_by_group_s"], f"{where}: efficiency.rank_skew_by_group_s", zero=True)

@@ -72,6 +72,11 @@ Optional (the step simulator needs it; ``epsim calibrate`` fits the same keys):
                              exchange; the combine's asynchronous call, which returns only when
                              the rank's threads get a core); absent: a dispatch holds the host
                              for its whole fixed cost, a combine not at all
+      a2a_host_block_fraction  {ranks per node: fraction}: a dispatch's blocking count exchange
+                             holds the eager host this share of the compute issued since the
+                             previous exchange beyond its ``a2a_host_block_by_group_s`` entry
+                             (it waits for ranks that drifted apart over that compute; under
+                             DBO half a layer's); 0 at one rank, linear between (absent: 0)
       exchange_straggler_fraction  {ranks per node: fraction}: the last rank reaches an EP exchange
                              this fraction of the compute since the previous exchange after the
                              average one (ranks time-sliced on shared cores drift apart in

@@ -253,10 +253,12 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
     work = rep_work[s.rep_index]
     prog = first.program
     late = _stragglers(ops, work, profile, plan)
+    hold = _dispatch_holds(ops, work, profile, plan)
     release = prog.host_release_s
     if late is not None:
         work = work + late
-        _, release = _host_holds(ops, prog.group_size, profile, first.captured, late)
+    if late is not None or hold is not None:
+        _, release = _host_holds(ops, prog.group_size, profile, first.captured, late, hold)
     program = replace(prog, work=np.tile(work[:, None], (1, prog.ranks)),
                       steps=_reshare(s, prog.steps, work - prog.node_s), host_release_s=release)
     row_tokens, mb_tokens, draft_tokens = np.zeros((0, 0)), (), ()
@@ -351,13 +353,14 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
     work = _op_work(ops, plan, profile, captured, top_k, exchange)
     late = _stragglers(ops, work, profile, plan)
+    hold = _dispatch_holds(ops, work, profile, plan)
     if late is not None:
         work = work + late
     group_size = np.array([(ranks if op.dims["group"] == "ep" else plan.tp)
                            if op.is_collective else 0 for op in ops], dtype=np.int64)
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(len(ops), eff.graph_launch_s if captured else 0.0)
-    host_sync, host_release_s = _host_holds(ops, group_size, profile, captured, late)
+    host_sync, host_release_s = _host_holds(ops, group_size, profile, captured, late, hold)
     # exchanges whose kernels free the compute units once their messages are issued
     quiet = np.array([op.kind in EXCHANGES and not exchange.occupies_cus for op in ops])
     program = Program(
@@ -393,15 +396,16 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
 
 
 def _host_holds(ops: Sequence[Op], group_size: np.ndarray, profile: HardwareProfile,
-                captured: bool, late: np.ndarray | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+                captured: bool, late: np.ndarray | None = None,
+                hold: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``host_sync`` and ``host_release_s`` of the program: eager, the host waits for a
     dispatch's count exchange (a latency-bound exchange of its group) before it issues more; a
     profile that measured how long issuing each exchange holds the host
     (``a2a_host_block_by_group_s``, CPU runtimes) gives that instead, and a combine holds it too
     where measured (gloo's asynchronous call returns only once the rank's threads got a core).
     ``late``: the exchanges' stragglers (:func:`_stragglers`): a dispatch's count exchange waits
-    for the last rank, so its hold grows by the dispatch's."""
+    for the last rank, so its hold grows by the dispatch's; ``hold``: the same from the
+    profile's measured hold share (:func:`_dispatch_holds`)."""
     eff = profile.require_efficiency()
     sync = np.zeros(len(ops), dtype=bool)
     release = np.zeros(len(ops))
@@ -417,7 +421,36 @@ def _host_holds(ops: Sequence[Op], group_size: np.ndarray, profile: HardwareProf
             sync[i], release[i] = True, held
             if late is not None and op.kind == "dispatch":
                 release[i] += late[i]
+            if hold is not None and op.kind == "dispatch":
+                release[i] += hold[i]
     return sync, release
+
+
+def _dispatch_holds(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
+                    plan: ParallelPlan) -> np.ndarray | None:
+    """``[len(ops)]`` seconds each EP exchange's issuing call holds the host beyond its fixed
+    part: ``a2a_host_block_fraction`` times the compute issued since the previous exchange
+    (``_host_holds`` applies it to dispatches). None without the key (every GPU profile) or
+    without peers."""
+    frac = profile.require_efficiency().host_block_fraction(
+        min(plan.world_size, plan.gpus_per_node))
+    if frac <= 0.0 or plan.world_size < 2:
+        return None
+    return frac * _compute_since_exchange(ops, work)
+
+
+def _compute_since_exchange(ops: Sequence[Op], work: np.ndarray) -> np.ndarray:
+    """``[len(ops)]`` at each EP exchange the compute ``work`` issued since the previous one
+    (in issue order; 0 elsewhere)."""
+    out = np.zeros(len(ops))
+    since = 0.0
+    for i, op in enumerate(ops):
+        if op.kind in EXCHANGES:
+            out[i] = since
+            since = 0.0
+        elif not op.is_collective:
+            since += work[i]
+    return out
 
 
 def _stragglers(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
@@ -430,15 +463,7 @@ def _stragglers(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
     frac = eff.straggler_fraction(min(plan.world_size, plan.gpus_per_node))
     if frac <= 0.0 or plan.world_size < 2:
         return None
-    late = np.zeros(len(ops))
-    since = 0.0
-    for i, op in enumerate(ops):
-        if op.kind in EXCHANGES:
-            late[i] = frac * since
-            since = 0.0
-        elif not op.is_collective:
-            since += work[i]
-    return late
+    return frac * _compute_since_exchange(ops, work)
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in the routing step

@@ -375,3 +375,65 @@ def test_a_steps_time_grows_by_its_ranks_per_nodes_skew_as_host_time(microbatche
     assert max(skewed.rank_ms) == pytest.approx(skewed.step_ms)
     others = {k: v for k, v in skewed.breakdown_ms.items() if k != "launch"}
     assert others == {k: v for k, v in base.breakdown_ms.items() if k != "launch"}
+
+
+# -- the dispatch's host hold measured in the decode steps (in-step fit) ----------------------
+
+
+def test_in_step_hold_is_a_fixed_part_plus_a_share_of_the_compute_since_the_last_exchange():
+    from epsim.calibrate.fit import fit_host_in_step
+
+    rows = []
+    for world, fixed, share in ((2, 3e-3, 0.1), (4, 5e-3, 0.4)):
+        for j, segment in enumerate((1e-3, 5e-3, 10e-3)):
+            rows.append({"shape": "a", "world": world, "batch": 6, "context": 40,
+                         "op_id": f"L{j}.moe.dispatch.mb0", "kind": "dispatch", "time_s": 0.01,
+                         "segment_s": segment, "host_s": fixed + share * segment})
+            rows.append({"shape": "a", "world": world, "batch": 6, "context": 40,
+                         "op_id": f"L{j}.moe.combine.mb0", "kind": "combine", "time_s": 0.01,
+                         "segment_s": 1e-4, "host_s": (1 + j) * 1e-4 * world})
+    held, share = fit_host_in_step(pd.DataFrame(rows))
+    assert held["dispatch"] == {2: pytest.approx(3e-3, rel=1e-6), 4: pytest.approx(5e-3, rel=1e-6)}
+    assert share == {2: pytest.approx(0.1, rel=1e-6), 4: pytest.approx(0.4, rel=1e-6)}
+    assert held["combine"] == {2: pytest.approx(4e-4), 4: pytest.approx(8e-4)}
+    assert fit_host_in_step(pd.DataFrame(rows).drop(columns=["host_s"])) == ({}, {})
+
+
+def test_a_dispatch_holds_the_host_its_share_of_the_compute_since_the_previous_exchange():
+    from epsim.sim import step_compile
+    from epsim.sim.step_compile import compile_step
+
+    model = load_model("deepseek-r1")
+    plan = make_plan(model, dp=8, ep=8, graph_mode=False)  # eager: the host is held
+    raw = _with("a2a_host_block_by_group_s", {"dispatch": {"8": 2e-4}, "combine": {"8": 1e-5}})
+    raw["efficiency"]["a2a_host_block_fraction"] = {"2": 0.1, "8": 0.25}
+    raw["sources"]["efficiency.a2a_host_block_fraction"] = "test"
+    profile = profile_from_dict(raw)
+    assert profile.require_efficiency().host_block_fraction(1) == 0.0
+    assert profile.require_efficiency().host_block_fraction(4) == pytest.approx(0.15)
+
+    def release(batch):
+        comp = compile_step(model, plan, batch, profile)
+        prog = comp.program
+        since, want = 0.0, []
+        for i, op in enumerate(comp.ops):  # the compute issued since the previous exchange
+            if op.kind in ("dispatch", "combine"):
+                want.append(2e-4 + 0.25 * since if op.kind == "dispatch" else 1e-5)
+                since = 0.0
+            elif not op.is_collective:
+                since += prog.work[i, 0]
+        got = [prog.host_release_s[i] for i, op in enumerate(comp.ops)
+               if op.kind in ("dispatch", "combine")]
+        assert got == pytest.approx(want, rel=1e-12)
+        return prog.host_release_s
+
+    first = release(Batch.decode(64, 900))  # builds the structure
+    recosted = release(Batch.decode(96, 1200))  # costed on it
+    assert recosted.max() > first.max()  # more compute between exchanges, a longer hold
+    step_compile._compiled.clear()
+    step_compile._structures.clear()
+    assert np.array_equal(release(Batch.decode(96, 1200)), recosted)  # a fresh build's
+    with pytest.raises(EpsimError, match="a2a_host_block_fraction.2 must be a non-negative"):
+        bad = json.loads(json.dumps(raw))
+        bad["efficiency"]["a2a_host_block_fraction"] = {"2": -0.1}
+        profile_from_dict(bad)

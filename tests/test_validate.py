@@ -205,6 +205,10 @@ def test_quick_calibrate_then_validate(epsim, tmp_path):
     assert set(profile["efficiency"]["rank_skew_by_group_s"]) == {"2"}
     assert profile["efficiency"]["rank_skew_by_group_s"]["2"] >= 0.0
     assert "slowest rank" in profile["sources"]["efficiency.rank_skew_by_group_s"]
+    # the exchanges' host holds come from the same decode steps (the in-step fit's default)
+    assert "ranks sweep's decode steps" in profile["sources"][
+        "efficiency.a2a_host_block_by_group_s"]
+    assert set(profile["efficiency"]["a2a_host_block_fraction"]) == {"2"}
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps([{"model": "tiny-deepseek", "world_size": 2, "batch": 4,
                                  "context": 16, "dbo": True}]))

@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if "rank_compute_slowdown" in eff:
         rows.append(("ranks sharing cores", ", ".join(
             f"{w} ranks: {f:.2f}x" for w, f in eff["rank_compute_slowdown"].items())))
+    if "a2a_host_block_fraction" in eff:
+        rows.append(("dispatch host hold share", ", ".join(
+            f"{w} ranks: {v:.3f}" for w, v in eff["a2a_host_block_fraction"].items())))
     if "rank_skew_by_group_s" in eff:
         rows.append(("slowest rank's lateness", ", ".join(
             f"{w} ranks: {v * 1e3:.2f} ms" for w, v in eff["rank_skew_by_group_s"].items())))
