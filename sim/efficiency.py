@@ -155,19 +155,13 @@ class Efficiency:
         """The share of the compute since the previous exchange a dispatch's count exchange
         holds the host beyond its fixed part (``a2a_host_block_fraction``; 0 at one rank,
         linear in between; 0 unless fitted)."""
-        table = self.a2a_host_block_fraction
-        if not table or ranks_per_node < 2:
-            return 0.0
-        return max(0.0, _interpolate({1: 0.0, **table}, ranks_per_node))
+        return _zero_at_one_rank(self.a2a_host_block_fraction, ranks_per_node)
 
     def straggler_fraction(self, group_size: int) -> float:
         """The last rank's lateness at an exchange per second of compute since the previous
         one (``exchange_straggler_fraction``; 0 at one rank, linear in between; 0 unless
         fitted)."""
-        table = self.exchange_straggler_fraction
-        if not table:
-            return 0.0
-        return max(0.0, _interpolate({1: 0.0, **table}, group_size))
+        return _zero_at_one_rank(self.exchange_straggler_fraction, group_size)
 
     @staticmethod
     def _lookup(table: Mapping[str, float], kind: str, default: float) -> float:
@@ -216,10 +210,7 @@ class Efficiency:
         the mean rank per step (``rank_skew_by_group_s``: 0 at one rank, linear between its
         measured points and the last two points' slope beyond, never falling; 0 without the
         table)."""
-        table = self.rank_skew_by_group_s
-        if not table or ranks_per_node < 2:
-            return 0.0
-        return max(0.0, _interpolate({1: 0.0, **table}, ranks_per_node))
+        return _zero_at_one_rank(self.rank_skew_by_group_s, ranks_per_node)
 
     def core_share(self, ranks_per_node: int, kind: str | None = None) -> float:
         """How much longer a compute op (of op class ``kind``) takes when ``ranks_per_node``
@@ -254,6 +245,14 @@ def _interpolate(table: Mapping[int, float], group_size: int) -> float:
         slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
         return ys[-1] + slope * (group_size - xs[-1])
     return float(np.interp(group_size, xs, ys))
+
+
+def _zero_at_one_rank(table: Mapping[int, float], ranks: int) -> float:
+    """A fitted ``{ranks: value}`` table that is 0 at one rank, at ``ranks`` (``_interpolate``
+    from 0 at 1; never below 0; 0 without the table)."""
+    if not table or ranks < 2:
+        return 0.0
+    return max(0.0, _interpolate({1: 0.0, **table}, ranks))
 
 
 def _non_negative(value: Any, where: str) -> float:
