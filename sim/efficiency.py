@@ -317,7 +317,10 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
         if not isinstance(table, Mapping) or not set(table) <= {"dispatch", "combine"}:
             raise EpsimError(f"{where}: efficiency.{key} must be an object "
                              "{dispatch|combine: {group size: seconds}}")
-        out[key] = {kind: _int_keyed(sub, f"{where}: efficiency.{key}.{kind}")
+        # a hold may be nothing but its share of the compute (a2a_host_block_fraction): 0 is a
+        # measured hold; a latency is never 0
+        out[key] = {kind: _int_keyed(sub, f"{where}: efficiency.{key}.{kind}",
+                                     zero=key == "a2a_host_block_by_group_s")
                     for kind, sub in table.items()}
     if "rank_compute_slowdown_by_kind" in obj:
         table = obj["rank_compute_slowdown_by_kind"]

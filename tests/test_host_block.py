@@ -397,6 +397,16 @@ def test_in_step_hold_is_a_fixed_part_plus_a_share_of_the_compute_since_the_last
     assert share == {2: pytest.approx(0.1, rel=1e-6), 4: pytest.approx(0.4, rel=1e-6)}
     assert held["combine"] == {2: pytest.approx(4e-4), 4: pytest.approx(8e-4)}
     assert fit_host_in_step(pd.DataFrame(rows).drop(columns=["host_s"])) == ({}, {})
+    # a hold that is all share has a fixed part of 0, which a profile accepts (a latency not)
+    for row in rows:
+        if row["kind"] == "dispatch":
+            row["host_s"] = 0.1 * row["segment_s"]
+    held, _ = fit_host_in_step(pd.DataFrame(rows))
+    assert held["dispatch"][2] == pytest.approx(0.0, abs=1e-9)
+    raw = _with("a2a_host_block_by_group_s", {"dispatch": {"2": 0.0}})
+    assert profile_from_dict(raw).require_efficiency().host_block("dispatch", 2) == 0.0
+    with pytest.raises(EpsimError, match="a2a_latency_by_group_s.dispatch: 2 must be a positive"):
+        profile_from_dict(_with("a2a_latency_by_group_s", {"dispatch": {"2": 0.0}}))
 
 
 def test_a_dispatch_holds_the_host_its_share_of_the_compute_since_the_previous_exchange():
