@@ -15,6 +15,7 @@ import datetime as _dt
 import os
 import platform
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,14 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         "efficiency.roofline": "sum on a CPU (one core computes and moves bytes in turn), max "
                                "on a GPU",
     }
+
+    def put(key: str, table: dict[int, float], tname: str, what: str,
+            fmt: Callable[[float], str]) -> None:
+        """``efficiency.<key>``: a fitted per-world-size table, its source listing each entry."""
+        eff[key] = _by_world(table)
+        sources[f"efficiency.{key}"] = src(tname, f"{what} (" + ", ".join(
+            f"W={w}: {fmt(v)}" for w, v in sorted(table.items())) + ")")
+
     obj: dict[str, Any] = {
         "name": name,
         "description": f"{device.upper()} profile {fitted}",
@@ -252,11 +261,9 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                 "host_s = fixed + fraction * segment_s (its blocking count exchange is a meeting "
                 "of every rank), per world size; combine: the median of its asynchronous call")
             if hold_fraction:
-                eff["a2a_host_block_fraction"] = _by_world(hold_fraction)
-                sources["efficiency.a2a_host_block_fraction"] = src(
-                    "ranks", "the fraction of that fit: a dispatch holds the host this share of "
-                    "the compute since the previous exchange longer (" + ", ".join(
-                        f"W={w}: {v:.3f}" for w, v in sorted(hold_fraction.items())) + ")")
+                put("a2a_host_block_fraction", hold_fraction, "ranks", "the fraction of that "
+                    "fit: a dispatch holds the host this share of the compute since the "
+                    "previous exchange longer", lambda v: f"{v:.3f}")
     else:
         if base is None:
             raise EpsimError("no all-to-all measurements and no --base profile to take the "
@@ -294,11 +301,9 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                 f"W={w}: {f:.2f}x" for w, f in slow.items()) + ")")
         skew = F.fit_rank_skew(ranks)
         if skew:
-            eff["rank_skew_by_group_s"] = _by_world(skew)
-            sources["efficiency.rank_skew_by_group_s"] = src(
-                "ranks", "median over the ranks sweep's configurations of the slowest rank's "
-                "step time minus the ranks' mean, per world size (" + ", ".join(
-                    f"W={w}: {v * 1e3:.2f} ms" for w, v in sorted(skew.items())) + ")")
+            put("rank_skew_by_group_s", skew, "ranks", "median over the ranks sweep's "
+                "configurations of the slowest rank's step time minus the ranks' mean, per "
+                "world size", lambda v: f"{v * 1e3:.2f} ms")
     if cont is not None and not cont.empty:
         slow_c = F.fit_comm_slowdown(cont["probe_s"].tolist(),
                                      cont["probe_under_comm_s"].tolist())
@@ -306,11 +311,8 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         sources["efficiency.comm_compute_slowdown"] = src(
             "contention", "1 - probe time / probe time under a large all-to-all in flight "
             "(median over world sizes, clamped to [0.01, 0.9])")
-        by_world = F.fit_comm_slowdown_by_world(cont)
-        eff["comm_compute_slowdown_by_group"] = _by_world(by_world)
-        sources["efficiency.comm_compute_slowdown_by_group"] = src(
-            "contention", "the same per world size (" + ", ".join(
-                f"W={w}: {v:.2f}" for w, v in sorted(by_world.items())) + ")")
+        put("comm_compute_slowdown_by_group", F.fit_comm_slowdown_by_world(cont),
+            "contention", "the same per world size", lambda v: f"{v:.2f}")
     else:
         eff["comm_compute_slowdown"] = 0.01
         sources["efficiency.comm_compute_slowdown"] = "not measured (one device): 0.01"
