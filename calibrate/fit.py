@@ -80,6 +80,17 @@ def with_classes(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def step_share_s(rows: pd.DataFrame) -> pd.Series:
+    """What each of the ranks sweep's rows adds to a median step, in seconds: ``step_s`` (the
+    op's median scaled so that its configuration's ops sum to the steps' median,
+    ``epsim.calibrate.micro.step_scales``: ranks time-sliced on shared cores are preempted in a
+    few long samples, which a step holds and an op's median drops) where the table has it, else
+    the median ``time_s`` (tables of an older epsim)."""
+    if "step_s" not in rows:
+        return rows["time_s"]
+    return rows["step_s"].where(rows["step_s"].notna(), rows["time_s"])
+
+
 def roofline(df: pd.DataFrame, flops_per_s: float, bytes_per_s: float) -> np.ndarray:
     """``[rows]`` max(flops / F, bytes / B): the cost model's roofline (tile 1, occupancy 1)."""
     return np.maximum(df["flops"].to_numpy(dtype=float) / flops_per_s,
@@ -331,10 +342,10 @@ def fit_straggler(ranks: pd.DataFrame) -> tuple[dict[int, float], dict[int, floa
 def fit_host_in_step(ranks: pd.DataFrame | None
                      ) -> tuple[dict[str, dict[int, float]], dict[int, float]]:
     """How long issuing an exchange holds the host in the ranks sweep's decode steps (its
-    ``host_s``): a dispatch's blocking count exchange is a meeting of every rank, so it lasts
-    ``fixed[world] + fraction[world] * segment`` (``segment_s``: the compute since the previous
-    exchange, over which time-sliced ranks drift apart; a non-negative fit on relative errors
-    per world size); a combine's asynchronous call is the rank's own: the median per world.
+    ``host_s``): a dispatch's blocking count exchange is a meeting of every rank, so it lasts ``fixed[world] +
+    fraction[world] * segment`` (``segment_s``: the compute since the previous exchange, over
+    which time-sliced ranks drift apart; a non-negative fit on relative errors per world size);
+    a combine's asynchronous call is the rank's own: the median over its rows per world.
 
     Returns:
         ``({"dispatch": {world: fixed}, "combine": {world: seconds}}, {world: fraction})``;
@@ -391,10 +402,11 @@ def fit_exchange(a2a: pd.DataFrame, ranks: pd.DataFrame | None,
 
 def fit_in_step(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> CommFit:
     """The exchange model measured where validation measures it: per (kind, world), the median
-    time of the ranks sweep's exchange ops (decode steps of the calibration shapes on ``world``
-    local ranks: from each rank's issue to the end of its wait, so the ranks' spread at every
-    meeting is in it), the all-to-all benchmark's fitted bandwidth; a (kind, world) the ranks
-    sweep has no exchange of keeps the benchmark's latency.
+    over the ranks sweep's exchange ops of each one's share of a median step
+    (:func:`step_share_s`; decode steps of the calibration shapes on ``world`` local ranks, from
+    each rank's issue to the end of its wait, so the ranks' spread at every meeting is in it),
+    the all-to-all benchmark's fitted bandwidth; a (kind, world) the ranks sweep has no exchange
+    of keeps the benchmark's latency.
 
     The bytes of those decode-sized exchanges are in their times and are charged again as
     ``link_bytes / W`` (docs/validation.md gives the size of that double count).
@@ -403,6 +415,7 @@ def fit_in_step(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> CommFit:
     latency = {k: dict(t) for k, t in bench.latency_s.items()}
     if ranks is not None and not ranks.empty:
         rows = ranks[ranks["kind"].isin(["dispatch", "combine"]) & (ranks["world"] > 1)]
+        rows = rows.assign(time_s=step_share_s(rows))
         for (kind, world), g in rows.groupby(["kind", "world"]):
             latency.setdefault(str(kind), {})[int(world)] = float(g["time_s"].median())
     fit = CommFit(latency, bench.bandwidth)
@@ -414,8 +427,9 @@ def fit_in_step(a2a: pd.DataFrame, ranks: pd.DataFrame | None) -> CommFit:
 def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,
                       skip: Sequence[str] = ("grouped_gemm", "dispatch", "combine")
                       ) -> dict[int, float]:
-    """``{world: factor}``: the ops' summed time on ``world`` local ranks over their summed time
-    in the single-process op sweep (world 1 included: the launcher's own conditions).
+    """``{world: factor}``: the ops' summed time on ``world`` local ranks (each op's time in a
+    step, :func:`step_share_s`: its preemptions included) over their summed time in the
+    single-process op sweep (medians; world 1 included: the launcher's own conditions).
 
     Anchoring every world size, 1 included, to the op sweep folds any difference between the
     sweep's moment and the launched runs' (the machine's background load) into the factors, which
@@ -430,6 +444,7 @@ def fit_rank_slowdown(single: pd.DataFrame, ranks: pd.DataFrame,
     """
     keys = ["shape", "batch", "context", "op_id"]
     one = single[~single["dbo"].astype(bool)] if "dbo" in single else single
+    ranks = ranks.assign(time_s=step_share_s(ranks))
     merged = ranks[~ranks["kind"].isin(skip)].merge(one[keys + ["time_s"]], on=keys,
                                                     suffixes=("", "_single"))
     if merged.empty:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,7 +253,9 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
 
     Returns:
         One row per (shape, world, batch, context, op id): ``kind``, ``time_s`` (median over the
-        timed steps, ranks and ``rounds``), ``repeats``; exchanges (dispatch, combine) also
+        timed steps, ranks and ``rounds``), ``step_s`` (that median scaled by
+        :func:`step_scales`, what the op adds to a median step: the fits of a step's costs use
+        it), ``repeats``; exchanges (dispatch, combine) also
         ``straggler_s``: median over the timed steps of the mean minus the least of the ranks'
         times from issue to the end of their wait. The exchange ends on every rank at about one
         moment, so a rank's time is how long before the last one it arrived plus the exchange's
@@ -278,6 +280,8 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
     arrivals: dict[tuple, list[tuple[float, float]]] = {}
     skews: dict[tuple, list[float]] = {}  # per configuration: slowest minus mean rank, per step
     holds: dict[tuple, list[float]] = {}  # per exchange op: each issue call's seconds
+    # per configuration: {(round, step, rank, part): the part's summed op seconds}
+    part_sums: dict[tuple, dict[tuple, float]] = {}
     for rnd in range(rounds):  # rounds alternate the world sizes (background load is bursty)
         for world in worlds:
             options, keys = [], []
@@ -296,6 +300,9 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                         continue  # warm-up
                     key = (name, world, batch, context, e.op_id)
                     samples.setdefault(key, (e.kind, []))[1].append(e.dur_us * 1e-6)
+                    cell = (rnd, e.args["step"], e.rank, step_part(e.kind))
+                    sums = part_sums.setdefault(key[:4], {})
+                    sums[cell] = sums.get(cell, 0.0) + e.dur_us * 1e-6
                     if "issue_us" in e.args:
                         holds.setdefault(key, []).append(e.args["issue_us"] * 1e-6)
                 if world > 1:
@@ -309,12 +316,14 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         waits = [w for w, _ in per_rank]
         late.setdefault(key, []).append((statistics.fmean(waits) - min(waits),
                                          statistics.fmean(s for _, s in per_rank)))
+    scales = step_scales(samples, part_sums)
     rows = []
     for key, (kind, times) in samples.items():
         name, world, batch, context, op_id = key
+        median = statistics.median(times)
         row = {"shape": name, "world": world, "batch": batch, "context": context,
-               "op_id": op_id, "kind": kind, "time_s": statistics.median(times),
-               "repeats": len(times)}
+               "op_id": op_id, "kind": kind, "time_s": median,
+               "step_s": median * scales[(key[:4], step_part(kind))], "repeats": len(times)}
         if key in late:
             row["straggler_s"] = statistics.median(v for v, _ in late[key])
             row["segment_s"] = statistics.median(v for _, v in late[key])
@@ -324,6 +333,45 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
             row["rank_skew_s"] = statistics.median(skews[key[:4]])
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def step_part(kind: str) -> str:
+    """Which part of a step an op's time is summed in for :func:`step_scales`."""
+    return "exchange" if kind in ("dispatch", "combine") else "compute"
+
+
+def step_scales(samples: Mapping[tuple, tuple[str, Sequence[float]]],
+                part_sums: Mapping[tuple, Mapping[tuple, float]]) -> dict[tuple, float]:
+    """``{(configuration, part): factor}``: per configuration (``(shape, world, batch,
+    context)``) and part (compute, exchange: :func:`step_part`), the median over the timed steps
+    of a rank's summed op seconds in that part (the ranks' mean), over the sum of the part's op
+    medians.
+
+    A step is a sum of ops, and ranks time-sliced on shared cores are preempted in a few long
+    samples of each op, which the op's median drops: on 2 cores the medians summed 1-3 %
+    (compute) and 16-20 % (exchanges) short of the steps' median at 2 ranks, 16-18 % and 7-8 %
+    at 4 (two runs of ``bench/bench_step_sums.py``). The ops' means would hold the preemptions, and a burst of
+    background load too, which validation's medians of steps leave out; scaling the medians by
+    the steps' own median keeps the one and not the other.
+
+    Args:
+        samples: ``{(shape, world, batch, context, op id): (kind, [seconds per sample])}``.
+        part_sums: ``{configuration: {(round, step, rank, part): seconds}}``.
+    """
+    medians: dict[tuple, float] = {}
+    for key, (kind, times) in samples.items():
+        cell = (key[:4], step_part(kind))
+        medians[cell] = medians.get(cell, 0.0) + statistics.median(times)
+    out = {}
+    for config, sums in part_sums.items():
+        per_step: dict[tuple, list[float]] = {}
+        for (rnd, step, _, part), seconds in sums.items():
+            per_step.setdefault((part, rnd, step), []).append(seconds)
+        for part in {p for p, _, _ in per_step}:
+            steps = [statistics.fmean(v) for (p, _, _), v in per_step.items() if p == part]
+            total = medians.get((config, part), 0.0)
+            out[(config, part)] = statistics.median(steps) / total if total > 0 else 1.0
+    return out
 
 
 def rank_skews(step_ms_per_rank: Sequence[Sequence[float]]) -> list[float]:

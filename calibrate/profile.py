@@ -397,7 +397,7 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
     if device == "cpu":
         say("the same ops on 2 and 4 local ranks")
         with tempfile.TemporaryDirectory(prefix="epsim-calib-shapes-") as folder:
-            ranks = micro.ranks_sweep(Path(folder), shapes[1:2] if quick else shapes[:2],
+            ranks = micro.ranks_sweep(Path(folder), shapes[1:2] if quick else shapes,
                                       micro.QUICK_POINTS[:1] if quick else micro.RANKS_POINTS,
                                       worlds=(1, 2) if quick else (1, 2, 4),
                                       steps=3 if quick else 8,

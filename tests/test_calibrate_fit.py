@@ -286,3 +286,60 @@ def test_rank_slowdown_by_kind_fit():
     got = F.fit_rank_slowdown_by_kind(pd.DataFrame(single), pd.DataFrame(ranks))
     assert got == {"gemm": pytest.approx({1: 1.0, 2: 1.1}),
                    "norm": pytest.approx({1: 1.0, 2: 1.3})}
+
+
+def test_ranks_sweep_fits_take_each_ops_share_of_a_median_step_where_the_table_has_it():
+    # an op of median 1 ms whose configuration's steps ran 3x their ops' medians (preempted
+    # samples): every fit of a step's share reads step_s, and an older table (no step_s, or a
+    # row without it) falls back to the median
+    rows = pd.DataFrame([
+        {"shape": "s", "world": 2, "batch": 6, "context": 160, "op_id": "op0", "kind": "norm",
+         "time_s": 1e-3, "step_s": 3e-3},
+        {"shape": "s", "world": 2, "batch": 6, "context": 160, "op_id": "op1", "kind": "norm",
+         "time_s": 2e-3, "step_s": float("nan")},
+    ])
+    assert F.step_share_s(rows).tolist() == [3e-3, 2e-3]
+    assert F.step_share_s(rows.drop(columns=["step_s"])).tolist() == [1e-3, 2e-3]
+    single = pd.DataFrame([{"shape": "s", "batch": 6, "context": 160, "op_id": f"op{i}",
+                            "kind": "norm", "time_s": 1e-3} for i in range(2)])
+    assert F.fit_rank_slowdown(single, rows) == {2: pytest.approx(5e-3 / 2e-3)}
+    assert F.fit_rank_slowdown(single, rows.drop(columns=["step_s"])) == {
+        2: pytest.approx(3e-3 / 2e-3)}
+    a2a = pd.DataFrame([{"kind": k, "world": 2, "tokens": t, "link_bytes": t * 1e3,
+                         "time_s": 1e-3 + t * 1e-6} for k in ("dispatch", "combine")
+                        for t in (8, 64, 512)])
+    ex = pd.DataFrame([{"shape": "s", "world": 2, "batch": 6, "context": 160,
+                        "op_id": f"L{j}.moe.{k}.mb0", "kind": k, "time_s": m,
+                        "step_s": 2 * m} for k, m in (("dispatch", 4e-3), ("combine", 1e-3))
+                       for j in range(3)])
+    fit = F.fit_in_step(a2a, ex)
+    assert fit.latency_s["dispatch"][2] == pytest.approx(8e-3)
+    assert fit.latency_s["combine"][2] == pytest.approx(2e-3)
+    assert F.fit_in_step(a2a, ex.drop(columns=["step_s"])).latency_s["combine"][2] == \
+        pytest.approx(1e-3)
+
+
+def test_step_scales_are_the_median_step_over_the_summed_op_medians():
+    from epsim.calibrate.micro import step_scales
+
+    # two compute ops and one exchange on 2 ranks, 3 steps; rank 1 runs op b at 4 ms (rank 0:
+    # 2 ms) and was preempted once in op a (9 ms instead of 1): the steps' median drops the
+    # one preemption; a steadier one (rank 1 slow in every step) lifts it
+    config = ("s", 2, 6, 160)
+    a = {0: [1e-3] * 3, 1: [1e-3, 9e-3, 1e-3]}
+    b = {0: [2e-3] * 3, 1: [4e-3] * 3}
+    x = {0: [5e-3] * 3, 1: [5e-3] * 3}
+    samples = {(*config, "a"): ("norm", a[0] + a[1]), (*config, "b"): ("gemm", b[0] + b[1]),
+               (*config, "x"): ("dispatch", x[0] + x[1])}
+    sums = {}
+    for rank in (0, 1):
+        for step in range(3):
+            sums[(0, step + 1, rank, "compute")] = a[rank][step] + b[rank][step]
+            sums[(0, step + 1, rank, "exchange")] = x[rank][step]
+    got = step_scales(samples, {config: sums})
+    # op medians: a 1 ms, b 3 ms (of 2, 2, 2, 4, 4, 4): 4 ms; steps: (3+5)/2, (3+13)/2, (3+5)/2
+    assert got[(config, "compute")] == pytest.approx(4e-3 / 4e-3)
+    assert got[(config, "exchange")] == pytest.approx(1.0)
+    sums[(0, 1, 1, "compute")] = sums[(0, 3, 1, "compute")] = 9e-3  # rank 1 slower every step
+    got = step_scales(samples, {config: sums})
+    assert got[(config, "compute")] == pytest.approx(((3 + 9) / 2 * 1e-3) / 4e-3)

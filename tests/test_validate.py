@@ -209,6 +209,11 @@ def test_quick_calibrate_then_validate(epsim, tmp_path):
     assert "ranks sweep's decode steps" in profile["sources"][
         "efficiency.a2a_host_block_by_group_s"]
     assert set(profile["efficiency"]["a2a_host_block_fraction"]) == {"2"}
+    # each op's share of a median step beside its median
+    import pandas as pd
+
+    ranks = pd.read_csv(tmp_path / "cpu.ranks.csv")
+    assert (ranks["step_s"] > 0).all() and ranks["step_s"].notna().all()
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps([{"model": "tiny-deepseek", "world_size": 2, "batch": 4,
                                  "context": 16, "dbo": True}]))
