@@ -9,7 +9,10 @@ apart, three sums over a rank's timed steps (averaged over the ranks):
 
 - the sum over ops of each op's median time;
 - the sum over ops of each op's mean time;
-- the median over steps of the step's own sum.
+- the median over steps of the step's own sum;
+
+and the slowest rank's median step (its wall time: what ``epsim validate`` measures) beside the
+mean rank's summed ops (compute and exchanges, medians over steps).
 
 A step is a sum of ops, so its median follows the sum of the means; ranks time-sliced on shared
 cores are preempted in a few long samples, which the medians drop. The ranks sweep keeps both
@@ -44,13 +47,17 @@ def sums(summary: dict, world: int) -> dict[str, tuple[float, float, float]]:
         per_op.setdefault((part, e.op_id, e.rank), []).append(e.dur_us / 1e3)
         per_step[(part, step, e.rank)] = per_step.get((part, step, e.rank), 0.0) + e.dur_us / 1e3
     steps = sorted({s for _, s, _ in per_step})
-    out = {}
+    out: dict[str, tuple[float, ...]] = {}
     for part in ("compute", "exchange"):
         ops = [v for k, v in per_op.items() if k[0] == part]
         step_sums = [statistics.fmean(per_step.get((part, s, r), 0.0) for r in range(world))
                      for s in steps]
         out[part] = (sum(statistics.median(v) for v in ops) / world,
                      sum(statistics.fmean(v) for v in ops) / world, statistics.median(step_sums))
+    both = [statistics.fmean(per_step.get((p, s, r), 0.0) for p in ("compute", "exchange")
+                             for r in range(world)) * 2 for s in steps]
+    slowest = [max(rank[s] for rank in summary["step_ms_per_rank"]) for s in steps]
+    out["wall"] = (statistics.median(both), statistics.median(slowest))
     return out
 
 
@@ -70,16 +77,23 @@ def main() -> int:
                                           context=context, steps=args.steps, trace=True))
                 labels.append(f"{shape.name} b{batch} c{context}")
         total = {p: [0.0, 0.0, 0.0] for p in ("compute", "exchange")}
+        walls = []
         print(f"world {world}: ms per rank and step (sum of op medians / of op means / "
-              "median step sum)")
+              "median step sum; then the mean rank's summed ops against the slowest rank's "
+              "step, medians)")
         for label, summary in zip(labels, launch_local(options, world), strict=True):
             got = sums(summary, world)
+            ops_ms, slowest_ms = got.pop("wall")
+            walls.append(slowest_ms - ops_ms)
             cells = []
             for part, (med, mean, step) in got.items():
                 cells.append(f"{part} {med:6.2f} / {mean:6.2f} / {step:6.2f}")
                 total[part] = [a + b for a, b in zip(total[part], (med, mean, step),
                                                      strict=True)]
-            print(f"  {label:<22} " + "  ".join(cells))
+            print(f"  {label:<22} " + "  ".join(cells)
+                  + f"  ops {ops_ms:6.2f} / slowest {slowest_ms:6.2f}")
+        print(f"  the slowest rank's step ran {min(walls):.1f}-{max(walls):.1f} ms past the mean "
+              "rank's summed ops")
         for part, (med, mean, step) in total.items():
             print(f"  all {part:<8}: medians {med:7.1f}, means {mean:7.1f}, steps {step:7.1f} "
                   f"ms: the medians sum {100 * (1 - med / step):.0f} % short of the steps, "
