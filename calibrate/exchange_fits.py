@@ -1,10 +1,11 @@
 """The names of the exchange models ``epsim calibrate --exchange-fit`` chooses between (kept
 apart from ``calibrate/fit.py`` so that the CLI's flag table needs no pandas).
 
-    in-step               an exchange's fixed cost per kind and world is the median time of the
-                          exchanges in the ranks sweep's decode steps (the calibration shapes
-                          launched as ``epsim run`` does, each rank timed from its issue to the
-                          end of its wait, as validation times them); the host holds too
+    in-step               an exchange's fixed cost per kind and world is the median over the
+                          exchanges in the ranks sweep's decode steps of each one's share of a
+                          median step (``step_s``; the calibration shapes launched as ``epsim
+                          run`` does, each rank timed from its issue to the end of its wait, as
+                          validation times them); the host holds too
                           (``efficiency.a2a_host_block_by_group_s`` and
                           ``a2a_host_block_fraction``, from the same steps' issuing calls); the
                           bandwidth is the all-to-all benchmark's; the default

@@ -311,12 +311,23 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
                 for op_id, step, wait, since in exchange_records(summary["trace_events"]):
                     arrivals.setdefault(((name, world, batch, context, op_id), rnd, step),
                                         []).append((wait, since))
+    return pd.DataFrame(_ranks_rows(samples, arrivals, holds, skews,
+                                    step_scales(samples, part_sums)))
+
+
+def _ranks_rows(samples: Mapping[tuple, tuple[str, Sequence[float]]],
+                arrivals: Mapping[tuple, Sequence[tuple[float, float]]],
+                holds: Mapping[tuple, Sequence[float]], skews: Mapping[tuple, Sequence[float]],
+                scales: Mapping[tuple, float]) -> list[dict[str, Any]]:
+    """The ranks sweep's rows (:func:`ranks_sweep`'s Returns) from its samples: per op
+    ``samples`` (key ``(shape, world, batch, context, op id)``), per exchange and (round, step)
+    each rank's ``arrivals`` (wait, compute since the previous exchange), the issuing calls'
+    ``holds``, per configuration the ``skews`` and the :func:`step_scales`."""
     late: dict[tuple, list[tuple[float, float]]] = {}
     for (key, _, _), per_rank in arrivals.items():
         waits = [w for w, _ in per_rank]
         late.setdefault(key, []).append((statistics.fmean(waits) - min(waits),
                                          statistics.fmean(s for _, s in per_rank)))
-    scales = step_scales(samples, part_sums)
     rows = []
     for key, (kind, times) in samples.items():
         name, world, batch, context, op_id = key
@@ -332,7 +343,7 @@ def ranks_sweep(folder: Path, shapes: Sequence[Shape], points: Iterable[tuple[in
         if key[:4] in skews:
             row["rank_skew_s"] = statistics.median(skews[key[:4]])
         rows.append(row)
-    return pd.DataFrame(rows)
+    return rows
 
 
 def step_part(kind: str) -> str:

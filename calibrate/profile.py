@@ -205,9 +205,9 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         what = (f"t = latency[kind][world] + link_bytes / W over the runtime's dispatch_dynamic "
                 f"/ combine_dynamic between compute (median |error| {cf.rel_err:.0%})")
         if exchange_fit == "in-step":
-            what = ("latency[kind][world]: the median time of the exchange ops of the ranks "
+            what = ("latency[kind][world]: the median over the exchange ops of the ranks "
                     f"sweep's decode steps ({csv_names['ranks']}, each rank from its issue to "
-                    "the end of its wait); W: t = latency + link_bytes / W fitted over "
+                    "the end of its wait) of their share of a median step (step_s); W: t = latency + link_bytes / W fitted over "
                     f"{csv_names['a2a']}")
         if parts:
             what += ("; latency = what the last rank to arrive waits (a2a last_s) + the fixed part "
@@ -295,9 +295,9 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
                 "ranks", "the same ratio per op class (classes with at least 3 ops at every "
                 "world size); other classes use rank_compute_slowdown")
         sources["efficiency.rank_compute_slowdown"] = src(
-            "ranks", "summed time of the ops on W local ranks (decode steps of the calibration "
-            "shapes launched as epsim run does, EP for W > 1) over their summed time in the "
-            "op sweep (" + ", ".join(
+            "ranks", "summed time of the ops on W local ranks (their shares of a median step, "
+            "step_s; decode steps of the calibration shapes launched as epsim run does, EP for "
+            "W > 1) over their summed time in the op sweep (" + ", ".join(
                 f"W={w}: {f:.2f}x" for w, f in slow.items()) + ")")
         skew = F.fit_rank_skew(ranks)
         if skew:

@@ -434,23 +434,7 @@ def _dispatch_holds(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfil
     without peers."""
     frac = profile.require_efficiency().host_block_fraction(
         min(plan.world_size, plan.gpus_per_node))
-    if frac <= 0.0 or plan.world_size < 2:
-        return None
-    return frac * _compute_since_exchange(ops, work)
-
-
-def _compute_since_exchange(ops: Sequence[Op], work: np.ndarray) -> np.ndarray:
-    """``[len(ops)]`` at each EP exchange the compute ``work`` issued since the previous one
-    (in issue order; 0 elsewhere)."""
-    out = np.zeros(len(ops))
-    since = 0.0
-    for i, op in enumerate(ops):
-        if op.kind in EXCHANGES:
-            out[i] = since
-            since = 0.0
-        elif not op.is_collective:
-            since += work[i]
-    return out
+    return _share_of_compute_since_exchange(frac, ops, work, plan)
 
 
 def _stragglers(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
@@ -459,11 +443,27 @@ def _stragglers(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
     ``exchange_straggler_fraction`` times the compute issued since the previous exchange (in
     issue order; ``work`` includes the ranks' sharing of the cores). None without the key
     (every GPU profile) or without peers."""
-    eff = profile.require_efficiency()
-    frac = eff.straggler_fraction(min(plan.world_size, plan.gpus_per_node))
+    frac = profile.require_efficiency().straggler_fraction(
+        min(plan.world_size, plan.gpus_per_node))
+    return _share_of_compute_since_exchange(frac, ops, work, plan)
+
+
+def _share_of_compute_since_exchange(frac: float, ops: Sequence[Op], work: np.ndarray,
+                                     plan: ParallelPlan) -> np.ndarray | None:
+    """``[len(ops)]``: at each EP exchange ``frac`` times the compute ``work`` issued since the
+    previous one (in issue order; 0 elsewhere); None when ``frac`` is 0 or there are no
+    peers."""
     if frac <= 0.0 or plan.world_size < 2:
         return None
-    return frac * _compute_since_exchange(ops, work)
+    out = np.zeros(len(ops))
+    since = 0.0
+    for i, op in enumerate(ops):
+        if op.kind in EXCHANGES:
+            out[i] = frac * since
+            since = 0.0
+        elif not op.is_collective:
+            since += work[i]
+    return out
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in the routing step

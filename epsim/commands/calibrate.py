@@ -40,9 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="--device cuda: shipped profile whose communication figures are kept "
                    "(default h200)")
     add_flag(p, "--exchange-fit", default=None,
-             help="the EP exchange's fixed cost: the median exchange time in the ranks "
-             "sweep's decode steps, with how long issuing it held the host there (in-step, "
-             "the default), the slowest rank's time in the "
+             help="the EP exchange's fixed cost: the exchanges' median share of a step in "
+             "the ranks sweep's decode steps, with how long issuing them held the host there "
+             "(in-step, the default), the slowest rank's time in the "
              "all-to-all benchmark (slowest), or what the last rank to arrive waits plus the "
              "straggler measured in decode steps (last-plus-straggler); "
              "calibrate/exchange_fits.py")
