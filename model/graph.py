@@ -94,15 +94,20 @@ class _Emitter:
 class _OpsOnlyEmitter(_Emitter):
     """An emitter that keeps the ops alone (``build_representative_ops``: no edges are built,
     so no reads are resolved; the checks of ``_Emitter.emit`` are of the builder's code, which
-    every full build of the same code runs)."""
+    every full build of the same code runs); with ``kinds``, only the ops of those kinds."""
+
+    def __init__(self, microbatch: int, kinds: frozenset[str] | None = None) -> None:
+        super().__init__(microbatch)
+        self.kinds = kinds
 
     def emit(self, layer: int, name: str, kind: str, category: str, *,
              deps: Iterable[Read | None] | None = None, outputs: Sequence[str] = ("out",),
              **fields: Any) -> str:
         ident = op_id(layer, name, self.microbatch, self.draft)
-        self.ops[ident] = Op(id=ident, kind=kind, name=name, layer=layer,
-                             microbatch=self.microbatch, category=category,
-                             outputs=tuple(outputs), draft=self.draft, **fields)
+        if self.kinds is None or kind in self.kinds:
+            self.ops[ident] = Op(id=ident, kind=kind, name=name, layer=layer,
+                                 microbatch=self.microbatch, category=category,
+                                 outputs=tuple(outputs), draft=self.draft, **fields)
         self.last = ident
         return ident
 
@@ -642,13 +647,21 @@ def representative_layers(model: ModelConfig) -> tuple[int, ...]:
                  for layer in range(model.num_layers))
 
 
-def build_representative_ops(model: ModelConfig, plan: ParallelPlan, batch: Batch
-                             ) -> dict[str, Op]:
+#: the op kinds whose ops read a batch's context (and a prefill's prefix): the attention cores.
+#: Every other op of a step is a function of the plan, the phase, the sequences of each
+#: microbatch and the new tokens per sequence alone (``tests/test_graph_context.py`` checks it
+#: over the shipped models), so batches differing in context alone differ in these ops alone.
+CONTEXT_KINDS = frozenset({"attention_decode", "attention_prefill"})
+
+
+def build_representative_ops(model: ModelConfig, plan: ParallelPlan, batch: Batch,
+                             kinds: frozenset[str] | None = None) -> dict[str, Op]:
     """The ops of ``build_step_graph(model, plan, batch)`` with each class of decoder layers
     built once (its first layer, ``representative_layers``): every op of the full graph equals,
     in all but its id and layer, the op of the same name, microbatch and draft pass in its
     layer's representative. What a compiled step needs to cost a new batch without building
-    the graph again (no edges, no schedule)."""
+    the graph again (no edges, no schedule). ``kinds``: only the ops of these kinds
+    (``CONTEXT_KINDS``: what a new context of a costed batch changes)."""
     plan.validate(model)
     layers = sorted(set(representative_layers(model)))
     ops: dict[str, Op] = {}
@@ -661,7 +674,7 @@ def build_representative_ops(model: ModelConfig, plan: ParallelPlan, batch: Batc
                 ident = op_id(op.layer, op.name, mb, op.draft)
                 ops[ident] = op.in_microbatch(mb, ident)
             continue
-        emitter = _OpsOnlyEmitter(mb)
+        emitter = _OpsOnlyEmitter(mb, kinds)
         _build_microbatch(model, plan, batch, seqs, emitter, layers)
         ops.update(emitter.ops)
         if not mb:

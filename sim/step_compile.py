@@ -24,6 +24,7 @@ compares every key of the step's JSON).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,12 @@ from typing import Any
 import numpy as np
 
 from epsim.model.config import ModelConfig
-from epsim.model.graph import build_representative_ops, build_step_graph, representative_layers
+from epsim.model.graph import (
+    CONTEXT_KINDS,
+    build_representative_ops,
+    build_step_graph,
+    representative_layers,
+)
 from epsim.model.ids import op_id
 from epsim.model.mtp import draft_layer
 from epsim.model.opgraph import OP_KINDS, Batch, Op, OpGraph
@@ -242,13 +248,77 @@ def _token_tuples(row_tokens: np.ndarray, model: ModelConfig
     return row_tokens, mb_tokens, draft_tokens
 
 
+@dataclass(frozen=True, eq=False)
+class _Costed:
+    """A batch's representative ops costed on a structure, kept for the batches that differ
+    from it in context alone (``epsim.model.graph.CONTEXT_KINDS``: only their attention cores
+    differ; the rest, and everything derived from the routed ops, is theirs too).
+
+    structure: a weak reference to the structure (an entry is used only for this very object,
+        and keeps it alive no longer than the structure memo does: it holds the op graph).
+    rep_ops: ``[reps]`` the batch's representative ops, in ``_Structure.rep_ids`` order.
+    rep_work: ``[reps]`` their ``_op_work`` seconds.
+    context_reps: ``[c]`` the positions of the ops that read the context.
+    row_tokens / mb_tokens / draft_tokens: as ``Compiled``'s.
+    memo: the ``Compiled.memo`` the batches share (its values follow the routed ops alone).
+    """
+
+    structure: weakref.ref
+    rep_ops: tuple[Op, ...]
+    rep_work: np.ndarray
+    context_reps: tuple[int, ...]
+    row_tokens: np.ndarray
+    mb_tokens: tuple[int, ...]
+    draft_tokens: tuple[tuple[int, ...], ...]
+    memo: dict[str, Any]
+
+
+#: per structure and context-free batch (phase, sequences, new tokens per sequence): its costing
+_costed: OrderedDict[tuple, _Costed] = OrderedDict()
+
+
+def _costed_reps(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
+                 profile: HardwareProfile) -> _Costed:
+    """``batch``'s representative ops and their seconds: a batch differing from a costed one
+    in context alone rebuilds and recosts its attention cores alone, the other ops (and their
+    seconds, row tokens and routed memo) are the costed batch's, which a fresh build equals."""
+    first = s.first
+    key = (id(s), batch.phase, batch.seqs, batch.new_tokens_per_seq)
+    known = _costed.get(key)
+    if known is not None and known.structure() is s:
+        _costed.move_to_end(key)
+        fresh = build_representative_ops(model, plan, batch, CONTEXT_KINDS)
+        rep_ops = list(known.rep_ops)
+        for j in known.context_reps:
+            rep_ops[j] = fresh[s.rep_ids[j]]
+        rep_work = known.rep_work.copy()
+        if known.context_reps:
+            changed = list(known.context_reps)
+            rep_work[changed] = _op_work([rep_ops[j] for j in changed], plan, profile,
+                                         first.captured, first.top_k, first.exchange)
+        return replace(known, rep_ops=tuple(rep_ops), rep_work=rep_work)
+    reps = build_representative_ops(model, plan, batch)
+    rep_ops = tuple(reps[r] for r in s.rep_ids)
+    rep_work = _op_work(rep_ops, plan, profile, first.captured, first.top_k, first.exchange)
+    row_tokens, mb_tokens, draft_tokens = np.zeros((0, 0)), (), ()
+    if first.routed:  # each dispatch's tokens, read once per representative op it stands for
+        reps_of_rows = s.rep_index[first.routed["dispatch"]]
+        distinct, where = np.unique(reps_of_rows, return_inverse=True)
+        tokens = np.array([rep_ops[j].dims["tokens"] for j in distinct.tolist()],
+                          dtype=np.float64)
+        row_tokens, mb_tokens, draft_tokens = _token_tuples(
+            tokens[where].reshape(reps_of_rows.shape), model)
+    context_reps = tuple(j for j, op in enumerate(rep_ops) if op.kind in CONTEXT_KINDS)
+    return remember(_costed, key, _Costed(weakref.ref(s), rep_ops, rep_work, context_reps, row_tokens,
+                                          mb_tokens, draft_tokens, {}))
+
+
 def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
             profile: HardwareProfile) -> Compiled:
     """``batch`` costed on a known structure from the ops of one layer per class."""
     first = s.first
-    reps = build_representative_ops(model, plan, batch)
-    rep_ops = [reps[r] for r in s.rep_ids]
-    rep_work = _op_work(rep_ops, plan, profile, first.captured, first.top_k, first.exchange)
+    costed = _costed_reps(s, model, plan, batch, profile)
+    rep_ops, rep_work = costed.rep_ops, costed.rep_work
     ops = tuple(map(rep_ops.__getitem__, s.rep_index.tolist()))
     work = rep_work[s.rep_index]
     prog = first.program
@@ -261,17 +331,9 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
         _, release = _host_holds(ops, prog.group_size, profile, first.captured, late, hold)
     program = replace(prog, work=np.tile(work[:, None], (1, prog.ranks)),
                       steps=_reshare(s, prog.steps, work - prog.node_s), host_release_s=release)
-    row_tokens, mb_tokens, draft_tokens = np.zeros((0, 0)), (), ()
-    if first.routed:  # each dispatch's tokens, read once per representative op it stands for
-        reps_of_rows = s.rep_index[first.routed["dispatch"]]
-        distinct, where = np.unique(reps_of_rows, return_inverse=True)
-        tokens = np.array([rep_ops[j].dims["tokens"] for j in distinct.tolist()],
-                          dtype=np.float64)
-        row_tokens, mb_tokens, draft_tokens = _token_tuples(
-            tokens[where].reshape(reps_of_rows.shape), model)
-    return replace(first, ops=ops, program=program, row_tokens=row_tokens, mb_tokens=mb_tokens,
-                   draft_tokens=draft_tokens, batch=batch, memo={}, straggler=late,
-                   rep_index=s.rep_index)
+    return replace(first, ops=ops, program=program, row_tokens=costed.row_tokens,
+                   mb_tokens=costed.mb_tokens, draft_tokens=costed.draft_tokens, batch=batch,
+                   memo=costed.memo, straggler=late, rep_index=s.rep_index)
 
 
 def _reshare(s: _Structure, steps: StepPlan | None, net: np.ndarray) -> StepPlan | None:

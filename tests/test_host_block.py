@@ -442,6 +442,7 @@ def test_a_dispatch_holds_the_host_its_share_of_the_compute_since_the_previous_e
     assert recosted.max() > first.max()  # more compute between exchanges, a longer hold
     step_compile._compiled.clear()
     step_compile._structures.clear()
+    step_compile._costed.clear()
     assert np.array_equal(release(Batch.decode(96, 1200)), recosted)  # a fresh build's
     with pytest.raises(EpsimError, match="a2a_host_block_fraction.2 must be a non-negative"):
         bad = json.loads(json.dumps(raw))

@@ -20,6 +20,7 @@ H100 = load_profile("h100")
 def _clear():
     step_compile._compiled.clear()
     step_compile._structures.clear()
+    step_compile._costed.clear()
     step_compile._op_seconds.clear()
     step_routing.clear_memos()
 
@@ -83,6 +84,31 @@ def test_a_recosted_batch_equals_a_fresh_build_bit_for_bit(model, profile, plan_
     assert len(step_compile._structures) == 4
 
 
+CONTEXT_FAMILIES = [Batch.decode(64, 900), Batch.decode(64, 2500), Batch.decode(64, 31),
+                    Batch.decode(511, 2100), Batch.decode(511, 700),
+                    Batch.prefill(1, 4096, 1024), Batch.prefill(1, 6000, 2928),
+                    Batch.prefill(1, 3072)]
+
+
+@pytest.mark.parametrize("model,profile,plan_kw", CASES, ids=["r1-ep8", "r1-mtp", "r1-tp8",
+                                                              "oss-ep8"])
+def test_a_new_context_of_a_costed_batch_equals_a_fresh_build_bit_for_bit(model, profile,
+                                                                          plan_kw):
+    # batches differing in context (a prefill: in prompt and prefix, its new tokens equal)
+    # are recosted from the first one's ops with their attention cores rebuilt
+    plan = make_plan(model, **plan_kw)
+    fresh = {b: _fresh(model, plan, b, profile, seed=4) for b in CONTEXT_FAMILIES}
+    _clear()
+    for b in CONTEXT_FAMILIES:
+        assert simulate_step(model, plan, b, profile, seed=4).to_json() == fresh[b]
+    # one costing per (phase, sequences, new tokens) recosted: 64 and 511 sequences, a prefill
+    # of 3072 new tokens (the first batch of each structure is costed on its full graph)
+    assert len(step_compile._costed) == 3
+    same = [step_compile.compile_step(model, plan, b, profile) for b in CONTEXT_FAMILIES[1:3]]
+    shared = [a is b for a, b in zip(same[0].ops, same[1].ops, strict=True)]
+    assert any(shared) and not all(shared)  # the non-attention ops are the same objects
+
+
 def test_explain_after_a_recost_equals_a_fresh_build_s():
     # the ops it lists (outside every table) are named by their own ids, not their stand-ins'
     plan = make_plan(R1, dp=8, ep=8)
@@ -119,10 +145,13 @@ def test_a_serving_grid_reuses_samples_and_equals_fresh_steps(plan_kw, eplb):
 
 
 def test_routed_times_keep_no_op_graph_alive():
-    # a routed-times entry names its structure's graph weakly: dropping the compiled steps
-    # frees the graph (some MB) whatever the routed memo still holds
+    # a routed-times entry names its structure's graph weakly, as a costed batch kept for its
+    # other contexts names its structure: dropping the compiled steps frees the graph (some
+    # MB) whatever the routed and costed memos still hold
     _clear()
     simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI)
+    simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 1900), MI)  # recosted
+    assert len(step_compile._costed) == 1
     entry = next(iter(step_routing._routed.values()))
     assert entry.graph() is not None
     step_compile._compiled.clear()
