@@ -13,7 +13,10 @@ Glossary:
                 not, MoE or dense, attention type) have equal ops at every batch, so a new batch
                 is costed on the ops of one layer per class
                 (``epsim.model.graph.build_representative_ops``): DeepSeek-R1's 61 layers are
-                costed as 3. The first batch of a structure is costed on its full graph.
+                costed as 3. The first batch of a structure is costed on its full graph; a
+                batch differing from a costed one in context alone (the serving simulator's
+                grid points of one batch size) rebuilds and recosts only the ops that read the
+                context (``epsim.model.graph.CONTEXT_KINDS``: the attention cores).
 
 A compiled step (``Compiled``) is memoised per (model, plan, batch, profile) and the structure per
 (model, plan, phase, microbatches, profile): the serving simulator's hundreds of (batch, context)
@@ -47,13 +50,12 @@ from epsim.model.plan import ParallelPlan
 from epsim.sim import a2a, cost, kernel_cost
 from epsim.sim.engine import CATEGORIES, Program, StepPlan, plan_steps
 from epsim.sim.hardware import HardwareProfile
+from epsim.sim.step_holds import EXCHANGES, dispatch_holds, host_holds, stragglers
 
 #: compiled steps (and structures) kept: a serving run's grid points beyond it are recosted
 CACHE_SIZE = 64
 #: op costs kept across batches (a few new ones per batch: its attention's)
 OP_CACHE_SIZE = 8192
-#: the EP exchange kinds (their mode: ``sim.a2a``)
-EXCHANGES = ("dispatch", "combine")
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,7 +78,8 @@ class Compiled:
     draft_tokens: per draft pass, tokens per microbatch.
     draft_mask: ``[n]`` the MTP draft-module ops.
     memo: values the routing step derives once per compiled batch (``sim.step_routing``: the
-        exchanges' uniform-routing times, the routed ops' signature).
+        exchanges' uniform-routing times, the routed ops' signature): functions of the routed
+        ops alone, so the batches of a structure that differ in context alone share one.
     exchange: the EP exchanges' mode in this step (``sim.a2a``; its phase's, so the
         structure's).
     """
@@ -309,26 +312,28 @@ def _costed_reps(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: B
         row_tokens, mb_tokens, draft_tokens = _token_tuples(
             tokens[where].reshape(reps_of_rows.shape), model)
     context_reps = tuple(j for j, op in enumerate(rep_ops) if op.kind in CONTEXT_KINDS)
-    return remember(_costed, key, _Costed(weakref.ref(s), rep_ops, rep_work, context_reps, row_tokens,
-                                          mb_tokens, draft_tokens, {}))
+    costed = _Costed(weakref.ref(s), rep_ops, rep_work, context_reps, row_tokens, mb_tokens,
+                     draft_tokens, {})
+    return remember(_costed, key, costed)
 
 
 def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
             profile: HardwareProfile) -> Compiled:
-    """``batch`` costed on a known structure from the ops of one layer per class."""
+    """``batch`` costed on a known structure from the ops of one layer per class (only its
+    attention cores where a batch differing in context alone was costed: ``_costed_reps``)."""
     first = s.first
     costed = _costed_reps(s, model, plan, batch, profile)
     rep_ops, rep_work = costed.rep_ops, costed.rep_work
     ops = tuple(map(rep_ops.__getitem__, s.rep_index.tolist()))
     work = rep_work[s.rep_index]
     prog = first.program
-    late = _stragglers(ops, work, profile, plan)
-    hold = _dispatch_holds(ops, work, profile, plan)
+    late = stragglers(ops, work, profile, plan)
+    hold = dispatch_holds(ops, work, profile, plan)
     release = prog.host_release_s
     if late is not None:
         work = work + late
     if late is not None or hold is not None:
-        _, release = _host_holds(ops, prog.group_size, profile, first.captured, late, hold)
+        _, release = host_holds(ops, prog.group_size, profile, first.captured, late, hold)
     program = replace(prog, work=np.tile(work[:, None], (1, prog.ranks)),
                       steps=_reshare(s, prog.steps, work - prog.node_s), host_release_s=release)
     return replace(first, ops=ops, program=program, row_tokens=costed.row_tokens,
@@ -414,15 +419,15 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     nodes_of = np.arange(ranks) // plan.gpus_per_node
     exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
     work = _op_work(ops, plan, profile, captured, top_k, exchange)
-    late = _stragglers(ops, work, profile, plan)
-    hold = _dispatch_holds(ops, work, profile, plan)
+    late = stragglers(ops, work, profile, plan)
+    hold = dispatch_holds(ops, work, profile, plan)
     if late is not None:
         work = work + late
     group_size = np.array([(ranks if op.dims["group"] == "ep" else plan.tp)
                            if op.is_collective else 0 for op in ops], dtype=np.int64)
     # captured: one graph launch; eager: the host launches every kernel and syncs on dispatch
     floor = np.full(len(ops), eff.graph_launch_s if captured else 0.0)
-    host_sync, host_release_s = _host_holds(ops, group_size, profile, captured, late, hold)
+    host_sync, host_release_s = host_holds(ops, group_size, profile, captured, late, hold)
     # exchanges whose kernels free the compute units once their messages are issued
     quiet = np.array([op.kind in EXCHANGES and not exchange.occupies_cus for op in ops])
     program = Program(
@@ -455,77 +460,6 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         top_k=top_k, row_tokens=row_tokens, draft_tokens=draft_tokens,
         draft_mask=np.array([op.draft is not None for op in ops], dtype=bool),
         exchange=exchange, straggler=late)
-
-
-def _host_holds(ops: Sequence[Op], group_size: np.ndarray, profile: HardwareProfile,
-                captured: bool, late: np.ndarray | None = None,
-                hold: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``host_sync`` and ``host_release_s`` of the program: eager, the host waits for a
-    dispatch's count exchange (a latency-bound exchange of its group) before it issues more; a
-    profile that measured how long issuing each exchange holds the host
-    (``a2a_host_block_by_group_s``, CPU runtimes) gives that instead, and a combine holds it too
-    where measured (gloo's asynchronous call returns only once the rank's threads got a core).
-    ``late``: the exchanges' stragglers (:func:`_stragglers`): a dispatch's count exchange waits
-    for the last rank, so its hold grows by the dispatch's; ``hold``: the same from the
-    profile's measured hold share (:func:`_dispatch_holds`)."""
-    eff = profile.require_efficiency()
-    sync = np.zeros(len(ops), dtype=bool)
-    release = np.zeros(len(ops))
-    if captured:
-        return sync, release
-    for i, op in enumerate(ops):
-        if op.kind not in ("dispatch", "combine"):
-            continue
-        held = eff.host_block(op.kind, int(group_size[i]))
-        if held is None and op.kind == "dispatch":
-            held = cost.collective_latency(op.kind, profile, captured, int(group_size[i]))
-        if held is not None:
-            sync[i], release[i] = True, held
-            if late is not None and op.kind == "dispatch":
-                release[i] += late[i]
-            if hold is not None and op.kind == "dispatch":
-                release[i] += hold[i]
-    return sync, release
-
-
-def _dispatch_holds(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
-                    plan: ParallelPlan) -> np.ndarray | None:
-    """``[len(ops)]`` seconds each EP exchange's issuing call holds the host beyond its fixed
-    part: ``a2a_host_block_fraction`` times the compute issued since the previous exchange
-    (``_host_holds`` applies it to dispatches). None without the key (every GPU profile) or
-    without peers."""
-    frac = profile.require_efficiency().host_block_fraction(
-        min(plan.world_size, plan.gpus_per_node))
-    return _share_of_compute_since_exchange(frac, ops, work, plan)
-
-
-def _stragglers(ops: Sequence[Op], work: np.ndarray, profile: HardwareProfile,
-                plan: ParallelPlan) -> np.ndarray | None:
-    """``[len(ops)]`` seconds each EP exchange waits for its last rank beyond the average one:
-    ``exchange_straggler_fraction`` times the compute issued since the previous exchange (in
-    issue order; ``work`` includes the ranks' sharing of the cores). None without the key
-    (every GPU profile) or without peers."""
-    frac = profile.require_efficiency().straggler_fraction(
-        min(plan.world_size, plan.gpus_per_node))
-    return _share_of_compute_since_exchange(frac, ops, work, plan)
-
-
-def _share_of_compute_since_exchange(frac: float, ops: Sequence[Op], work: np.ndarray,
-                                     plan: ParallelPlan) -> np.ndarray | None:
-    """``[len(ops)]``: at each EP exchange ``frac`` times the compute ``work`` issued since the
-    previous one (in issue order; 0 elsewhere); None when ``frac`` is 0 or there are no
-    peers."""
-    if frac <= 0.0 or plan.world_size < 2:
-        return None
-    out = np.zeros(len(ops))
-    since = 0.0
-    for i, op in enumerate(ops):
-        if op.kind in EXCHANGES:
-            out[i] = frac * since
-            since = 0.0
-        elif not op.is_collective:
-            since += work[i]
-    return out
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in the routing step

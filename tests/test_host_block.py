@@ -21,7 +21,7 @@ from epsim.model.opgraph import Batch
 from epsim.model.plan import make_plan
 from epsim.sim.hardware import load_profile, profile_from_dict
 from epsim.sim.step import simulate_step
-from epsim.sim.step_compile import _host_holds
+from epsim.sim.step_holds import host_holds
 
 
 def _with(key: str, value) -> dict:
@@ -68,21 +68,21 @@ def test_measured_host_block_holds_the_host_on_both_exchanges():
     ops, groups = _ops(4)
     raw = _with("a2a_host_block_by_group_s", {"dispatch": {"2": 4e-3, "4": 10e-3},
                                               "combine": {"2": 5e-4, "4": 3e-3}})
-    sync, release = _host_holds(ops, groups, profile_from_dict(raw), captured=False)
+    sync, release = host_holds(ops, groups, profile_from_dict(raw), captured=False)
     kinds = [op.kind for op in ops]
     for i, k in enumerate(kinds):
         want = {"dispatch": 10e-3, "combine": 3e-3}.get(k, 0.0)
         assert release[i] == pytest.approx(want) and sync[i] == (k in ("dispatch", "combine"))
     assert kinds.count("dispatch") == kinds.count("combine") > 0
     # inside a captured graph the host holds nothing
-    sync, release = _host_holds(ops, groups, profile_from_dict(raw), captured=True)
+    sync, release = host_holds(ops, groups, profile_from_dict(raw), captured=True)
     assert not sync.any() and not release.any()
 
 
 def test_without_the_key_a_dispatch_holds_the_host_for_its_latency_and_a_combine_not():
     ops, groups = _ops(4)
     prof = load_profile("mi300x")
-    sync, release = _host_holds(ops, groups, prof, captured=False)
+    sync, release = host_holds(ops, groups, prof, captured=False)
     lat = prof.require_efficiency().a2a_latency("dispatch", 4)
     for i, op in enumerate(ops):
         assert sync[i] == (op.kind == "dispatch")
@@ -231,7 +231,7 @@ def test_exchange_records_sum_the_compute_since_the_previous_exchange():
 
 
 def test_stragglers_grow_with_the_compute_issued_since_the_previous_exchange():
-    from epsim.sim.step_compile import _stragglers
+    from epsim.sim.step_holds import stragglers
 
     ops, groups = _ops(4)
     raw = _with("exchange_straggler_fraction", {"2": 0.1, "4": 0.5})
@@ -245,7 +245,7 @@ def test_stragglers_grow_with_the_compute_issued_since_the_previous_exchange():
         profile_from_dict(_with("exchange_straggler_fraction", {"2": -0.1}))
     work = np.array([0.0 if op.is_collective else 1e-3 for op in ops])
     plan = make_plan(load_model("tiny-deepseek"), nodes=1, gpus_per_node=4, dp=4, tp=1, ep=4)
-    late = _stragglers(ops, work, prof, plan)
+    late = stragglers(ops, work, prof, plan)
     since = 0
     for i, op in enumerate(ops):
         if op.kind in ("dispatch", "combine"):
@@ -256,11 +256,11 @@ def test_stragglers_grow_with_the_compute_issued_since_the_previous_exchange():
             since += not op.is_collective
     assert late.max() > 0
     # the dispatch's host hold grows by its straggler; GPU profiles have none
-    sync, release = _host_holds(ops, groups, prof, captured=False, late=late)
+    sync, release = host_holds(ops, groups, prof, captured=False, late=late)
     lat = prof.require_efficiency().a2a_latency("dispatch", 4)
     i = next(i for i, op in enumerate(ops) if op.kind == "dispatch")
     assert release[i] == pytest.approx(lat + late[i])
-    assert _stragglers(ops, work, load_profile("mi300x"), plan) is None
+    assert stragglers(ops, work, load_profile("mi300x"), plan) is None
 
 
 @pytest.mark.parametrize("ratio, world, want", [
