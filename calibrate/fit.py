@@ -342,10 +342,11 @@ def fit_straggler(ranks: pd.DataFrame) -> tuple[dict[int, float], dict[int, floa
 def fit_host_in_step(ranks: pd.DataFrame | None
                      ) -> tuple[dict[str, dict[int, float]], dict[int, float]]:
     """How long issuing an exchange holds the host in the ranks sweep's decode steps (its
-    ``host_s``): a dispatch's blocking count exchange is a meeting of every rank, so it lasts ``fixed[world] +
-    fraction[world] * segment`` (``segment_s``: the compute since the previous exchange, over
-    which time-sliced ranks drift apart; a non-negative fit on relative errors per world size);
-    a combine's asynchronous call is the rank's own: the median over its rows per world.
+    ``host_s``): a dispatch's blocking count exchange is a meeting of every rank, so it lasts
+    ``fixed[world] + fraction[world] * segment`` (``segment_s``: the compute since the previous
+    exchange, over which time-sliced ranks drift apart; a non-negative fit on relative errors
+    per world size); a combine's asynchronous call is the rank's own: the median over its rows
+    per world.
 
     Returns:
         ``({"dispatch": {world: fixed}, "combine": {world: seconds}}, {world: fraction})``;

@@ -361,9 +361,9 @@ def step_scales(samples: Mapping[tuple, tuple[str, Sequence[float]]],
     A step is a sum of ops, and ranks time-sliced on shared cores are preempted in a few long
     samples of each op, which the op's median drops: on 2 cores the medians summed 1-14 %
     (compute) and 14-20 % (exchanges) short of the steps' median at 2 ranks, 16-23 % and 7-11 %
-    at 4 (three runs of ``bench/bench_step_sums.py``). The ops' means would hold the preemptions, and a burst of
-    background load too, which validation's medians of steps leave out; scaling the medians by
-    the steps' own median keeps the one and not the other.
+    at 4 (three runs of ``bench/bench_step_sums.py``). The ops' means would hold the
+    preemptions, and a burst of background load too, which validation's medians of steps leave
+    out; scaling the medians by the steps' own median keeps the one and not the other.
 
     Args:
         samples: ``{(shape, world, batch, context, op id): (kind, [seconds per sample])}``.

@@ -207,7 +207,8 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         if exchange_fit == "in-step":
             what = ("latency[kind][world]: the median over the exchange ops of the ranks "
                     f"sweep's decode steps ({csv_names['ranks']}, each rank from its issue to "
-                    "the end of its wait) of their share of a median step (step_s); W: t = latency + link_bytes / W fitted over "
+                    "the end of its wait) of their share of a median step (step_s); W: "
+                    "t = latency + link_bytes / W fitted over "
                     f"{csv_names['a2a']}")
         if parts:
             what += ("; latency = what the last rank to arrive waits (a2a last_s) + the fixed part "

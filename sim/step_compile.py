@@ -295,10 +295,9 @@ def _costed_reps(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: B
         for j in known.context_reps:
             rep_ops[j] = fresh[s.rep_ids[j]]
         rep_work = known.rep_work.copy()
-        if known.context_reps:
-            changed = list(known.context_reps)
-            rep_work[changed] = _op_work([rep_ops[j] for j in changed], plan, profile,
-                                         first.captured, first.top_k, first.exchange)
+        changed = list(known.context_reps)
+        rep_work[changed] = _op_work([rep_ops[j] for j in changed], plan, profile,
+                                     first.captured, first.top_k, first.exchange)
         return replace(known, rep_ops=tuple(rep_ops), rep_work=rep_work)
     reps = build_representative_ops(model, plan, batch)
     rep_ops = tuple(reps[r] for r in s.rep_ids)
