@@ -27,7 +27,9 @@ What is simulated (event by event, one event per step of each side, not per toke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import gc
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,6 +246,24 @@ def _calls_made(costs: Iterable[EngineStepTime]) -> int:
     return sum(int(getattr(m, "calls", 0)) - before for m, before in first.values())
 
 
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block (restored as it was after).
+
+    The serving loop keeps its state in arrays and makes few reference cycles (about 10,000
+    unreachable objects after a 4,096-request run, 18,000 after 40,960), while every full pass
+    of the collector rescans every live object: the op graphs and step memos (some 100,000).
+    Measured on the 2-core machine: the 1,000,000-request run 57.4 s -> 52.8 s with peak RSS
+    561 -> 567 MB (docs/performance.md). Objects freed by reference counting go as before."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def simulate_serving(requests: Requests, config: ServingConfig,
                      decode_model: StepTimeModel | EngineStepTime,
                      prefill_model: StepTimeModel | EngineStepTime | None = None, *,
@@ -277,8 +297,9 @@ def simulate_serving(requests: Requests, config: ServingConfig,
     client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill),
                     progress)
     server.client = client
-    client.start()
-    loop.run()
+    with cyclic_gc_paused():
+        client.start()
+        loop.run()
     if np.isnan(st.done).any():  # a scheduling bug, never a user error
         raise AssertionError(f"{int(np.isnan(st.done).sum())} requests never finished")
     gaps = st.gaps.finish()

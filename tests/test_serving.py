@@ -228,3 +228,45 @@ def test_serving_invariants(n, dp, cap_seqs, conc, chunk, seed, disagg):
         events = sorted([(t, 1) for t in run.send_s] + [(t, -1) for t in run.done_s],
                         key=lambda e: (e[0], e[1]))
         assert max(np.cumsum([e[1] for e in events])) <= conc
+
+
+class _GcWatch(Affine):
+    """Affine steps that record whether the cyclic collector ran while each was costed."""
+
+    def __init__(self):
+        super().__init__()
+        self.gc_on = []
+
+    def decode(self, seqs, context):
+        import gc
+        self.gc_on.append(gc.isenabled())
+        return super().decode(seqs, context)
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_the_loop_pauses_the_cyclic_collector_and_restores_it(enabled_before):
+    import gc
+
+    was = gc.isenabled()
+    watch = _GcWatch()
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        run = simulate_serving(reqs(4, 100, 5), ServingConfig(dp=1, kv_capacity_tokens=10**6),
+                               watch, max_concurrency=4)
+        assert gc.isenabled() is enabled_before
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert compute_metrics(run)["completed"] == 4
+    assert watch.gc_on and not any(watch.gc_on)
+
+
+def test_the_collector_comes_back_when_the_loop_fails():
+    import gc
+
+    from epsim.sim.serving import cyclic_gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), cyclic_gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a step failed")
+    assert gc.isenabled()
