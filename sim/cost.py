@@ -286,13 +286,16 @@ def collective_time(kind: str, traffic: np.ndarray, profile: HardwareProfile,
     same = nodes[:, None] == nodes[None, :]
     off_diag = ~np.eye(n, dtype=bool)
     intra = np.where(same & off_diag, traffic, 0.0)
-    inter = np.where(~same, traffic, 0.0)
     if profile.fabric.topology == "full_mesh":
         # one link per peer: the most loaded link binds
         t_intra = intra.max(axis=(-2, -1)) / e.link_bandwidth_usable
     else:  # switch: any pattern at the per-GPU bandwidth; the busiest GPU port binds
         port = np.maximum(intra.sum(axis=-1).max(axis=-1), intra.sum(axis=-2).max(axis=-1))
         t_intra = port / e.link_bandwidth_usable
-    nic = np.maximum(inter.sum(axis=-1).max(axis=-1), inter.sum(axis=-2).max(axis=-1))
-    t_inter = nic / e.nic_bandwidth_usable
+    if same.all():  # one node: no byte crosses a NIC (and summing the zeros costs a lot)
+        t_inter = 0.0
+    else:
+        inter = np.where(~same, traffic, 0.0)
+        nic = np.maximum(inter.sum(axis=-1).max(axis=-1), inter.sum(axis=-2).max(axis=-1))
+        t_inter = nic / e.nic_bandwidth_usable
     return collective_latency(kind, profile, captured, n) + np.maximum(t_intra, t_inter)

@@ -371,3 +371,31 @@ def test_one_value_lookup_equals_the_array_lookup_bit_for_bit():
                 assert a.tolist()[:1] == b.tolist()
             methods.add(int(one[0][0]))
     assert methods == {0, 1, 2}  # exact, interpolated and extrapolated all met
+
+
+def test_repeated_swept_values_are_looked_up_once_with_equal_results():
+    # a routed op's many values (a step's token counts repeat) are looked up once per distinct
+    # value: the answers equal the plain array path's (chunks too short to be deduplicated)
+    # bit for bit, between points and past the tables' ends (the fused MoE's shipped table
+    # holds other shapes: all 80 extrapolated; the dispatch's: 24 interpolated, 56 beyond)
+    shipped = load_profile("mi300x")
+    g = build_step_graph(R1, make_plan(R1, dp=8, ep=8), Batch.decode(512, 2000))
+    rng = np.random.default_rng(3)
+    for name, top_k, nodes in (("L5.moe.experts.mb0", 8, None),
+                               ("L5.moe.dispatch.mb0", None, np.zeros(8, dtype=np.int64))):
+        op = g.op(name)
+        values = np.round(np.exp(rng.uniform(np.log(0.5), np.log(3e5), 80)) * 8) / 8
+        values = rng.choice(values, size=(20, 31))  # 620 values, at most 80 distinct
+        assert len(np.unique(values)) < values.size >= kernel_cost._DISTINCT_FROM
+
+        def seconds(v, op=op, top_k=top_k, nodes=nodes):
+            return kernel_cost.routed_seconds(op, shipped, lambda: v,
+                                              lambda: np.full(v.shape, -1.0), top_k=top_k,
+                                              nodes=nodes, captured=True)
+
+        once = seconds(values)
+        flat = values.reshape(-1)
+        step = kernel_cost._DISTINCT_FROM - 1
+        plain = np.concatenate([seconds(flat[i:i + step]) for i in range(0, flat.size, step)])
+        assert once.shape == values.shape and (once > 0).all()
+        assert once.reshape(-1).tobytes() == plain.tobytes()
