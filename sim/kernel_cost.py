@@ -43,7 +43,7 @@ from epsim.sim.kernels import EXTRAPOLATED, FEATURES, METHODS, Table
 _OUTSIDE_IDS = 8  # op ids listed per shape outside every table
 #: swept values from which a lookup is made once per distinct value (a step's fused-MoE token
 #: counts repeat: 928 values of DeepSeek-R1 on 8 GPUs hold about 190 distinct ones)
-_DISTINCT_FROM = 64
+_DISTINCT_FROM = 256
 
 
 def kernel_dtype(op: Op) -> str:
@@ -237,6 +237,9 @@ def _table_seconds(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[
             secs, method, nearest = _table_seconds(op, profile, table, fixed, distinct, top_k,
                                                    inter, captured)
             return secs[where], method[where], nearest[where]
+    if len(values) == 1:  # one op's own features: the scalar path, equal results
+        return _table_seconds_one(op, profile, table, fixed, float(values[0]), top_k, inter,
+                                  captured)
     method, secs, nearest = table.locate(fixed, values)
     out = method == EXTRAPOLATED
     if out.any():
@@ -248,6 +251,19 @@ def _table_seconds(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[
         rq, rp = both[:len(q)], both[len(q):]
         secs[out] *= np.where(rp > 0, rq / np.where(rp > 0, rp, 1.0), 1.0)
     return secs, method, nearest
+
+
+def _table_seconds_one(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[float, ...],
+                       value: float, top_k: int | None, inter: bool, captured: bool
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_table_seconds` of one value: the table's scalar lookup and, outside it, one
+    roofline call for the query and its nearest point (the same float operations)."""
+    how, secs, near = table.locate_one(fixed, value)
+    if how == EXTRAPOLATED:
+        rq, rp = feature_roofline(op, profile, np.array([(*fixed, value), table.x[near]]),
+                                  top_k=top_k, inter=inter, captured=captured).tolist()
+        secs = secs * (rq / rp if rp > 0 else 1.0)
+    return np.array([secs]), np.array([how]), np.array([near])
 
 
 def op_seconds(op: Op, profile: HardwareProfile, fallback: Callable[[], float], *,

@@ -171,7 +171,7 @@ class Table:
         fixed = tuple(float(v) for v in fixed)
         v = np.asarray(values, dtype=np.float64).reshape(-1)
         if len(v) == 1:  # one op's own features: scalar arithmetic, no array calls
-            how, secs, near = self._locate_one(fixed, float(v[0]))
+            how, secs, near = self.locate_one(fixed, float(v[0]))
             return np.array([how]), np.array([secs]), np.array([near])
         m = len(v)
         method = np.full(m, EXTRAPOLATED)
@@ -241,7 +241,7 @@ class Table:
         return self._memo("nearest_base", fixed, lambda: sum(
             (log_x[:, d] - (math.log(q) if q > 0 else tiny)) ** 2 for d, q in enumerate(fixed)))
 
-    def _locate_one(self, fixed: tuple[float, ...], value: float) -> tuple[int, float, int]:
+    def locate_one(self, fixed: tuple[float, ...], value: float) -> tuple[int, float, int]:
         """:meth:`locate` of one value, ``(method, seconds, nearest)``: the same arithmetic as
         the array path (numpy's ``log`` / ``exp``, ``np.interp``'s formula), so equal results."""
         leaves = self._leaf_lists(fixed)

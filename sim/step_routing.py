@@ -260,18 +260,17 @@ def _nominal_rows(comp: Compiled, idx: np.ndarray, profile: HardwareProfile,
     """``[rows, mb]`` each routed collective's time under uniform routing (ops of equal
     signature costed once: the MoE layers' repeat, the draft passes' differ; and once per
     profile across batches)."""
-    seen: dict[int, float] = {}
-    out = np.zeros(idx.shape)
     context = (profile.fingerprint, nodes.tobytes(), captured, mode)
-    for pos, i in np.ndenumerate(idx):
+    # positions holding one representative op hold its value: cost each distinct op once
+    groups = idx.reshape(-1) if comp.rep_index is None else comp.rep_index[idx.reshape(-1)]
+    _, first, where = np.unique(groups, return_index=True, return_inverse=True)
+    values = []
+    for i in idx.reshape(-1)[first].tolist():
         op = comp.ops[i]
-        value = seen.get(id(op))
+        key = (context, op.kind, op.peer_bytes, tuple(op.dims.items()))
+        value = _nominal.get(key)
         if value is None:
-            key = (context, op.kind, op.peer_bytes, tuple(op.dims.items()))
-            value = _nominal.get(key)
-            if value is None:
-                value = remember(_nominal, key, kernel_cost.nominal_collective(
-                    op, profile, nodes, captured, mode), NOMINAL_KEPT)
-            seen[id(op)] = value
-        out[pos] = value
-    return out
+            value = remember(_nominal, key, kernel_cost.nominal_collective(
+                op, profile, nodes, captured, mode), NOMINAL_KEPT)
+        values.append(value)
+    return np.asarray(values, dtype=np.float64)[where].reshape(idx.shape)

@@ -373,7 +373,7 @@ def test_one_value_lookup_equals_the_array_lookup_bit_for_bit():
     assert methods == {0, 1, 2}  # exact, interpolated and extrapolated all met
 
 
-def test_repeated_swept_values_are_looked_up_once_with_equal_results():
+def test_repeated_and_single_swept_values_give_the_array_lookups_results():
     # a routed op's many values (a step's token counts repeat) are looked up once per distinct
     # value: the answers equal the plain array path's (chunks too short to be deduplicated)
     # bit for bit, between points and past the tables' ends (the fused MoE's shipped table
@@ -399,3 +399,6 @@ def test_repeated_swept_values_are_looked_up_once_with_equal_results():
         plain = np.concatenate([seconds(flat[i:i + step]) for i in range(0, flat.size, step)])
         assert once.shape == values.shape and (once > 0).all()
         assert once.reshape(-1).tobytes() == plain.tobytes()
+        # one value (an op's own lookup) takes the scalar path: equal to the array path too
+        alone = np.concatenate([seconds(flat[i:i + 1]) for i in range(40)])
+        assert alone.tobytes() == plain[:40].tobytes()
