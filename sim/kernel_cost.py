@@ -275,6 +275,14 @@ def op_seconds(op: Op, profile: HardwareProfile, fallback: Callable[[], float], 
     return float(secs[0]) if isinstance(secs, np.ndarray) else float(secs)
 
 
+def answered_by_table(op: Op, profile: HardwareProfile, *, top_k: int | None = None,
+                      nodes: np.ndarray | None = None, mode: A2AMode | None = None) -> bool:
+    """Whether a table of the selected set times ``op``: its routed seconds are then a function
+    of the swept value alone (no fallback, whose time may read more: per-expert counts)."""
+    plan = _plan(op, profile, top_k, nodes, mode)
+    return plan is not None and plan[0] is not None
+
+
 def routed_seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray],
                    fallback: Callable[[], np.ndarray], *, top_k: int | None = None,
                    nodes: np.ndarray | None = None, captured: bool = False,

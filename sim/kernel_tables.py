@@ -176,11 +176,10 @@ class Table:
         m = len(v)
         method = np.full(m, EXTRAPOLATED)
         secs = np.zeros(m)
-        leaves = self._leaves(fixed)
+        leaves = self._leaf_arrays(fixed)
         inside = v > 0
         if leaves is not None:
-            for _, leaf in leaves:
-                xs = self.x[leaf, -1]
+            for _, xs, _, _, _ in leaves:
                 inside &= (v >= xs[0]) & (v <= xs[-1])
         else:
             inside[:] = False
@@ -190,24 +189,19 @@ class Table:
             acc = np.zeros(len(vi))
             t_min = np.full(len(vi), np.inf)
             t_max = np.zeros(len(vi))
-            t_all = self.seconds
-            for w, leaf in leaves:
-                xs = self.x[leaf, -1]
-                acc += w * np.interp(lv, self._cache["log_x"][leaf, -1],
-                                     self._cache["log_t"][leaf])
+            for w, xs, log_xs, log_ts, ts in leaves:
+                acc += w * np.interp(lv, log_xs, log_ts)
                 hi = np.minimum(np.searchsorted(xs, vi), len(xs) - 1)
                 lo = np.where(xs[hi] == vi, hi, np.maximum(hi - 1, 0))
-                t_min = np.minimum(t_min, np.minimum(t_all[leaf[lo]], t_all[leaf[hi]]))
-                t_max = np.maximum(t_max, np.maximum(t_all[leaf[lo]], t_all[leaf[hi]]))
+                t_lo, t_hi = ts[lo], ts[hi]
+                t_min = np.minimum(t_min, np.minimum(t_lo, t_hi))
+                t_max = np.maximum(t_max, np.maximum(t_lo, t_hi))
             # exp(log(t)) may be off by an ulp: keep the result between its bracketing points
             t = np.clip(np.exp(acc), t_min, t_max)
             how = np.full(len(vi), INTERPOLATED)
             if len(leaves) == 1:  # every fixed feature exact: a knot is a measured point
-                leaf = leaves[0][1]
-                xs = self.x[leaf, -1]
-                j = np.minimum(np.searchsorted(xs, vi), len(xs) - 1)
-                knot = xs[j] == vi
-                t = np.where(knot, t_all[leaf[j]], t)
+                knot = xs[hi] == vi  # hi: the first knot at or above each value
+                t = np.where(knot, t_hi, t)
                 how = np.where(knot, EXACT, how)
             secs[inside] = t
             method[inside] = how
@@ -222,6 +216,17 @@ class Table:
             nearest[out] = near
             secs[out] = self.seconds[near]
         return method, secs, nearest
+
+    def _leaf_arrays(self, fixed: tuple[float, ...]) -> list[tuple] | None:
+        """``_leaves(fixed)`` with each leaf's arrays read out once: ``(weight, xs, log xs,
+        log times, times)`` along the swept feature."""
+        def make() -> list[tuple] | None:
+            leaves = self._leaves(fixed)
+            return None if leaves is None else [
+                (w, self.x[leaf, -1], self._cache["log_x"][leaf, -1],
+                 self._cache["log_t"][leaf], self.seconds[leaf])
+                for w, leaf in leaves]
+        return self._memo("leaf_arrays", fixed, make)
 
     def _leaf_lists(self, fixed: tuple[float, ...]) -> list[tuple] | None:
         """``_leaves(fixed)`` as Python lists per leaf: ``(weight, xs, log xs, log times,

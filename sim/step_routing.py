@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from epsim.model.config import ModelConfig
 from epsim.model.mtp import draft_layer, routing_layer
+from epsim.model.opgraph import Op
 from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.sim import a2a, cost, kernel_cost
@@ -167,6 +169,49 @@ def _sample(comp: Compiled, model: ModelConfig, plan: ParallelPlan, loads: np.nd
     return stack_routing([main, *drafts])
 
 
+class SecondsByValue:
+    """A routed op's seconds by swept value, for an op a kernel table times (a pure function of
+    the value): the values met so far, sorted, and their seconds. A new routing sample of a
+    known batch looks its 928 fused-MoE token counts up here, costing only the new ones (each
+    value's lookup is elementwise: equal to costing them all at once).
+
+    keys: ``[n]`` the values met, ascending. Example: ``[1984.5, 1990.0, ...]``.
+    seconds: ``[n]`` their seconds.
+    """
+
+    __slots__ = ("keys", "seconds")
+    #: values kept at most (a batch meets a few hundred distinct token counts per op)
+    LIMIT = 65536
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0)
+        self.seconds = np.zeros(0)
+
+    def get(self, values: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]
+            ) -> np.ndarray:
+        """``compute(values)`` (``[...]`` -> ``[...]``), from the kept seconds where known."""
+        flat = np.asarray(values, dtype=np.float64).reshape(-1)
+        if not np.isfinite(flat).all():  # a NaN never matches a key: nothing to keep
+            return compute(values)
+        pos = np.searchsorted(self.keys, flat)
+        known = pos < len(self.keys)
+        known[known] = self.keys[pos[known]] == flat[known]
+        if not known.all():
+            new = np.unique(flat[~known])
+            keys = np.concatenate([self.keys, new])
+            seconds = np.concatenate([self.seconds, np.asarray(compute(new), dtype=np.float64)])
+            if len(keys) > self.LIMIT:  # start over with this call's values alone
+                keys, seconds = new, seconds[len(self.keys):]
+            order = np.argsort(keys, kind="stable")
+            self.keys, self.seconds = keys[order], seconds[order]
+            pos = np.searchsorted(self.keys, flat)
+        return self.seconds[pos].reshape(np.shape(values))
+
+
+def _no_fallback(op: Op) -> np.ndarray:
+    raise AssertionError(f"{op.id}: a kernel table answers this op, yet its fallback was asked")
+
+
 def _routed_signature(comp: Compiled) -> tuple:
     """Per role, the distinct routed ops' signatures in issue order and which of them each
     routed position holds (equal for a structure's full-graph batch and its representative-op
@@ -213,10 +258,17 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
             pairs = pairs + shared * row_tokens[:, :, None]
         return pairs / (kernel_cost.op_top_k(ex_op, comp.top_k) or 1.0)
 
-    t_exp = kernel_cost.routed_seconds(
-        ex_op, profile, expert_tokens,
-        lambda: cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile, per_expert),
-                                profile), top_k=comp.top_k)
+    if kernel_cost.answered_by_table(ex_op, profile, top_k=comp.top_k):
+        # a function of the token count alone: kept per compiled batch across samples
+        by_value = comp.memo.setdefault("experts_seconds", SecondsByValue())
+        t_exp = by_value.get(expert_tokens(), lambda v: kernel_cost.routed_seconds(
+            ex_op, profile, lambda: v, lambda: _no_fallback(ex_op), top_k=comp.top_k))
+    else:
+        t_exp = kernel_cost.routed_seconds(
+            ex_op, profile, expert_tokens,
+            lambda: cost.calibrated(ex_op.kind, cost.grouped_gemm_time(ex_op, profile,
+                                                                        per_expert), profile),
+            top_k=comp.top_k)
     nodes = np.arange(ranks) // plan.gpus_per_node
     mode = comp.exchange
     times, swept = [], {}
