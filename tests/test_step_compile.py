@@ -3,6 +3,7 @@ class) gives exactly what a fresh build gives."""
 
 import gc
 
+import numpy as np
 import pytest
 
 from epsim.model import Batch, load_model, make_plan
@@ -161,3 +162,44 @@ def test_routed_times_keep_no_op_graph_alive():
     # and a step after that is still the fresh one
     again = simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI).to_json()
     assert again == _fresh(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI)
+
+
+def test_new_samples_of_a_known_batch_equal_fresh_steps_with_kept_fused_moe_seconds():
+    # a new seed draws a new sample; the fused MoE's table seconds are kept by token count per
+    # compiled batch, so later samples cost only the counts not met before: same results
+    plan = make_plan(R1, dp=8, ep=8)
+    batch = Batch.decode(256, 1500)
+    fresh = [_fresh(R1, plan, batch, MI, seed=s) for s in range(5)]
+    _clear()
+    for s, want in enumerate(fresh):
+        assert simulate_step(R1, plan, batch, MI, seed=s).to_json() == want
+    kept = step_compile.compile_step(R1, plan, batch, MI).memo["experts_seconds"]
+    assert (kept.keys[1:] > kept.keys[:-1]).all()  # sorted, distinct
+    # 5 samples x 58 layers x 2 microbatches x 8 GPUs = 4,640 counts, far fewer distinct ones
+    assert 100 < len(kept.keys) < 4640 // 4
+
+
+def test_seconds_by_value_costs_each_new_value_once(monkeypatch):
+    asked = []
+
+    def compute(v):
+        asked.append(np.array(v, copy=True))
+        return np.asarray(v) * 2.0 + 1.0
+
+    memo = step_routing.SecondsByValue()
+    first = memo.get(np.array([[3.0, 1.0], [3.0, 2.5]]), compute)
+    assert first.tolist() == [[7.0, 3.0], [7.0, 6.0]]
+    assert asked[-1].tolist() == [1.0, 2.5, 3.0]  # each distinct value once
+    again = memo.get(np.array([2.5, 4.0, 1.0, 4.0]), compute)
+    assert again.tolist() == [6.0, 9.0, 3.0, 9.0] and asked[-1].tolist() == [4.0]
+    assert memo.keys.tolist() == [1.0, 2.5, 3.0, 4.0]
+    n = len(asked)
+    assert memo.get(np.array([4.0, 1.0]), compute).tolist() == [9.0, 3.0] and len(asked) == n
+    # a NaN is never kept (it would match nothing): computed as given
+    out = memo.get(np.array([1.0, np.nan]), compute)
+    assert out[0] == 3.0 and np.isnan(out[1]) and len(memo.keys) == 4
+    # past the limit the memo starts over from the values of this call
+    monkeypatch.setattr(step_routing.SecondsByValue, "LIMIT", 5)
+    memo.get(np.array([10.0, 11.0]), compute)
+    assert memo.keys.tolist() == [10.0, 11.0]
+    assert memo.get(np.array([11.0, 1.0]), compute).tolist() == [23.0, 3.0]
