@@ -9,6 +9,10 @@ Glossary:
     sample key  what a sample is a function of: the model, the loads, the placement, the
                 dispatch tokens per rank of each microbatch (main and draft passes), the ranks
                 and the seed. Never the context: a decode step's routing does not see it.
+    kept seconds
+                where a kernel table times the fused MoE, its seconds per token count
+                (``SecondsByValue``, in the compiled batch's memo): a new sample of a known
+                batch costs only the counts it has not met.
 
 Both are memoised. The serving simulator costs hundreds of (batch, context) grid points with
 one seed, and the points of one batch share its sample and its routed ops (their dims follow
