@@ -37,11 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from epsim.model.compiled import compiled as _compiled
 from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
 from epsim.model.placement import Placement, remap
-
-from .routing_kernels import normal_split
 
 SYNTHETIC_SEED = 0
 SYNTHETIC_GROUP_SIGMA = 0.5
@@ -141,15 +140,37 @@ def _split_counts(total: np.ndarray, probs: np.ndarray, rng: np.random.Generator
     slots = probs.shape[-1]
     if total.size == 0 or total.min() / slots < NORMAL_SPLIT_MIN_MEAN:
         return rng.multinomial(total, probs)
-    shape = np.broadcast_shapes(total.shape + (1,), probs.shape)
-    z = rng.standard_normal(shape)
-    counts = np.empty(shape)
-    shares = np.ascontiguousarray(np.broadcast_to(probs, shape), dtype=np.float64)
-    totals = np.ascontiguousarray(np.broadcast_to(total[..., None], shape)[..., 0],
-                                  dtype=np.float64)
-    normal_split(totals.reshape(-1), shares.reshape(-1, slots), z.reshape(-1, slots),
+    # mean N p, covariance N (diag p - p p^T): sqrt(N p) z has N diag(p); removing p times its
+    # sum gives the multinomial covariance exactly
+    mean = total[..., None] * probs
+    y = np.sqrt(mean) * rng.standard_normal(mean.shape)
+    y_sum = y.sum(axis=-1)
+    counts = np.empty(mean.shape)
+    shares = probs if probs.shape == mean.shape else np.broadcast_to(probs, mean.shape)
+    _round_split(total.reshape(-1).astype(np.float64), shares.reshape(-1, slots),
+                 mean.reshape(-1, slots), y.reshape(-1, slots), y_sum.reshape(-1),
                  counts.reshape(-1, slots))
     return counts
+
+
+@_compiled
+def _round_split(total, probs, mean, y, y_sum, out):  # noqa: ANN001, ANN202
+    """The normal draw rounded to counts, row by row (``out`` ``[rows, S]``): each slot's
+    ``rint(mean + y - p * sum(y))`` clipped at 0; rounding leaves a row's total off by a few
+    pairs, which its likeliest slot (the first of the largest share) absorbs, clipped at 0. The
+    arithmetic is numpy's whole-array expression element for element, so the counts are equal."""
+    for r in range(out.shape[0]):
+        placed = 0.0
+        hot = 0
+        for s in range(out.shape[1]):
+            c = np.rint(mean[r, s] + y[r, s] - probs[r, s] * y_sum[r])
+            c = c if c > 0.0 else 0.0  # as np.maximum(c, 0.0): -0.0 becomes 0.0
+            out[r, s] = c
+            placed += c
+            if probs[r, s] > probs[r, hot]:
+                hot = s
+        fixed = out[r, hot] + (total[r] - placed)
+        out[r, hot] = fixed if fixed > 0.0 else 0.0
 
 
 def placed_frequencies(loads: np.ndarray, placement: Placement, rows: np.ndarray) -> np.ndarray:

@@ -107,15 +107,3 @@ def test_normal_split_equals_the_array_expression_bit_for_bit():
     got = _split_counts(total, probs, np.random.default_rng(0))
     assert np.array_equal(got, _normal_split_by_arrays(total, probs, np.random.default_rng(0)))
     assert got.sum() == 496 and got.min() >= 0
-
-
-def test_pairwise_sum_is_numpys_sum_bit_for_bit():
-    # the compiled normal split sums each GPU's slots in numpy's order: blocks of 8 running
-    # sums, longer runs halved (past 128 items), so its totals equal numpy's for any length
-    from epsim.sim.routing_kernels import pairwise_sum
-
-    g = np.random.default_rng(11)
-    for n in [*range(1, 140), 255, 256, 257, 300, 1000, 1031]:
-        a = g.standard_normal(n + 5) * 10.0 ** g.uniform(-8, 8, n + 5)
-        for lo in (0, 5):
-            assert pairwise_sum(a, lo, n) == a[lo:lo + n].sum(), (n, lo)
