@@ -253,8 +253,9 @@ def cyclic_gc_paused() -> Iterator[None]:
     The serving loop keeps its state in arrays and makes few reference cycles (about 10,000
     unreachable objects after a 4,096-request run, 18,000 after 40,960), while every full pass
     of the collector rescans every live object: the op graphs and step memos (some 100,000).
-    Measured on the 2-core machine: the 1,000,000-request run 57.4 s -> 52.8 s with peak RSS
-    561 -> 567 MB (docs/performance.md). Objects freed by reference counting go as before."""
+    Measured on the 2-core machine, one run each: the 1,000,000-request run 57.4 s -> 52.8 s,
+    peak RSS 561 -> 567 MB (docs/performance.md). Objects freed by reference counting go as
+    before."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
