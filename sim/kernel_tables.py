@@ -229,14 +229,12 @@ class Table:
         return self._memo("leaf_arrays", fixed, make)
 
     def _leaf_lists(self, fixed: tuple[float, ...]) -> list[tuple] | None:
-        """``_leaves(fixed)`` as Python lists per leaf: ``(weight, xs, log xs, log times,
-        times)`` (one value's lookup reads them without array calls)."""
+        """:meth:`_leaf_arrays` as Python lists (one value's lookup reads them without array
+        calls)."""
         def make() -> list[tuple] | None:
-            leaves = self._leaves(fixed)
+            leaves = self._leaf_arrays(fixed)
             return None if leaves is None else [
-                (w, self.x[leaf, -1].tolist(), self._cache["log_x"][leaf, -1].tolist(),
-                 self._cache["log_t"][leaf].tolist(), self.seconds[leaf].tolist())
-                for w, leaf in leaves]
+                (w, *(a.tolist() for a in arrays)) for w, *arrays in leaves]
         return self._memo("leaf_lists", fixed, make)
 
     def _nearest_base(self, fixed: tuple[float, ...]) -> np.ndarray:

@@ -262,9 +262,13 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
             pairs = pairs + shared * row_tokens[:, :, None]
         return pairs / (kernel_cost.op_top_k(ex_op, comp.top_k) or 1.0)
 
-    if kernel_cost.answered_by_table(ex_op, profile, top_k=comp.top_k):
+    by_value = comp.memo.get("experts_seconds")
+    if by_value is None:  # worked out once per compiled batch: whether a table answers
+        by_value = comp.memo["experts_seconds"] = (
+            SecondsByValue() if kernel_cost.answered_by_table(ex_op, profile, top_k=comp.top_k)
+            else False)
+    if by_value is not False:
         # a function of the token count alone: kept per compiled batch across samples
-        by_value = comp.memo.setdefault("experts_seconds", SecondsByValue())
         t_exp = by_value.get(expert_tokens(), lambda v: kernel_cost.routed_seconds(
             ex_op, profile, lambda: v, lambda: _no_fallback(ex_op), top_k=comp.top_k))
     else:
