@@ -14,7 +14,7 @@ import sys
 import time
 
 from epsim.sim.scenario import Scenario, StepCache, run_scenario  # noqa: E402
-from epsim.sim.workload import WorkloadSpec  # noqa: E402
+from epsim.sim.workload.spec import WorkloadSpec  # noqa: E402
 
 
 def scenario(concurrency: int) -> Scenario:

@@ -10,9 +10,9 @@ batch) <= 2 ms, exact mode <= 1 s, fast and exact equal.
 Prints the wall time of: the process's first call (builds the op graph and its structure, and
 loads numba's compiled walk from its cache: once per process); cold shapes (new contexts on the
 compiled structure, each with a new seed: one layer per class rebuilt and costed,
-``sim/step_compile.py``, and a new routing sample); new contexts of a batch and seed already
+``sim/step/compile.py``, and a new routing sample); new contexts of a batch and seed already
 met, as the serving simulator's grid points are (one seed per run: the sample and the routed
-ops' times are memoised, ``sim/step_routing.py``); warm fast calls (a new routing sample of a
+ops' times are memoised, ``sim/step/routed.py``); warm fast calls (a new routing sample of a
 compiled batch); exact calls; and the step times each mode gives.
 """
 
@@ -23,8 +23,8 @@ import statistics
 import time
 
 from epsim.model import Batch, load_model, make_plan  # noqa: E402
-from epsim.sim.hardware import load_profile  # noqa: E402
-from epsim.sim.step import simulate_step  # noqa: E402
+from epsim.sim.hardware.profile import load_profile  # noqa: E402
+from epsim.sim.step import StepMemo, simulate_step  # noqa: E402
 
 #: first seed of the cold-shape calls and of the warm ones (apart, so no call reuses a sample)
 COLD_SEEDS = 1000
@@ -39,9 +39,10 @@ def main() -> None:
     profile = load_profile("mi300x")
     plan = make_plan(model, dp=8, ep=8)  # DBO and graph mode on by default
     batch = Batch.decode(512, 2100)
+    memo = StepMemo()  # every call below shares it, as a serving run's step models do
 
     t = time.perf_counter()
-    cold = simulate_step(model, plan, batch, profile, seed=0)
+    cold = simulate_step(model, plan, batch, profile, seed=0, memo=memo)
     cold_s = time.perf_counter() - t
 
     # the cold and warm calls draw from seeds no earlier call used (a sample is memoised per
@@ -50,26 +51,27 @@ def main() -> None:
     cold_times = []
     for i in range(args.repeat):
         t = time.perf_counter()
-        simulate_step(model, plan, Batch.decode(512, 2101 + i), profile, seed=COLD_SEEDS + i)
+        simulate_step(model, plan, Batch.decode(512, 2101 + i), profile, seed=COLD_SEEDS + i,
+                      memo=memo)
         cold_times.append(time.perf_counter() - t)
 
     serving_times = []
     for i in range(args.repeat):
         t = time.perf_counter()
-        simulate_step(model, plan, Batch.decode(512, 4101 + i), profile, seed=0)
+        simulate_step(model, plan, Batch.decode(512, 4101 + i), profile, seed=0, memo=memo)
         serving_times.append(time.perf_counter() - t)
 
     fast_times, fast_steps = [], []
     for seed in range(WARM_SEEDS, WARM_SEEDS + args.repeat):
         t = time.perf_counter()
-        r = simulate_step(model, plan, batch, profile, seed=seed)
+        r = simulate_step(model, plan, batch, profile, seed=seed, memo=memo)
         fast_times.append(time.perf_counter() - t)
         fast_steps.append(r.step_ms)
 
     exact_times, exact_steps = [], []
     for seed in range(WARM_SEEDS, WARM_SEEDS + min(args.repeat, 3)):
         t = time.perf_counter()
-        r = simulate_step(model, plan, batch, profile, seed=seed, mode="exact")
+        r = simulate_step(model, plan, batch, profile, seed=seed, mode="exact", memo=memo)
         exact_times.append(time.perf_counter() - t)
         exact_steps.append(r.step_ms)
 

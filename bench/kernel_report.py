@@ -25,10 +25,10 @@ from epsim.model import Batch, load_model, make_plan
 from epsim.model.errors import EpsimError
 from epsim.model.plan import with_implied_fusions
 from epsim.model.shipped import shipped_text
-from epsim.sim.hardware import load_profile
+from epsim.sim.hardware.profile import load_profile
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
-from epsim.sim.step import simulate_step
-from epsim.sim.workload import WorkloadSpec
+from epsim.sim.step.simulate import simulate_step
+from epsim.sim.workload.spec import WorkloadSpec
 
 REPORT_4096 = 21224.6  # decode tok/s at concurrency 4096, the public report (a check)
 MODEL = "deepseek-r1"
@@ -146,7 +146,7 @@ def side_by_side_with_aiconfigurator(hardware: str = "h200") -> None:
 @contextmanager
 def edited_profile(name: str, edit: Callable[[dict], None]) -> Iterator[str]:
     """A temporary copy of shipped profile ``name`` changed by ``edit`` (a path to load)."""
-    obj = json.loads(shipped_text("epsim.sim", "profiles", name))
+    obj = json.loads(shipped_text("epsim.sim.hardware", "profiles", name))
     edit(obj)
     with tempfile.TemporaryDirectory(prefix="epsim-sens-") as folder:
         path = Path(folder, f"{name}.json")
@@ -173,7 +173,7 @@ def _scale_tables(kinds: tuple[str, ...], factor: float) -> Callable[[dict], Non
 
 def _mi325x_rows(factor: float) -> Callable[[dict], None]:
     """MI300X's fused-MoE and GEMM tables replaced by MI325X's own rows times ``factor``."""
-    donor = json.loads(shipped_text("epsim.sim", "profiles", "mi325x"))
+    donor = json.loads(shipped_text("epsim.sim.hardware", "profiles", "mi325x"))
 
     def edit(obj: dict) -> None:
         mine = obj["kernels"]["sets"][obj["kernels"]["default"]]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from epsim.model import Batch, load_model, make_plan  # noqa: E402
 from epsim.model.loads import read_loads  # noqa: E402
-from epsim.sim.hardware import load_profile  # noqa: E402
-from epsim.sim.step import simulate_step  # noqa: E402
+from epsim.sim.hardware.profile import load_profile  # noqa: E402
+from epsim.sim.step.simulate import simulate_step  # noqa: E402
 
 MODEL = load_model("deepseek-r1")
 # the roofline alone (kernel set "none"): the tables of docs/simulator.md are its figures

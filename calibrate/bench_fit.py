@@ -1,12 +1,12 @@
 """Fit a profile's factors to measured benchmark runs (``epsim calibrate --from-bench``).
 
-A measured run (``epsim.sim.bench_results.BenchResult``) is replayed through the simulator
-(``epsim.sim.bench_replay``) under one deployment; a small named set of factors (:data:`FACTORS`)
+A measured run (``epsim.sim.workload.bench_results.BenchResult``) is replayed through the simulator
+(``epsim.sim.replay``) under one deployment; a small named set of factors (:data:`FACTORS`)
 is fitted to several runs by least squares on the log of the factors:
 
     op factors   attention, grouped_gemm (MoE), gemm (dense), communication, other: a multiplier
                  on the final time of that class of ops (``efficiency.op_final_scale``, under any
-                 kernel set: ``epsim.sim.cost.final_scaled``)
+                 kernel set: ``epsim.sim.step.roofline.final_scaled``)
     host         the engine's host time per step, ms (``efficiency.host_ms_per_step``; it acts
                  under ``--engine`` only, overlapped with the GPU: a step lasts max(GPU, host))
 
@@ -49,11 +49,11 @@ from typing import Any
 import numpy as np
 
 from epsim.model.errors import EpsimError
-from epsim.sim.bench_replay import replay
-from epsim.sim.bench_results import BenchResult
-from epsim.sim.engine_presets import HOST_MS_PER_STEP
-from epsim.sim.hardware import load_profile, profile_from_dict
+from epsim.sim.hardware.profile import load_profile, profile_from_dict
+from epsim.sim.replay import replay
 from epsim.sim.scenario import Scenario, StepCache
+from epsim.sim.serving.presets import HOST_MS_PER_STEP
+from epsim.sim.workload.bench_results import BenchResult
 
 #: a factor needs a fitted metric it moves by at least this (d log metric / d log factor)
 SENSITIVITY_MIN = 1e-3

@@ -1,6 +1,6 @@
 """Fitting a hardware profile to microbenchmark tables (pure numpy/pandas; no torch).
 
-The model fitted is the simulator's own (``sim/cost.py``, ``sim/hardware.py``):
+The model fitted is the simulator's own (``sim/step/roofline.py``, ``sim/hardware/profile.py``):
 
     compute op of kind k:   t = overhead[k] + scale[k] * max(flops / F, bytes / B)
                             (``scale["gemm"] = 1``: GEMMs define the roofline F and B)
@@ -71,7 +71,7 @@ class ComputeFit:
 
 def with_classes(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``kind`` replaced by the op class the simulator keys fitted figures on
-    (``epsim.sim.cost.op_class``: batched GEMMs are ``gemm.batched``)."""
+    (``epsim.sim.step.roofline.op_class``: batched GEMMs are ``gemm.batched``)."""
     if "gemm_batch" not in df or df.empty:
         return df
     batched = (df["kind"] == "gemm") & (df["gemm_batch"].fillna(1) > 1)

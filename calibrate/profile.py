@@ -24,7 +24,8 @@ import pandas as pd
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import reserve_outputs, staged_path
 from epsim.model.trace import write_json_atomic
-from epsim.sim.hardware import EFFICIENCY_KEYS, load_profile, profile_from_dict
+from epsim.sim.hardware.efficiency import EFFICIENCY_KEYS
+from epsim.sim.hardware.profile import load_profile, profile_from_dict
 
 from . import fit as F
 from .exchange_fits import DEFAULT_EXCHANGE_FIT
@@ -101,7 +102,7 @@ def profile_from_tables(tables: dict[str, pd.DataFrame], name: str, device: str,
         exchange_fit: the exchange model (``calibrate/exchange_fits.py``).
 
     Returns:
-        A JSON-ready profile dict, checked by ``epsim.sim.hardware.profile_from_dict``.
+        A JSON-ready profile dict, checked by ``epsim.sim.hardware.profile.profile_from_dict``.
     """
     ops, steps, ranks, a2a, cont = (tables[t] for t in TABLES)
     # a CPU core computes and moves bytes in turn (sum); a GPU overlaps them (max)

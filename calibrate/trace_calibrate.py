@@ -19,7 +19,7 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.model.opgraph import Batch
-from epsim.sim.hardware import HardwareProfile
+from epsim.sim.hardware.profile import HardwareProfile
 
 from .kernel_names import FAMILIES, KernelFamily, classify, short_name
 from .kineto import GpuKernel, KinetoTrace, Span, kernels_under
@@ -158,8 +158,8 @@ def simulate_kinds(dep: Deployment, kernels: str | None = None,
     end). ``kernels`` overrides ``dep.kernels``; ``profile`` replaces ``dep.hardware``."""
     from epsim.model import load_model, make_plan
     from epsim.model.plan import with_implied_fusions
-    from epsim.sim.hardware import load_profile
-    from epsim.sim.step import simulate_step
+    from epsim.sim.hardware.profile import load_profile
+    from epsim.sim.step.simulate import simulate_step
 
     model = load_model(dep.model)
     chosen = kernels if kernels is not None else dep.kernels
@@ -208,7 +208,7 @@ def fit_trace(dep: Deployment, measured: Mapping[str, float], raw: Mapping[str, 
     ``op_time_scale`` acts): ``rounds`` fixed-point rounds of :func:`fit_factors`, since an op's
     timeline duration also moves with the communication overlapping it. Returns the profile
     object and the roofline's ``{kind: us}`` under it."""
-    from epsim.sim.hardware import profile_from_dict
+    from epsim.sim.hardware.profile import profile_from_dict
 
     obj, fitted = copy.deepcopy(dict(raw)), False
     for _ in range(rounds):

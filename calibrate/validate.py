@@ -9,7 +9,7 @@ A grid file is a JSON list of runtime configurations::
 (``ep``, ``dp``, ``dbo``, ``placement`` optional; defaults as ``epsim run``.) Each case runs on
 local ranks through ``epsim.runtime.launch.launch_local`` (``epsim run``'s machinery; the cases of one
 world size share one launch) with per-op tracing, and the same model, plan, placement and batch
-go through ``epsim.sim.step.simulate_step`` under the profile, one simulated step per timed runtime
+go through ``epsim.sim.step.simulate.simulate_step`` under the profile, one simulated step per timed runtime
 step (the context grows by one per step, as in the runtime).
 
 Disjointness: a fitted profile lists the configurations its microbenchmarks ran
@@ -37,7 +37,7 @@ from epsim.model.errors import EpsimError, read_json_file
 from epsim.model.opgraph import Batch
 from epsim.model.outputs import check_output_target, staged_path
 from epsim.model.shipped import shipped_names, shipped_text
-from epsim.sim.hardware import HardwareProfile
+from epsim.sim.hardware.profile import HardwareProfile
 
 #: the shipped grid ``epsim validate`` runs without ``--grid`` (``calibrate/grids/cpu.json``)
 DEFAULT_GRID = "cpu"
@@ -234,7 +234,7 @@ def simulate_case(case: Case, profile: HardwareProfile, steps: int) -> dict[str,
         summed op ms]}.
     """
     from epsim.runtime.options import RunOptions, validate
-    from epsim.sim.step import simulate_step
+    from epsim.sim.step import StepMemo, simulate_step
 
     opts = RunOptions(model=case.model, world_size=case.world_size, batch=case.batch,
                       context=case.context, steps=steps, dp=case.dp, ep=case.ep, dbo=case.dbo,
@@ -242,10 +242,11 @@ def simulate_case(case: Case, profile: HardwareProfile, steps: int) -> dict[str,
     model, plan, placement = validate(opts)
     step_ms: list[float] = []
     kind_ms: dict[str, list[float]] = {}
+    memo = StepMemo()  # the case's steps share one structure
     for s in range(1, steps):
         r = simulate_step(model, plan, Batch.decode(case.batch, case.context + s), profile,
                           placement=placement if plan.expert_parallel else None, eplb=False,
-                          seed=s, trace=True, synthetic="uniform")
+                          seed=s, trace=True, synthetic="uniform", memo=memo)
         step_ms.append(r.step_ms)
         per_kind: dict[str, float] = {}
         for e in r.events:
@@ -405,7 +406,7 @@ def validate(profile: str | Path, grid: str | Path, steps: int = 8, repeats: int
 
     from epsim.runtime.options import RunOptions
     from epsim.runtime.options import validate as check_options
-    from epsim.sim.hardware import load_profile
+    from epsim.sim.hardware.profile import load_profile
 
     plot_path = kwargs.pop("plot", plot_path)
     if kwargs:

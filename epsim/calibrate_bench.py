@@ -73,7 +73,7 @@ def _scenario(args: argparse.Namespace):
 def run_bench_fit(args: argparse.Namespace) -> int:
     from epsim.calibrate.bench_fit import fit_bench, fitted_profile
     from epsim.model.outputs import write_text_atomic
-    from epsim.sim.bench_results import read_bench_file
+    from epsim.sim.workload.bench_results import read_bench_file
 
     if args.model is None or args.hardware is None:
         raise EpsimError("--from-bench needs --model and --hardware: the deployment that ran "

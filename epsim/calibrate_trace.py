@@ -53,7 +53,7 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
 
 
 def _hardware(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[str, str]:
-    from epsim.sim.hardware import shipped_profiles
+    from epsim.sim.hardware.profile import shipped_profiles
 
     if args.hardware:
         return args.hardware, "--hardware"
@@ -68,7 +68,7 @@ def _hardware(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[str, str]
 def deployment(args: argparse.Namespace, meta: dict[str, Any], layers: int):
     """The :class:`Deployment` to simulate, or None without ``--model``."""
     from epsim.calibrate.trace_calibrate import Deployment
-    from epsim.sim.hardware import load_profile
+    from epsim.sim.hardware.profile import load_profile
 
     if args.model is None:
         return None
@@ -134,7 +134,7 @@ def _fit(args: argparse.Namespace, trace, dep, mapping) -> dict[str, Any]:
     """Fit ``op_time_scale`` against the roofline (the factors act there) and write it."""
     from epsim.calibrate import trace_calibrate as tc
     from epsim.model.trace import write_json_atomic
-    from epsim.sim.hardware import load_profile
+    from epsim.sim.hardware.profile import load_profile
 
     meta = trace.metadata
     scope = ", ".join(sorted({s for s in mapping.annotations if s})) or "the whole trace"

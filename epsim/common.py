@@ -2,8 +2,8 @@
 
 Every flag a group defines takes its type and range from the validation layer
 (``epsim.inputs``: its choices come from the package that owns them, KV dtypes from
-``epsim.model.plan``, datasets from ``epsim.sim.workload``, ...) and its default from
-:class:`~epsim.sim.scenario.Scenario`'s and :class:`~epsim.sim.workload.WorkloadSpec`'s own
+``epsim.model.plan``, datasets from ``epsim.sim.workload.spec``, ...) and its default from
+:class:`~epsim.sim.scenario.Scenario`'s and :class:`~epsim.sim.workload.spec.WorkloadSpec`'s own
 defaults, so a help text cannot drift from what runs.
 
     model / hardware / plan    what is deployed: ``add_model_arg``, ``add_hardware_arg``,
@@ -34,17 +34,17 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
-from epsim.sim.a2a import AUTO
-from epsim.sim.engine_presets import EPSIM_CHUNKED_PREFILL
-from epsim.sim.metrics import (
+from epsim.sim.hardware.a2a import AUTO
+from epsim.sim.scenario import Scenario
+from epsim.sim.serving.metrics import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
     goodput_slos,
     percentile_word,
 )
-from epsim.sim.request_traces import shipped_traces
-from epsim.sim.scenario import Scenario
-from epsim.sim.workload import WorkloadSpec
+from epsim.sim.serving.presets import EPSIM_CHUNKED_PREFILL
+from epsim.sim.workload.spec import WorkloadSpec
+from epsim.sim.workload.traces import shipped_traces
 
 from .inputs import add_flag
 

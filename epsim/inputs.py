@@ -375,19 +375,23 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.model.eplb import BALANCERS
     from epsim.model.loads import shipped_loads
     from epsim.model.plan import KV_DTYPES, MAX_MTP
-    from epsim.sim.a2a import A2A_CHOICES
-    from epsim.sim.engine_presets import ENGINES
-    from epsim.sim.hardware import shipped_profiles
-    from epsim.sim.metrics import parse_goodput_item, parse_percentile_metrics, parse_percentiles
-    from epsim.sim.request_traces import shipped_traces
-    from epsim.sim.router import ROUTER_NAMES
+    from epsim.sim.hardware.a2a import A2A_CHOICES
+    from epsim.sim.hardware.profile import shipped_profiles
     from epsim.sim.scenario import parse_disagg
-    from epsim.sim.search import STRATEGIES
-    from epsim.sim.serving import DP_BALANCE
-    from epsim.sim.slo import parse_slo
-    from epsim.sim.step import MODES
-    from epsim.sim.tune import OBJECTIVES
-    from epsim.sim.workload import BENCH_CLIENTS, DATASETS
+    from epsim.sim.search.samplers import STRATEGIES
+    from epsim.sim.search.slo import parse_slo
+    from epsim.sim.search.tune import OBJECTIVES
+    from epsim.sim.serving.config import DP_BALANCE
+    from epsim.sim.serving.metrics import (
+        parse_goodput_item,
+        parse_percentile_metrics,
+        parse_percentiles,
+    )
+    from epsim.sim.serving.presets import ENGINES
+    from epsim.sim.serving.router import ROUTER_NAMES
+    from epsim.sim.step.simulate import MODES
+    from epsim.sim.workload.spec import BENCH_CLIENTS, DATASETS
+    from epsim.sim.workload.traces import shipped_traces
 
     disagg = Parsed(parse_disagg, "P:D node counts (e.g. 1:2)", max_len=32)
     return {
@@ -417,7 +421,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--profile": Name(shipped_profiles, "hardware profile"),
         "--base": Name(shipped_profiles, "hardware profile"),
         "--dataset-path": Name(shipped_traces, "dataset file"),
-        "--a2a-mode": Choice(A2A_CHOICES),  # how EP dispatch/combine run (epsim.sim.a2a)
+        "--a2a-mode": Choice(A2A_CHOICES),  # how EP dispatch/combine run (epsim.sim.hardware.a2a)
         "--exchange-fit": Choice(EXCHANGE_FITS),  # calibrate's exchange model
     }
 

@@ -1,5 +1,5 @@
 """The flags of a search (sweep, tune, plan): the SLO, the search space, and where the points
-run (``sim/executors.py``) and how they are picked (``sim/search.py``); docs/performance.md."""
+run (``sim/search/executors.py``) and how they are picked (``sim/search/samplers.py``); docs/performance.md."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import argparse
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.executors import Executor, make_executor
 from epsim.sim.scenario import Scenario
-from epsim.sim.search import DEFAULT_TRIALS, GRID_MAX_POINTS
-from epsim.sim.tune import OBJECTIVES, SearchOptions, SearchSpace
+from epsim.sim.search.executors import Executor, make_executor
+from epsim.sim.search.samplers import DEFAULT_TRIALS, GRID_MAX_POINTS
+from epsim.sim.search.tune import OBJECTIVES, SearchOptions, SearchSpace
 
 from .common import add_scenario_args, scenario_from_args
 from .inputs import add_flag

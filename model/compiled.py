@@ -1,5 +1,5 @@
 """numba compilation shared by the compiled loops (``model/eplb_kernels*.py``, and
-``sim/engine_walk.py``, which may import epsim.model).
+``sim/step/engine_walk.py``, which may import epsim.model).
 
     numba      the module, or None where it is not installed (every caller then runs the same
                source as Python)

@@ -4,7 +4,7 @@
     side           co-located serving has one side (every node prefills and decodes);
                    disaggregated serving (``disagg=(P, D)``) has a prefill side of P nodes that
                    ships each prompt's KV cache over the NIC to a decode side of D nodes
-    run_scenario   simulate it -> vLLM-style metrics (``epsim.sim.metrics``) plus the deployment echoed
+    run_scenario   simulate it -> vLLM-style metrics (``epsim.sim.serving.metrics``) plus the deployment echoed
     StepCache      step-time models shared between runs, keyed by everything a step depends on,
                    so a sweep over concurrencies simulates each (batch, context) grid point once
 
@@ -26,36 +26,42 @@ import numpy as np
 from epsim.model import accounting
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError
+from epsim.model.loads import read_loads
 from epsim.model.mtp import DEFAULT_ACCEPTANCE, expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, ParallelPlan, make_plan, with_implied_fusions
-
-from . import a2a
-from .engine_presets import (
+from epsim.sim.hardware import a2a
+from epsim.sim.hardware.profile import HardwareProfile, load_profile
+from epsim.sim.serving.config import ServingConfig
+from epsim.sim.serving.instances import aggregate, instance_metrics
+from epsim.sim.serving.metrics import (
+    DEFAULT_PERCENTILE_METRICS,
+    DEFAULT_PERCENTILES,
+    compute_metrics,
+)
+from epsim.sim.serving.presets import (
     Deployment,
     EngineOverrides,
     EngineSettings,
     engine_dbo_default,
     engine_settings,
 )
-from .hardware import HardwareProfile, load_profile
-from .instances import aggregate, instance_metrics
-from .metrics import DEFAULT_PERCENTILE_METRICS, DEFAULT_PERCENTILES, compute_metrics
-from .request_traces import arrival_rate
-from .serving import (
-    ServingConfig,
-    ServingRun,
+from epsim.sim.serving.simulate import ServingRun, simulate_serving
+
+# the serving side's one door to the step simulator (StepMemo: what its models share)
+from epsim.sim.serving.step_time import (
+    EngineStepTime,
     SimulatedStepTime,
+    StepMemo,
     StepTimeModel,
-    simulate_serving,
 )
-from .step_time import EngineStepTime
-from .workload import (
+from epsim.sim.workload.spec import (
     Requests,
     WorkloadSpec,
     check_context,
     check_requests_context,
     sample_requests,
 )
+from epsim.sim.workload.traces import arrival_rate
 
 #: builds the step-time model of one side of a deployment (tests pass analytic ones)
 StepModelFactory = Callable[[ModelConfig, ParallelPlan, HardwareProfile, "Scenario"], StepTimeModel]
@@ -78,14 +84,14 @@ class Scenario:
     step_mode: the step simulator's mode.
     kernels: the hardware profile's kernel set (``None``: its default; ``"none"``: the roofline
         alone); the fusions the set implies join both sides' plans. Example: ``"aiter"``.
-    a2a_mode: how EP dispatch/combine run across nodes (``sim/a2a.py``): ``"auto"`` (each
+    a2a_mode: how EP dispatch/combine run across nodes (``sim/hardware/a2a.py``): ``"auto"`` (each
         step's phase decides, as SGLang's ``--deepep-mode auto``), ``"low_latency"`` or
         ``"normal"``.
     redundant_experts: replica slots per MoE layer on both sides' plans (``ep`` must divide
         experts + R; the replicas are chosen by the balancer from ``loads``). Example: 32.
     mtp / mtp_acceptance: MTP speculative decoding: draft tokens per decode step (0: off; both
         sides' plans run the draft module) and each draft's acceptance probability.
-    engine: an engine preset (``"vllm"``, ``"sglang"``, ``"split"``: ``sim/engine_presets.py``)
+    engine: an engine preset (``"vllm"``, ``"sglang"``, ``"split"``: ``sim/serving/presets.py``)
         or ``None`` (epsim's own ``prefill_first``); ``dbo`` ``None`` takes the engine's default.
     max_num_seqs / max_num_batched_tokens / cuda_graph_max_bs / host_ms_per_step: explicit
         values in place of the engine's (``None``: the engine's).
@@ -93,7 +99,7 @@ class Scenario:
         with any, the result has ``request_goodput``.
     instance_nodes: each side (prefill and decode under ``disagg``, else ``nodes``) cut into
         independent instances of this many nodes, each running the side's plan over its own
-        GPUs, behind ``router`` (``sim/router.py``); ``None``: one instance per side.
+        GPUs, behind ``router`` (``sim/serving/router.py``); ``None``: one instance per side.
         Example: 1 (``disagg=(2, 3)``: 2 prefill and 3 decode instances of one node).
     prefill_tp / prefill_dp / prefill_ep: the prefill side's plan under ``disagg`` (``None``:
         the decode side's tp and EP choice over a prefill instance's GPUs).
@@ -242,35 +248,40 @@ def scenario_layout(sc: Scenario) -> Layout:
 # --------------------------------------------------------------------------------------------
 
 
-def simulated_step_model(model: ModelConfig, plan: ParallelPlan, profile: HardwareProfile,
-                         sc: Scenario) -> StepTimeModel:
-    """The default factory: the step simulator behind the (batch, context) memo."""
-    loads = None
-    if sc.loads:
-        from epsim.model.loads import read_loads
-        loads = read_loads(sc.loads)
-    return SimulatedStepTime(model, plan, profile, loads=loads, eplb=sc.eplb, mode=sc.step_mode,
-                             seed=sc.workload.seed)
-
-
 @dataclass
 class StepCache:
     """Step-time models shared between runs, keyed by what a step depends on.
+
+    factory: builds one side's step-time model (tests pass analytic ones); None: the step
+        simulator behind the (batch, context) memo, every model sharing ``memo``.
+    models: ``(model name, plan, profile fingerprint, eplb, loads, step mode, seed) -> model``.
+    memo: the step simulator's kept values (``epsim.sim.step.StepMemo``: compiled steps,
+        routing samples, op costs), owned here and passed to every simulated model.
 
     Unbounded on purpose: one entry per distinct plan a search visits (a few dozen at most), each
     worth many step simulations; its owner (see the module docstring) decides its lifetime.
     """
 
-    factory: StepModelFactory = simulated_step_model
+    factory: StepModelFactory | None = None
     models: dict[tuple[Any, ...], StepTimeModel] = field(default_factory=dict)
+    memo: StepMemo = field(default_factory=StepMemo)
 
     def get(self, model: ModelConfig, plan: ParallelPlan, profile: HardwareProfile,
             sc: Scenario) -> StepTimeModel:
         key = (model.name, plan, profile.fingerprint, sc.eplb, sc.loads, sc.step_mode,
                sc.workload.seed)
         if key not in self.models:
-            self.models[key] = self.factory(model, plan, profile, sc)
+            self.models[key] = (self.factory(model, plan, profile, sc) if self.factory is not None
+                                else self._simulated(model, plan, profile, sc))
         return self.models[key]
+
+    def _simulated(self, model: ModelConfig, plan: ParallelPlan, profile: HardwareProfile,
+                   sc: Scenario) -> StepTimeModel:
+        """The step simulator behind the (batch, context) memo, sharing this cache's memo."""
+        return SimulatedStepTime(model, plan, profile,
+                                 loads=read_loads(sc.loads) if sc.loads else None,
+                                 eplb=sc.eplb, mode=sc.step_mode, seed=sc.workload.seed,
+                                 memo=self.memo)
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,7 +421,7 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     request's gaps (the serving trace, vLLM's per-request lists; ``simulate_serving``);
     ``progress(finished, total)``: the requests finished so far, about every 1/200 of them.
     ``requests``: these requests in place of sampling ``sc.workload`` (a measured benchmark
-    replayed: ``epsim.sim.bench_results``); each must fit the model's context.
+    replayed: ``epsim.sim.workload.bench_results``); each must fit the model's context.
     """
     t0 = time.perf_counter()
     cache = cache or StepCache()
@@ -467,7 +478,7 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
 def _instance_entries(run: ServingRun, metrics: dict[str, Any], sc: Scenario, lay: Layout,
                       plans: dict[str, ParallelPlan | None], plan: ParallelPlan, gpn: int
                       ) -> list[dict[str, Any]]:
-    """Each instance's figures (``sim/instances.py``) with its nodes and plan."""
+    """Each instance's figures (``sim/serving/instances.py``) with its nodes and plan."""
     entries = instance_metrics(run, metrics["duration"], sc.percentiles, sc.percentile_metrics)
     out = []
     for e in entries:

@@ -1,6 +1,6 @@
 """Analytic step-time models for the serving tests (results computable by hand).
 
-Not a step simulator: ``epsim`` itself always uses ``epsim.sim.step.simulate_step``.
+Not a step simulator: ``epsim`` itself always uses ``epsim.sim.step.simulate.simulate_step``.
 """
 
 from dataclasses import dataclass

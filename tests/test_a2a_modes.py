@@ -1,4 +1,4 @@
-"""EP exchange modes (sim/a2a.py): node-then-GPU traffic on hand-computed cases, the low-latency
+"""EP exchange modes (sim/hardware/a2a.py): node-then-GPU traffic on hand-computed cases, the low-latency
 kernels' missing comm interference, the mode-tagged internode tables, and single-node results
 that no mode changes."""
 
@@ -9,12 +9,14 @@ import pytest
 
 from epsim.model import Batch, build_step_graph, load_model, make_plan
 from epsim.model.errors import EpsimError
-from epsim.sim import a2a, cost, kernel_cost
-from epsim.sim.engine import run_exact, run_fast
-from epsim.sim.hardware import load_profile
-from epsim.sim.kernels import lookup, parse_kernels
-from epsim.sim.routing import RoutingSample, node_tokens, once_per_destination
-from epsim.sim.step import simulate_step
+from epsim.sim.hardware import a2a
+from epsim.sim.hardware.kernel_sets import lookup, parse_kernels
+from epsim.sim.hardware.profile import load_profile
+from epsim.sim.step import op_cost, roofline
+from epsim.sim.step.engine import run_fast
+from epsim.sim.step.exact import run_exact
+from epsim.sim.step.routing import RoutingSample, node_tokens, once_per_destination
+from epsim.sim.step.simulate import simulate_step
 from tests.test_sim_engine import both, program
 
 R1 = load_model("deepseek-r1")
@@ -87,7 +89,7 @@ def test_collective_time_of_the_two_node_case_by_hand():
     # switch: the busiest GPU port; member 3 receives 16 rows and sends 22 inside node 1
     t_intra = 22 * row / e.link_bandwidth_usable
     t_nic = 8 * row / e.nic_bandwidth_usable  # member 3 sends 8, member 1 receives 8
-    assert float(cost.collective_time("dispatch", hier, p, nodes, captured=True)) == \
+    assert float(roofline.collective_time("dispatch", hier, p, nodes, captured=True)) == \
         pytest.approx(e.a2a_latency_s + max(t_intra, t_nic), rel=1e-12)
 
 
@@ -120,12 +122,12 @@ def test_nominal_hierarchical_dispatch_two_nodes_by_hand():
     # for its remote twin (2 x per_peer); the NIC one row per token for the other node
     want = e.a2a_latency_s + max(2 * per_peer * row / e.link_bandwidth_usable,
                                  node_hit * row / e.nic_bandwidth_usable)
-    got = kernel_cost.nominal_collective(op, p, nodes, True, NORMAL)
+    got = op_cost.nominal_collective(op, p, nodes, True, NORMAL)
     assert got == pytest.approx(want, rel=1e-12)
     # flat: 1 local peer over the fabric, 2 remote peers each over the NIC
     flat = e.a2a_latency_s + max(per_peer * row / e.link_bandwidth_usable,
                                  2 * per_peer * row / e.nic_bandwidth_usable)
-    assert kernel_cost.nominal_collective(op, p, nodes, True, LL) == pytest.approx(flat, rel=1e-12)
+    assert op_cost.nominal_collective(op, p, nodes, True, LL) == pytest.approx(flat, rel=1e-12)
     assert got < flat  # the node-level de-duplication halves the NIC bytes here
 
 
@@ -218,8 +220,8 @@ def test_a_decode_batch_beside_a_prefill_runs_its_exchanges_as_the_prefill():
     # one all-to-all runs in one mode: across nodes, auto makes a step with any prefilling rank
     # run every rank's exchanges in the prefill's (normal) mode, as SGLang's OR over DP ranks
     from epsim.sim.scenario import Scenario, StepCache, engine_step_time
-    from epsim.sim.step_time import StepPolicy
-    from epsim.sim.workload import WorkloadSpec
+    from epsim.sim.serving.step_time import StepPolicy
+    from epsim.sim.workload.spec import WorkloadSpec
 
     assert a2a.with_prefill_choice("auto", True) == "normal"
     assert a2a.with_prefill_choice("auto", False) == "auto"  # the phases agree: no new model

@@ -15,8 +15,8 @@ from epsim.model.config import load_model
 from epsim.model.errors import EpsimError
 from epsim.model.opgraph import Batch
 from epsim.model.plan import make_plan
-from epsim.sim.hardware import load_profile, profile_from_dict
-from epsim.sim.step import simulate_step
+from epsim.sim.hardware.profile import load_profile, profile_from_dict
+from epsim.sim.step.simulate import simulate_step
 
 
 def perturbed(raw, scale=None, host=None):

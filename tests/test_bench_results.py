@@ -9,11 +9,20 @@ import pytest
 from conftest import REPO
 
 from epsim.model.errors import EpsimError
-from epsim.sim.bench_results import even_lengths, parse_bench, read_bench_file
-from epsim.sim.bench_write import max_concurrent_requests, max_output_tokens_per_s, vllm_result
-from epsim.sim.metrics import good_requests, goodput_slos, parse_goodput_item, per_request_itls_s
-from epsim.sim.serving import ServingRun
-from epsim.sim.workload import BENCH_CLIENTS, Requests, WorkloadSpec, sample_requests
+from epsim.sim.serving.bench_write import (
+    max_concurrent_requests,
+    max_output_tokens_per_s,
+    vllm_result,
+)
+from epsim.sim.serving.metrics import (
+    good_requests,
+    goodput_slos,
+    parse_goodput_item,
+    per_request_itls_s,
+)
+from epsim.sim.serving.simulate import ServingRun
+from epsim.sim.workload.bench_results import even_lengths, parse_bench, read_bench_file
+from epsim.sim.workload.spec import BENCH_CLIENTS, Requests, WorkloadSpec, sample_requests
 
 #: a vllm bench serve --save-result file without --save-detailed (keys as serve.py writes them)
 VLLM = {

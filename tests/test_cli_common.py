@@ -7,8 +7,8 @@ from epsim.cli import build_parser
 from epsim.common import scenario_from_args
 from epsim.search_args import search_base_from_args, search_space_from_args
 from epsim.sim.scenario import Scenario
-from epsim.sim.tune import SearchSpace
-from epsim.sim.workload import WorkloadSpec
+from epsim.sim.search.tune import SearchSpace
+from epsim.sim.workload.spec import WorkloadSpec
 
 R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
 

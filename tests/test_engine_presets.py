@@ -8,7 +8,9 @@ import pytest
 from serving_models import Affine, affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.engine_presets import (
+from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.serving import ServingConfig, simulate_serving
+from epsim.sim.serving.presets import (
     EPSIM_CHUNKED_PREFILL,
     HOST_MS_PER_STEP,
     Deployment,
@@ -18,10 +20,8 @@ from epsim.sim.engine_presets import (
     sglang_max_running,
     vllm_batch_defaults,
 )
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
-from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.step_time import EngineStepTime, StepCost, StepPolicy
-from epsim.sim.workload import Requests, WorkloadSpec
+from epsim.sim.serving.step_time import EngineStepTime, StepCost, StepPolicy
+from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 GB = 1e9
 #: DeepSeek-R1 on 8x MI300X, DP8/EP8, FP8 KV: one rank's KV tokens and the model's context

@@ -5,8 +5,8 @@ from epsim.model import EpsimError, load_model
 from epsim.model.eplb import balance_placement
 from epsim.model.loads import read_loads
 from epsim.model.placement import Placement
-from epsim.sim.hardware import load_profile
-from epsim.sim.rebalance import (
+from epsim.sim.hardware.profile import load_profile
+from epsim.sim.step.rebalance import (
     LINK_EFFICIENCY,
     OnlineRebalancer,
     RebalancePolicy,
@@ -90,7 +90,7 @@ def test_online_rebalancing_follows_a_workload_shift():
 
 
 def test_timed_rebalancing_charges_the_move_to_its_step():
-    from epsim.sim.rebalance import simulate_timed_rebalancing
+    from epsim.sim.step.rebalance import simulate_timed_rebalancing
 
     a = read_loads("prefill_in2048")
     b = read_loads("decode_in2000out100")
@@ -118,7 +118,7 @@ def test_timed_rebalancing_charges_the_move_to_its_step():
 def test_online_eplb_through_the_step_simulator():
     from epsim.model import make_plan
     from epsim.model.opgraph import Batch
-    from epsim.sim.rebalance import simulate_online_eplb
+    from epsim.sim.step.rebalance import simulate_online_eplb
 
     model = load_model("deepseek-r1")
     plan = make_plan(model, dp=8, ep=8)

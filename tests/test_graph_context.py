@@ -1,6 +1,6 @@
 """Only the attention cores of a step read its batch's context (``model.graph.CONTEXT_KINDS``):
 a batch costed at one context is recosted at another from its attention cores alone
-(``sim.step_compile``), which holds only if every other op is the same at every context."""
+(``sim.step.compile``), which holds only if every other op is the same at every context."""
 
 import dataclasses
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from epsim.model import EpsimError
-from epsim.sim.hardware import load_profile, shipped_profiles
+from epsim.sim.hardware.profile import load_profile, shipped_profiles
 
 
 def test_shipped_profiles_carry_design_figures():

@@ -19,9 +19,9 @@ from epsim.model.errors import EpsimError
 from epsim.model.graph import build_step_graph
 from epsim.model.opgraph import Batch
 from epsim.model.plan import make_plan
-from epsim.sim.hardware import load_profile, profile_from_dict
-from epsim.sim.step import simulate_step
-from epsim.sim.step_holds import host_holds
+from epsim.sim.hardware.profile import load_profile, profile_from_dict
+from epsim.sim.step.holds import host_holds
+from epsim.sim.step.simulate import simulate_step
 
 
 def _with(key: str, value) -> dict:
@@ -198,7 +198,7 @@ def test_comm_slowdown_is_fitted_and_looked_up_per_world_size():
 
 
 def test_a_steps_comm_slowdown_is_its_ranks_per_nodes_entry():
-    from epsim.sim.step import simulate_step
+    from epsim.sim.step.simulate import simulate_step
 
     model = load_model("deepseek-r1")
     plan = make_plan(model, dp=8, ep=8)  # 8 ranks on the node, DBO: exchanges overlap compute
@@ -231,7 +231,7 @@ def test_exchange_records_sum_the_compute_since_the_previous_exchange():
 
 
 def test_stragglers_grow_with_the_compute_issued_since_the_previous_exchange():
-    from epsim.sim.step_holds import stragglers
+    from epsim.sim.step.holds import stragglers
 
     ops, groups = _ops(4)
     raw = _with("exchange_straggler_fraction", {"2": 0.1, "4": 0.5})
@@ -410,8 +410,8 @@ def test_in_step_hold_is_a_fixed_part_plus_a_share_of_the_compute_since_the_last
 
 
 def test_a_dispatch_holds_the_host_its_share_of_the_compute_since_the_previous_exchange():
-    from epsim.sim import step_compile
-    from epsim.sim.step_compile import compile_step
+    from epsim.sim.step import StepMemo
+    from epsim.sim.step.compile import compile_step
 
     model = load_model("deepseek-r1")
     plan = make_plan(model, dp=8, ep=8, graph_mode=False)  # eager: the host is held
@@ -422,8 +422,10 @@ def test_a_dispatch_holds_the_host_its_share_of_the_compute_since_the_previous_e
     assert profile.require_efficiency().host_block_fraction(1) == 0.0
     assert profile.require_efficiency().host_block_fraction(4) == pytest.approx(0.15)
 
-    def release(batch):
-        comp = compile_step(model, plan, batch, profile)
+    memo = StepMemo()
+
+    def release(batch, memo=memo):
+        comp = compile_step(model, plan, batch, profile, memo)
         prog = comp.program
         since, want = 0.0, []
         for i, op in enumerate(comp.ops):  # the compute issued since the previous exchange
@@ -440,10 +442,8 @@ def test_a_dispatch_holds_the_host_its_share_of_the_compute_since_the_previous_e
     first = release(Batch.decode(64, 900))  # builds the structure
     recosted = release(Batch.decode(96, 1200))  # costed on it
     assert recosted.max() > first.max()  # more compute between exchanges, a longer hold
-    step_compile._compiled.clear()
-    step_compile._structures.clear()
-    step_compile._costed.clear()
-    assert np.array_equal(release(Batch.decode(96, 1200)), recosted)  # a fresh build's
+    # a fresh build's
+    assert np.array_equal(release(Batch.decode(96, 1200), StepMemo()), recosted)
     with pytest.raises(EpsimError, match="a2a_host_block_fraction.2 must be a non-negative"):
         bad = json.loads(json.dumps(raw))
         bad["efficiency"]["a2a_host_block_fraction"] = {"2": -0.1}

@@ -7,15 +7,15 @@ from serving_models import Affine, affine_factory
 
 from epsim.cli import main
 from epsim.model.errors import EpsimError
-from epsim.sim.capacity import plan_capacity
-from epsim.sim.instances import aggregate, instance_metrics
-from epsim.sim.metrics import compute_metrics
-from epsim.sim.router import LeastLoaded, RoundRobin, make_router
 from epsim.sim.scenario import Scenario, StepCache, run_scenario, scenario_layout
+from epsim.sim.search.capacity import plan_capacity
+from epsim.sim.search.slo import parse_slo
+from epsim.sim.search.tune import SearchSpace
 from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.slo import parse_slo
-from epsim.sim.tune import SearchSpace
-from epsim.sim.workload import Requests, WorkloadSpec
+from epsim.sim.serving.instances import aggregate, instance_metrics
+from epsim.sim.serving.metrics import compute_metrics
+from epsim.sim.serving.router import LeastLoaded, RoundRobin, make_router
+from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
 BENCH = ["--isl", "100", "--osl", "10", "--num-prompts", "8"]

@@ -1,4 +1,4 @@
-"""Measured kernel tables (sim/kernels.py, sim/kernel_cost.py) on a SYNTHETIC test profile.
+"""Measured kernel tables (sim/hardware/kernel_sets.py, sim/step/op_cost.py) on a SYNTHETIC test profile.
 
 tests/data/mi300x-kernels-test.json is the shipped mi300x profile plus a kernels section of
 made-up times (its sources say so): nothing here is a measurement.
@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_plan
 from epsim.model.opgraph import Op
-from epsim.sim import cost, kernel_cost
-from epsim.sim.hardware import load_profile, profile_from_dict
-from epsim.sim.kernels import FEATURES, lookup, parse_kernels
-from epsim.sim.step import simulate_step
+from epsim.sim.hardware.kernel_sets import FEATURES, lookup, parse_kernels
+from epsim.sim.hardware.profile import load_profile, profile_from_dict
+from epsim.sim.step import op_cost
+from epsim.sim.step.simulate import simulate_step
 
 DATA = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
 RAW = json.loads(DATA.read_text())
@@ -72,7 +72,7 @@ def test_every_published_point_is_reproduced_exactly():
     moe = PROF.kernels.sets["synthetic"].tables[("grouped_gemm", "fp8", "intra")]
     assert 671.55e-6 in moe.seconds.tolist() and 470.75e-6 in moe.seconds.tolist()
     # and through the cost model: a GEMM at a measured shape takes the measured time
-    assert cost.op_time(_gemm(256, 1536, 7168), PROF) == 60e-6
+    assert op_cost.op_time(_gemm(256, 1536, 7168), PROF) == 60e-6
 
 
 @settings(max_examples=200, deadline=None)
@@ -111,21 +111,21 @@ def test_outside_the_table_scales_the_nearest_point_by_the_roofline():
     def roof(m):  # FP8 GEMM roofline, 16-row tiles, 1-byte weights, bf16 activations
         return max(2.0 * math.ceil(m / 16) * 16 * n * k / FP8, (n * k + 2.0 * (m * k + m * n)) / BW)
 
-    big = cost.op_time(_gemm(4096, n, k), PROF)  # table's m ends at 1024 (200 us)
+    big = op_cost.op_time(_gemm(4096, n, k), PROF)  # table's m ends at 1024 (200 us)
     assert big == pytest.approx(200e-6 * roof(4096) / roof(1024), rel=1e-12)
-    small = cost.op_time(_gemm(4, n, k), PROF)  # below 16 (20 us): the nearest is m = 16
+    small = op_cost.op_time(_gemm(4, n, k), PROF)  # below 16 (20 us): the nearest is m = 16
     assert small == pytest.approx(20e-6 * roof(4) / roof(16), rel=1e-12)
-    how = kernel_cost.describe(_gemm(4096, n, k), PROF)
+    how = op_cost.describe(_gemm(4096, n, k), PROF)
     assert how["method"] == "table-extrapolated"
     assert how["table"].x[how["points"][0]].tolist() == [1.0, n, k, 1024.0]
     # a shape between two tabled (n, k) pairs has no corners: nearest point, scaled
-    mid = kernel_cost.describe(_gemm(256, 4096, 7168), PROF)
+    mid = op_cost.describe(_gemm(256, 4096, 7168), PROF)
     assert mid["method"] == "table-extrapolated" and 0 < mid["ratio"]
     # a batched GEMM (MLA's absorption) is not what a table without `batch` measured
     batched = _op("gemm", {"batch": 128, "m": 256, "n": 1536, "k": 7168}, flops=1.0, read=1.0,
                   weights=1.0)
-    assert kernel_cost.describe(batched, PROF)["method"] == "roofline"
-    assert cost.op_time(batched, PROF) == cost.op_time(batched, MI)
+    assert op_cost.describe(batched, PROF)["method"] == "roofline"
+    assert op_cost.op_time(batched, PROF) == op_cost.op_time(batched, MI)
 
 
 def test_collective_tables_and_scope():
@@ -136,12 +136,12 @@ def test_collective_tables_and_scope():
     ar = _op("all_reduce", {"tokens": 1, "width": 1, "group": "tp", "group_size": 8},
              read=4e6, dtype="bf16", peers=tuple([1e6] * 8))
     fallback = 1.0
-    assert kernel_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.zeros(8)) == 60e-6
+    assert op_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.zeros(8)) == 60e-6
     far = _op("all_reduce", ar.dims, read=16e6, dtype="bf16", peers=tuple([4e6] * 8))
-    grown = kernel_cost.op_seconds(far, prof, lambda: fallback, nodes=np.zeros(8))
+    grown = op_cost.op_seconds(far, prof, lambda: fallback, nodes=np.zeros(8))
     assert grown > 60e-6 and grown < 4 * 60e-6  # the latency part does not grow
     # an inter-node group finds no intra-node table: the roofline
-    assert kernel_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.arange(8) // 4) == 1.0
+    assert op_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.arange(8) // 4) == 1.0
 
 
 # -- malformed tables ---------------------------------------------------------------------------
@@ -237,8 +237,8 @@ def test_kernel_set_selection():
     # a set scaled from the roofline: decode attention at half the roofline's time
     graph = build_step_graph(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 3000))
     attn = next(op for op in graph if op.kind == "attention_decode")
-    assert cost.op_time(attn, fast_attn) == cost.op_time(attn, MI) / 2.0
-    assert cost.op_time(attn, fast_attn.with_kernels("none")) == cost.op_time(attn, MI)
+    assert op_cost.op_time(attn, fast_attn) == op_cost.op_time(attn, MI) / 2.0
+    assert op_cost.op_time(attn, fast_attn.with_kernels("none")) == op_cost.op_time(attn, MI)
 
 
 def test_a_set_scaled_from_another_set():
@@ -270,8 +270,8 @@ def test_dbo_microbatches_are_looked_up_at_their_own_shapes():
     plan = make_plan(R1, dp=8, ep=8, microbatches=2)
     graph = build_step_graph(R1, plan, Batch.decode(512, 2100))
     moe = [op for op in graph if op.kind == "grouped_gemm"]
-    assert {kernel_cost.op_features(op, 8)["tokens"] for op in moe} == {256.0}
-    assert {cost.op_time(op, PROF, top_k=8) for op in moe} == {470.75e-6}
+    assert {op_cost.op_features(op, 8)["tokens"] for op in moe} == {256.0}
+    assert {op_cost.op_time(op, PROF, top_k=8) for op in moe} == {470.75e-6}
     r = _step(batch=512, dbo=True, explain=True)
     per_op_us = r.op_kinds_ms["grouped_gemm"] / (2 * len(R1.moe_layers)) * 1e3
     assert per_op_us == pytest.approx(470.75, rel=0.1)
@@ -386,16 +386,16 @@ def test_repeated_and_single_swept_values_give_the_array_lookups_results():
         op = g.op(name)
         values = np.round(np.exp(rng.uniform(np.log(0.5), np.log(3e5), 80)) * 8) / 8
         values = rng.choice(values, size=(20, 31))  # 620 values, at most 80 distinct
-        assert len(np.unique(values)) < values.size >= kernel_cost._DISTINCT_FROM
+        assert len(np.unique(values)) < values.size >= op_cost._DISTINCT_FROM
 
         def seconds(v, op=op, top_k=top_k, nodes=nodes):
-            return kernel_cost.routed_seconds(op, shipped, lambda: v,
+            return op_cost.routed_seconds(op, shipped, lambda: v,
                                               lambda: np.full(v.shape, -1.0), top_k=top_k,
                                               nodes=nodes, captured=True)
 
         once = seconds(values)
         flat = values.reshape(-1)
-        step = kernel_cost._DISTINCT_FROM - 1
+        step = op_cost._DISTINCT_FROM - 1
         plain = np.concatenate([seconds(flat[i:i + step]) for i in range(0, flat.size, step)])
         assert once.shape == values.shape and (once > 0).all()
         assert once.reshape(-1).tobytes() == plain.tobytes()

@@ -1,5 +1,5 @@
 """The serving loop's compiled passes against the numpy expressions they replace, element for
-element (sim/loop_kernels.py), and the gap log's buffered counting against counting per emit."""
+element (sim/serving/loop_kernels.py), and the gap log's buffered counting against counting per emit."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from serving_models import Affine, assert_same_metrics
 
-from epsim.sim import run_tally
-from epsim.sim.loop_kernels import emit_tokens, off_ranks, rank_batches, rank_counts, without
-from epsim.sim.metrics import compute_metrics
-from epsim.sim.run_tally import GapLog
 from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.workload import Requests
+from epsim.sim.serving import tally as run_tally
+from epsim.sim.serving.loop_kernels import (
+    emit_tokens,
+    off_ranks,
+    rank_batches,
+    rank_counts,
+    without,
+)
+from epsim.sim.serving.metrics import compute_metrics
+from epsim.sim.serving.tally import GapLog
+from epsim.sim.workload.spec import Requests
 
 
 def _state(seed: int, n: int, ranks: int):
@@ -123,7 +129,7 @@ def test_a_lean_run_counting_its_gaps_in_a_small_buffer_gives_the_same_metrics(m
 
 
 def test_running_counts_kept_as_requests_join_and_leave_equal_a_fresh_count(monkeypatch):
-    from epsim.sim import serving_state
+    from epsim.sim.serving import state as serving_state
 
     checked = []
     count = serving_state.Running.count

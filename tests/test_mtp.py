@@ -11,11 +11,11 @@ from serving_models import Affine
 from epsim.model import Batch, accounting, build_step_graph, load_model, make_plan
 from epsim.model.errors import EpsimError
 from epsim.model.mtp import DEFAULT_ACCEPTANCE, expected_tokens, sample_accepted
-from epsim.sim.metrics import compute_metrics
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
 from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.speculation import DraftAcceptance
-from epsim.sim.workload import Requests, WorkloadSpec
+from epsim.sim.serving.metrics import compute_metrics
+from epsim.sim.serving.speculation import DraftAcceptance
+from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 R1 = load_model("deepseek-r1")
 TINY = load_model("tiny-deepseek")

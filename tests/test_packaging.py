@@ -15,7 +15,7 @@ import pytest
 from epsim.calibrate.validate import DEFAULT_GRID, read_grid, shipped_grids
 from epsim.model.config import shipped_models
 from epsim.model.loads import read_loads, shipped_loads
-from epsim.sim.hardware import shipped_profiles
+from epsim.sim.hardware.profile import shipped_profiles
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("model", "sim", "runtime", "calibrate")

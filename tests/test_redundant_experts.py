@@ -12,9 +12,9 @@ from epsim.model import Batch, accounting, load_model, make_plan
 from epsim.model.errors import EpsimError
 from epsim.model.graph import build_step_graph
 from epsim.model.placement import Placement, contiguous_placement, remap
-from epsim.sim.hardware import load_profile
-from epsim.sim.routing import sample_routing, slot_frequencies
-from epsim.sim.step import simulate_step
+from epsim.sim.hardware.profile import load_profile
+from epsim.sim.step.routing import sample_routing, slot_frequencies
+from epsim.sim.step.simulate import simulate_step
 
 V3 = load_model("deepseek-v3")
 TINY = load_model("tiny-deepseek")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from epsim.model.errors import EpsimError
-from epsim.sim.request_traces import arrival_rate, read_trace, shipped_traces
-from epsim.sim.workload import WorkloadSpec, sample_requests
+from epsim.sim.workload.spec import WorkloadSpec, sample_requests
+from epsim.sim.workload.traces import arrival_rate, read_trace, shipped_traces
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 #: four requests: 0 s, 1.5 s, 1.5 s, 4 s

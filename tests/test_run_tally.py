@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from serving_models import Affine, assert_same_metrics
 
-from epsim.sim.metrics import compute_metrics, latency_stats
-from epsim.sim.run_tally import GapLog, Weighted
 from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.workload import Requests
+from epsim.sim.serving.metrics import compute_metrics, latency_stats
+from epsim.sim.serving.tally import GapLog, Weighted
+from epsim.sim.workload.spec import Requests
 
 PCTS = [0.0, 1.0, 10.0, 25.0, 50.0, 75.0, 90.0, 99.0, 99.9, 100.0]
 
@@ -100,7 +100,7 @@ def test_progress_is_reported_as_requests_finish():
 
 
 def test_reserved_places_tie_after_the_events_queued_before_them():
-    from epsim.sim.serving_state import EventLoop
+    from epsim.sim.serving.state import EventLoop
 
     loop, order = EventLoop(), []
     loop.at(1.0, lambda t: order.append("early"))
@@ -113,7 +113,7 @@ def test_reserved_places_tie_after_the_events_queued_before_them():
 
 
 def test_a_stream_fires_in_the_places_it_reserved():
-    from epsim.sim.serving_state import EventLoop
+    from epsim.sim.serving.state import EventLoop
 
     loop, order = EventLoop(), []
     loop.at(1.0, lambda t: order.append(("early", t)))

@@ -13,8 +13,8 @@ from epsim.model.graph import build_step_graph  # noqa: E402
 from epsim.model.mtp import runtime_accepted  # noqa: E402
 from epsim.model.opgraph import Batch  # noqa: E402
 from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
-from epsim.sim import step as sim_step  # noqa: E402
-from epsim.sim.hardware import load_profile  # noqa: E402
+from epsim.sim.hardware.profile import load_profile  # noqa: E402
+from epsim.sim.step import simulate as sim_step  # noqa: E402
 
 TOL = 1e-4
 

@@ -8,8 +8,8 @@ pytest.importorskip("torch")
 
 from epsim.model.opgraph import Batch  # noqa: E402
 from epsim.runtime import RunOptions, launch_local, validate  # noqa: E402
-from epsim.sim import step as sim_step  # noqa: E402
-from epsim.sim.hardware import load_profile  # noqa: E402
+from epsim.sim.hardware.profile import load_profile  # noqa: E402
+from epsim.sim.step import simulate as sim_step  # noqa: E402
 
 
 def test_runtime_and_simulator_issue_the_same_ops_in_the_same_order():

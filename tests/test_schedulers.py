@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 from serving_models import Affine
 
 from epsim.model.errors import EpsimError
-from epsim.sim.kv_admission import WholeSequence
-from epsim.sim.schedulers import COLOCATED, SCHEDULERS, Counters, scheduler_class
 from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.serving_state import RequestState, SideQueues
-from epsim.sim.workload import Requests
+from epsim.sim.serving.config import COLOCATED
+from epsim.sim.serving.kv_pools import WholeSequence
+from epsim.sim.serving.schedulers import SCHEDULERS, Counters, scheduler_class
+from epsim.sim.serving.state import RequestState, SideQueues
+from epsim.sim.workload.spec import Requests
 
 
 def hand_built(name, capacity=10**6, **cfg):

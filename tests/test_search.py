@@ -8,12 +8,18 @@ import pytest
 from serving_models import affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.executors import Executor, PoolExecutor, chunks, make_executor, split_diagnostics
 from epsim.sim.scenario import Scenario, StepCache
-from epsim.sim.search import choose, constraint_values
-from epsim.sim.slo import parse_slo
-from epsim.sim.tune import SearchOptions, SearchSpace, apply_point, tune
-from epsim.sim.workload import WorkloadSpec
+from epsim.sim.search.executors import (
+    Executor,
+    PoolExecutor,
+    chunks,
+    make_executor,
+    split_diagnostics,
+)
+from epsim.sim.search.samplers import choose, constraint_values
+from epsim.sim.search.slo import parse_slo
+from epsim.sim.search.tune import SearchOptions, SearchSpace, apply_point, tune
+from epsim.sim.workload.spec import WorkloadSpec
 
 TINY = Scenario(model="tiny-deepseek", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=16, isl=128, osl=8))
@@ -65,7 +71,7 @@ def test_workers_2_equals_workers_1():
 def test_an_error_in_a_worker_is_the_same_one_line_error():
     bad = R1.with_(mem_fraction=0.4)  # passes check_scenario; its weights do not fit in a run
     with PoolExecutor(workers=2) as pool, pytest.raises(EpsimError, match="does not fit") as exc:
-        from epsim.sim.executors import run_scenario_task
+        from epsim.sim.search.executors import run_scenario_task
         pool.map(run_scenario_task, [bad, bad.with_(kv_dtype="bf16")])
     assert "\n" not in str(exc.value)
 

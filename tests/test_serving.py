@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 from serving_models import Affine, affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.metrics import compute_metrics
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
-from epsim.sim.serving import MemoStepTime, ServingConfig, StepCost, grid_bracket, simulate_serving
-from epsim.sim.workload import Requests, WorkloadSpec
+from epsim.sim.serving import ServingConfig, StepCost, simulate_serving
+from epsim.sim.serving.metrics import compute_metrics
+from epsim.sim.serving.step_time import MemoStepTime, grid_bracket
+from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 
 def reqs(n, isl, osl, times=None):
@@ -263,7 +264,7 @@ def test_the_loop_pauses_the_cyclic_collector_and_restores_it(enabled_before):
 def test_the_collector_comes_back_when_the_loop_fails():
     import gc
 
-    from epsim.sim.serving import cyclic_gc_paused
+    from epsim.sim.serving.simulate import cyclic_gc_paused
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError), cyclic_gc_paused():

@@ -9,8 +9,8 @@ import pytest
 from serving_models import Affine
 
 from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.serving_trace import request_lanes, write_serving_trace
-from epsim.sim.workload import Requests
+from epsim.sim.serving.trace import request_lanes, write_serving_trace
+from epsim.sim.workload.spec import Requests
 
 
 def reqs(n, isl, osl):

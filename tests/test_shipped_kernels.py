@@ -1,4 +1,4 @@
-"""The shipped profiles' measured kernel tables (sim/profiles/*.json, ``kernels``).
+"""The shipped profiles' measured kernel tables (sim/hardware/profiles/*.json, ``kernels``).
 
 They are written by tools/build_kernel_tables.py from copies of the published tables; these
 tests check what the profiles carry (sources, exact reproduction of published points, the
@@ -21,10 +21,10 @@ import pytest
 
 from epsim.model import Batch, load_model, make_plan
 from epsim.model.plan import Fusion
-from epsim.sim import cost
-from epsim.sim.hardware import load_profile, shipped_profiles
-from epsim.sim.kernels import lookup
-from epsim.sim.step import simulate_step
+from epsim.sim.hardware.kernel_sets import lookup
+from epsim.sim.hardware.profile import load_profile, shipped_profiles
+from epsim.sim.step import op_cost
+from epsim.sim.step.simulate import simulate_step
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "sim" / "profiles"
@@ -164,7 +164,7 @@ def test_mi300x_no_aiter_is_aiter_over_the_up_to_speedups():
     for name, factor in (("L3.moe.experts_shared.mb0", 3.0), ("L3.attn.q_a.mb0", 2.0),
                          ("L3.attn.core.mb0", 17.0)):
         op = next(o for o in graph if o.id == name)
-        assert cost.op_time(op, slow) == pytest.approx(factor * cost.op_time(op, aiter),
+        assert op_cost.op_time(op, slow) == pytest.approx(factor * op_cost.op_time(op, aiter),
                                                        rel=1e-12)
     desc = slow.kernels.sets["no-aiter"].description
     assert "'up to'" in desc and "bound" in desc

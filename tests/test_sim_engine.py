@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epsim.sim.engine import (
+from epsim.sim.step.engine import (
     CATEGORIES,
     Program,
     build_chains,
     collective_waits,
     plan_steps,
-    run_exact,
     run_fast,
 )
+from epsim.sim.step.exact import run_exact
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
 
@@ -211,7 +211,7 @@ def test_two_comm_slots_run_collectives_side_by_side():
 @given(random_programs())
 def test_compiled_walk_equals_its_python_source(prog):
     # the numba-compiled walk and the same function run as Python give the same bits
-    from epsim.sim import engine_walk
+    from epsim.sim.step import engine_walk
 
     compiled = run_fast(prog)
     original = engine_walk.walk

@@ -8,7 +8,7 @@ from epsim.model.eplb import balance_placement
 from epsim.model.graph import prob_rank_hit
 from epsim.model.loads import hottest_to_mean, read_loads
 from epsim.model.placement import Placement, contiguous_placement
-from epsim.sim.routing import sample_routing, slot_frequencies, synthetic_loads
+from epsim.sim.step.routing import sample_routing, slot_frequencies, synthetic_loads
 
 R1 = load_model("deepseek-r1")
 
@@ -74,7 +74,7 @@ def test_replicated_expert_shares_its_frequency_through_remap():
 
 
 def _normal_split_by_arrays(total, probs, rng):
-    """The normal-law split as whole-array numpy (what sim.routing._split_counts computed
+    """The normal-law split as whole-array numpy (what sim.step.routing._split_counts computed
     before its rounding moved into a compiled loop)."""
     mean = total[..., None] * probs
     y = np.sqrt(mean) * rng.standard_normal(mean.shape)
@@ -86,7 +86,7 @@ def _normal_split_by_arrays(total, probs, rng):
 
 
 def test_normal_split_equals_the_array_expression_bit_for_bit():
-    from epsim.sim.routing import NORMAL_SPLIT_MIN_MEAN, _split_counts
+    from epsim.sim.step.routing import NORMAL_SPLIT_MIN_MEAN, _split_counts
 
     g = np.random.default_rng(3)
     for trial in range(120):

@@ -8,8 +8,8 @@ import pytest
 from epsim.model import Batch, EpsimError, load_model, make_plan
 from epsim.model.loads import read_loads
 from epsim.model.placement import contiguous_placement
-from epsim.sim.hardware import load_profile, profile_from_dict
-from epsim.sim.step import simulate_step
+from epsim.sim.hardware.profile import load_profile, profile_from_dict
+from epsim.sim.step.simulate import simulate_step
 
 R1 = load_model("deepseek-r1")
 MI = load_profile("mi300x")
@@ -150,25 +150,34 @@ def test_bad_inputs_are_one_line_errors():
         simulate_step(R1, plan, ACCEPT, profile_from_dict(bare))
 
 
-def test_repeated_calls_reuse_the_compiled_graph():
-    from epsim.sim import step as step_module
+def test_repeated_calls_of_one_owner_reuse_the_compiled_graph():
+    from epsim.sim.step import StepMemo
+    from epsim.sim.step.compile import compile_step
+
     plan = make_plan(R1, dp=8, ep=8)
     batch = Batch.decode(77, 300)
-    simulate_step(R1, plan, batch, MI)
-    first = step_module.compile_step(R1, plan, batch, MI)
-    simulate_step(R1, plan, batch, MI, seed=5)
-    assert step_module.compile_step(R1, plan, batch, MI) is first
+    memo = StepMemo()
+    simulate_step(R1, plan, batch, MI, memo=memo)
+    first = compile_step(R1, plan, batch, MI, memo)
+    simulate_step(R1, plan, batch, MI, seed=5, memo=memo)
+    assert compile_step(R1, plan, batch, MI, memo) is first
+    # another owner's memo shares nothing
+    assert compile_step(R1, plan, batch, MI, StepMemo()) is not first
 
 
 def test_memo_caches_keep_at_most_their_bound():
-    from epsim.sim import step as sim_step
-    from epsim.sim import step_compile
+    from collections import OrderedDict
 
-    loads = sim_step._synthetic_loads(R1, "uniform")
-    assert not loads.flags.writeable  # shared by every caller
-    assert sim_step._synthetic_loads(R1, "uniform") is loads
-    cache = sim_step.OrderedDict()
-    for i in range(step_compile.CACHE_SIZE + 10):
-        step_compile.remember(cache, (i,), i)
-    assert len(cache) == step_compile.CACHE_SIZE
+    from epsim.sim.step import StepMemo
+    from epsim.sim.step import memo as step_memo
+    from epsim.sim.step import simulate as sim_step
+
+    memo = StepMemo()
+    loads = sim_step._synthetic_loads(R1, "uniform", memo)
+    assert not loads.flags.writeable  # shared by every caller of this memo
+    assert sim_step._synthetic_loads(R1, "uniform", memo) is loads
+    cache = OrderedDict()
+    for i in range(step_memo.CACHE_SIZE + 10):
+        step_memo.remember(cache, (i,), i)
+    assert len(cache) == step_memo.CACHE_SIZE
     assert next(iter(cache)) == (10,)  # the oldest went first

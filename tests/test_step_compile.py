@@ -8,9 +8,9 @@ import pytest
 
 from epsim.model import Batch, load_model, make_plan
 from epsim.model.graph import build_representative_ops, build_step_graph, representative_layers
-from epsim.sim import step_compile, step_routing
-from epsim.sim.hardware import load_profile
-from epsim.sim.step import simulate_step
+from epsim.sim.hardware.profile import load_profile
+from epsim.sim.step import StepMemo, routed, simulate_step
+from epsim.sim.step import compile as step_compile
 
 R1 = load_model("deepseek-r1")
 OSS = load_model("gpt-oss-120b")
@@ -18,16 +18,8 @@ MI = load_profile("mi300x")
 H100 = load_profile("h100")
 
 
-def _clear():
-    step_compile._compiled.clear()
-    step_compile._structures.clear()
-    step_compile._costed.clear()
-    step_compile._op_seconds.clear()
-    step_routing.clear_memos()
-
-
 def _fresh(*args, **kwargs):
-    _clear()
+    """A step simulated with nothing kept from any other call (its own fresh memo)."""
     return simulate_step(*args, **kwargs).to_json()
 
 
@@ -78,11 +70,11 @@ SHAPES = [Batch.decode(64, 900), Batch.decode(511, 2100), Batch.decode(1, 50),
 def test_a_recosted_batch_equals_a_fresh_build_bit_for_bit(model, profile, plan_kw):
     plan = make_plan(model, **plan_kw)
     fresh = {b: _fresh(model, plan, b, profile, seed=2) for b in SHAPES}
-    _clear()
+    memo = StepMemo()
     for b in SHAPES:  # the first of each phase builds the structure; the rest are recosted
-        assert simulate_step(model, plan, b, profile, seed=2).to_json() == fresh[b]
+        assert simulate_step(model, plan, b, profile, seed=2, memo=memo).to_json() == fresh[b]
     # decode with 2 microbatches, decode with 1 (a single sequence), prefill with 2 and 1
-    assert len(step_compile._structures) == 4
+    assert len(memo.structures) == 4
 
 
 CONTEXT_FAMILIES = [Batch.decode(64, 900), Batch.decode(64, 2500), Batch.decode(64, 31),
@@ -99,13 +91,14 @@ def test_a_new_context_of_a_costed_batch_equals_a_fresh_build_bit_for_bit(model,
     # are recosted from the first one's ops with their attention cores rebuilt
     plan = make_plan(model, **plan_kw)
     fresh = {b: _fresh(model, plan, b, profile, seed=4) for b in CONTEXT_FAMILIES}
-    _clear()
+    memo = StepMemo()
     for b in CONTEXT_FAMILIES:
-        assert simulate_step(model, plan, b, profile, seed=4).to_json() == fresh[b]
+        assert simulate_step(model, plan, b, profile, seed=4, memo=memo).to_json() == fresh[b]
     # one costing per (phase, sequences, new tokens) recosted: 64 and 511 sequences, a prefill
     # of 3072 new tokens (the first batch of each structure is costed on its full graph)
-    assert len(step_compile._costed) == 3
-    same = [step_compile.compile_step(model, plan, b, profile) for b in CONTEXT_FAMILIES[1:3]]
+    assert len(memo.costed) == 3
+    same = [step_compile.compile_step(model, plan, b, profile, memo)
+            for b in CONTEXT_FAMILIES[1:3]]
     shared = [a is b for a, b in zip(same[0].ops, same[1].ops, strict=True)]
     assert any(shared) and not all(shared)  # the non-attention ops are the same objects
 
@@ -115,8 +108,9 @@ def test_explain_after_a_recost_equals_a_fresh_build_s():
     plan = make_plan(R1, dp=8, ep=8)
     batch = Batch.decode(96, 1500)
     fresh = _fresh(R1, plan, batch, MI, explain=True)
-    simulate_step(R1, plan, Batch.decode(128, 1000), MI)
-    recosted = simulate_step(R1, plan, batch, MI, explain=True).to_json()
+    memo = StepMemo()
+    simulate_step(R1, plan, Batch.decode(128, 1000), MI, memo=memo)
+    recosted = simulate_step(R1, plan, batch, MI, explain=True, memo=memo).to_json()
     assert recosted == fresh
     listed = [i for kind in fresh["kernel_sources"].values() for entry in kind["outside"]
               for i in entry["ops"]]
@@ -133,13 +127,13 @@ def test_a_serving_grid_reuses_samples_and_equals_fresh_steps(plan_kw, eplb):
     calls = [(Batch.decode(200, c), 0) for c in (300, 1100, 2600, 5000)]
     calls += [(Batch.decode(200, 1100), 7), (Batch.decode(96, 1100), 0)]
     fresh = [_fresh(R1, plan, b, MI, seed=s, eplb=eplb) for b, s in calls]
-    _clear()
+    memo = StepMemo()
     for (b, s), want in zip(calls, fresh, strict=True):
-        assert simulate_step(R1, plan, b, MI, seed=s, eplb=eplb).to_json() == want
+        assert simulate_step(R1, plan, b, MI, seed=s, eplb=eplb, memo=memo).to_json() == want
     # three samples (batch 200 with seed 0 and 7, batch 96), each costed once: the memo was used
-    assert len(step_routing._samples) == 3
-    assert len(step_routing._routed) == 3  # the full-graph batch and its recosts alike
-    sampled = next(iter(step_routing._samples.values()))
+    assert len(memo.samples) == 3
+    assert len(memo.routed) == 3  # the full-graph batch and its recosts alike
+    sampled = next(iter(memo.samples.values()))
     assert not sampled.routing.slot_pairs.flags.writeable  # shared: nobody may change it
     # a new seed gives a new draw
     assert fresh[4]["rank_ms"] != fresh[1]["rank_ms"]
@@ -149,18 +143,20 @@ def test_routed_times_keep_no_op_graph_alive():
     # a routed-times entry names its structure's graph weakly, as a costed batch kept for its
     # other contexts names its structure: dropping the compiled steps frees the graph (some
     # MB) whatever the routed and costed memos still hold
-    _clear()
-    simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI)
-    simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 1900), MI)  # recosted
-    assert len(step_compile._costed) == 1
-    entry = next(iter(step_routing._routed.values()))
+    memo = StepMemo()
+    simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI, memo=memo)
+    simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 1900), MI,
+                  memo=memo)  # recosted
+    assert len(memo.costed) == 1
+    entry = next(iter(memo.routed.values()))
     assert entry.graph() is not None
-    step_compile._compiled.clear()
-    step_compile._structures.clear()
+    memo.compiled.clear()
+    memo.structures.clear()
     gc.collect()
     assert entry.graph() is None
     # and a step after that is still the fresh one
-    again = simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI).to_json()
+    again = simulate_step(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI,
+                          memo=memo).to_json()
     assert again == _fresh(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 900), MI)
 
 
@@ -170,10 +166,10 @@ def test_new_samples_of_a_known_batch_equal_fresh_steps_with_kept_fused_moe_seco
     plan = make_plan(R1, dp=8, ep=8)
     batch = Batch.decode(256, 1500)
     fresh = [_fresh(R1, plan, batch, MI, seed=s) for s in range(5)]
-    _clear()
+    memo = StepMemo()
     for s, want in enumerate(fresh):
-        assert simulate_step(R1, plan, batch, MI, seed=s).to_json() == want
-    kept = step_compile.compile_step(R1, plan, batch, MI).memo["experts_seconds"]
+        assert simulate_step(R1, plan, batch, MI, seed=s, memo=memo).to_json() == want
+    kept = step_compile.compile_step(R1, plan, batch, MI, memo).memo["experts_seconds"]
     assert (kept.keys[1:] > kept.keys[:-1]).all()  # sorted, distinct
     # 5 samples x 58 layers x 2 microbatches x 8 GPUs = 4,640 counts, far fewer distinct ones
     assert 100 < len(kept.keys) < 4640 // 4
@@ -186,7 +182,7 @@ def test_seconds_by_value_costs_each_new_value_once(monkeypatch):
         asked.append(np.array(v, copy=True))
         return np.asarray(v) * 2.0 + 1.0
 
-    memo = step_routing.SecondsByValue()
+    memo = routed.SecondsByValue()
     first = memo.get(np.array([[3.0, 1.0], [3.0, 2.5]]), compute)
     assert first.tolist() == [[7.0, 3.0], [7.0, 6.0]]
     assert asked[-1].tolist() == [1.0, 2.5, 3.0]  # each distinct value once
@@ -199,7 +195,7 @@ def test_seconds_by_value_costs_each_new_value_once(monkeypatch):
     out = memo.get(np.array([1.0, np.nan]), compute)
     assert out[0] == 3.0 and np.isnan(out[1]) and len(memo.keys) == 4
     # past the limit the memo starts over from the values of this call
-    monkeypatch.setattr(step_routing.SecondsByValue, "LIMIT", 5)
+    monkeypatch.setattr(routed.SecondsByValue, "LIMIT", 5)
     memo.get(np.array([10.0, 11.0]), compute)
     assert memo.keys.tolist() == [10.0, 11.0]
     assert memo.get(np.array([11.0, 1.0]), compute).tolist() == [23.0, 3.0]

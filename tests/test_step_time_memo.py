@@ -1,7 +1,7 @@
 """EngineStepTime keeps each prefill shape's cost: the same cost, from the same variant, as
 asking the variant's model again, without asking it."""
 
-from epsim.sim.step_time import EngineStepTime, StepCost, StepPolicy
+from epsim.sim.serving.step_time import EngineStepTime, StepCost, StepPolicy
 
 
 class CountingModel:

@@ -11,7 +11,7 @@ from epsim.calibrate import trace_calibrate as tc
 from epsim.calibrate.kernel_names import FAMILIES, classify
 from epsim.cli import main
 from epsim.model.opgraph import OP_KINDS
-from epsim.sim.hardware import load_profile
+from epsim.sim.hardware.profile import load_profile
 
 # names as DeepSeek's published H800 profile records them (typed here, not read from a file)
 REAL = {

@@ -7,11 +7,11 @@ import pytest
 from serving_models import affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.capacity import plan_capacity
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
-from epsim.sim.slo import parse_slo, with_slo_metrics
-from epsim.sim.tune import SearchSpace, apply_point, pareto_frontier, tune
-from epsim.sim.workload import WorkloadSpec
+from epsim.sim.search.capacity import plan_capacity
+from epsim.sim.search.slo import parse_slo, with_slo_metrics
+from epsim.sim.search.tune import SearchSpace, apply_point, pareto_frontier, tune
+from epsim.sim.workload.spec import WorkloadSpec
 
 BASE = Scenario(model="deepseek-r1", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=64, isl=1000, osl=30))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from epsim.model import load_model
 from epsim.model.errors import EpsimError
-from epsim.sim.workload import (
+from epsim.sim.workload.spec import (
     SHAREGPT_LIKE,
     WorkloadSpec,
     issue_times,

@@ -8,8 +8,8 @@ Run (pandas and pyarrow are needed for the aiconfigurator parquet files)::
 ``AITER_COMMIT``), ``deepgemm/*.csv`` (the README tables of deepseek-ai/DeepGEMM at
 ``DEEPGEMM_COMMIT``, transcribed) and ``aiconfigurator/<gpu>/...`` (the parquet databases of
 ai-dynamo/aiconfigurator at ``AIC_COMMIT``). The script rewrites the ``kernels`` key of
-``sim/profiles/{mi300x,mi325x,mi355x,h100,h200}.json`` (every other key is left as it is) and
-writes ``sim/profiles/h800.json`` whole (its hardware figures are the ``H800_*`` constants below,
+``sim/hardware/profiles/{mi300x,mi325x,mi355x,h100,h200}.json`` (every other key is left as it is) and
+writes ``sim/hardware/profiles/h800.json`` whole (its hardware figures are the ``H800_*`` constants below,
 the efficiency keys not published for H800 taken from ``h100.json``, each one saying so).
 ``--check`` writes nothing and fails when a profile differs from what it would write.
 The repository never reads the sources at test or run time: the profiles carry the numbers.
@@ -183,7 +183,7 @@ _FMOE_NOTE = (
 _TRANSFER_RULE = (
     "DERIVED for MI300X: the MI325X row at the same features in this file, times "
     "(1 + (r - 1) * w), r = 6.0 / 5.3 (MI325X / MI300X HBM peak), w = min(1, t_mem / t_325), "
-    "t_mem = the row's bytes (weights + activations as sim/cost.py's roofline counts them) / "
+    "t_mem = the row's bytes (weights + activations as sim/step/roofline.py's roofline counts them) / "
     "(6.0 TB/s x the mi325x profile's hbm_fraction 0.7925): the weight-bound share of the row "
     "runs at MI300X's lower bandwidth, the rest unchanged (same 304-CU compute). "
     "tools/build_kernel_tables.py computes it")
@@ -347,7 +347,7 @@ def _parquet(src: Path, gpu: str, rel: str):
 
 class Transfer:
     """``t_300 = t_325 * (1 + (r - 1) * w)``, ``w = min(1, t_mem / t_325)``: ``t_mem`` is the
-    row's bytes as ``sim/cost.py``'s roofline counts them, over MI325X's achievable bandwidth
+    row's bytes as ``sim/step/roofline.py``'s roofline counts them, over MI325X's achievable bandwidth
     (its peak times the mi325x profile's ``hbm_fraction``)."""
 
     def __init__(self, mi325x: dict[str, Any], mi300x: dict[str, Any]):
@@ -356,12 +356,12 @@ class Transfer:
         from epsim.model import Batch, build_step_graph, load_model, make_plan
         from epsim.model.opgraph import Op
         from epsim.model.plan import Fusion
-        from epsim.sim import kernel_cost
-        from epsim.sim.hardware import profile_from_dict
+        from epsim.sim.hardware.profile import profile_from_dict
+        from epsim.sim.step import op_cost
 
-        self.np, self.kernel_cost = np, kernel_cost
+        self.np, self.op_cost = np, op_cost
         self.r = mi325x["hbm_bandwidth"] / mi300x["hbm_bandwidth"]
-        # the roofline of kernel_cost with FLOP peaks no op reaches: only its bytes term is left
+        # the roofline of op_cost with FLOP peaks no op reaches: only its bytes term is left
         raw = json.loads(json.dumps(mi325x))
         raw.pop("kernels", None)
         raw["peak_flops"] = {d: 1e30 for d in raw["peak_flops"]}
@@ -380,7 +380,7 @@ class Transfer:
         """Seconds of the bytes term at ``features`` in ``FEATURES[op_kind]`` order."""
         op = self.moe if op_kind == "grouped_gemm" else self.gemm
         x = self.np.array([features], dtype=float)
-        return float(self.kernel_cost.feature_roofline(op, self.memory_only, x)[0])
+        return float(self.op_cost.feature_roofline(op, self.memory_only, x)[0])
 
     def __call__(self, op_kind: str, features: list[float], us_325: float) -> float:
         w = min(1.0, self.t_mem(op_kind, features) / (us_325 * 1e-6))
@@ -737,7 +737,7 @@ _AIC_H800 = ("ai-dynamo/aiconfigurator src/aiconfigurator/systems/h800_sxm.yaml 
 
 
 def h800_profile(h100: dict[str, Any]) -> dict[str, Any]:
-    """sim/profiles/h800.json without its kernels: H800 figures where published, else H100's
+    """sim/hardware/profiles/h800.json without its kernels: H800 figures where published, else H100's
     (same GH100 die), each key's source saying which."""
     prof = json.loads(json.dumps(h100))
     prof.pop("kernels", None)

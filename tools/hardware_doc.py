@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from epsim.sim.hardware import HardwareProfile, load_profile, shipped_profiles
+from epsim.sim.hardware.profile import HardwareProfile, load_profile, shipped_profiles
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hardware.md"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from epsim.model import accounting, load_model, make_plan
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES
-from epsim.sim.hardware import load_profile
+from epsim.sim.hardware.profile import load_profile
 
 from ..common import (
     add_hardware_arg,

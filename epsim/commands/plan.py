@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.capacity import plan_capacity
-from epsim.sim.hardware import load_profile
-from epsim.sim.search import choose
+from epsim.sim.hardware.profile import load_profile
+from epsim.sim.search.capacity import plan_capacity
+from epsim.sim.search.samplers import choose
 
 from ..common import (
     Progress,

@@ -9,10 +9,10 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import write_text_atomic
-from epsim.sim.bench_write import vllm_result
 from epsim.sim.scenario import run_scenario
-from epsim.sim.serving import ServingRun
-from epsim.sim.serving_trace import write_serving_trace
+from epsim.sim.serving.bench_write import vllm_result
+from epsim.sim.serving.simulate import ServingRun
+from epsim.sim.serving.trace import write_serving_trace
 
 from ..common import (
     Progress,

@@ -86,7 +86,7 @@ def _balanced_table(args: argparse.Namespace, world: int) -> tuple[tuple[int, ..
     from epsim.model.eplb import balance_placement
     from epsim.model.loads import read_loads
     from epsim.model.plan import make_plan
-    from epsim.sim.routing import synthetic_loads
+    from epsim.sim.step.routing import synthetic_loads
 
     model = load_model(args.model)
     loads = read_loads(args.loads) if args.loads else synthetic_loads(model)

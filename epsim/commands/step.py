@@ -13,8 +13,8 @@ from epsim.model.loads import read_loads
 from epsim.model.mtp import expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
-from epsim.sim.hardware import load_profile
-from epsim.sim.step import MODES, simulate_step
+from epsim.sim.hardware.profile import load_profile
+from epsim.sim.step.simulate import MODES, simulate_step
 
 from ..common import (
     add_a2a_arg,

@@ -13,8 +13,8 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import staged_path, write_text_atomic
-from epsim.sim.executors import Executor, run_scenario_task, split_diagnostics
 from epsim.sim.scenario import check_scenario
+from epsim.sim.search.executors import Executor, run_scenario_task, split_diagnostics
 
 from ..common import (
     Progress,

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from epsim.sim.tune import TuneResult, tune
+from epsim.sim.search.tune import TuneResult, tune
 
 from ..common import (
     Progress,

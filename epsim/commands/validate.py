@@ -4,8 +4,8 @@ Two modes:
     --profile PROFILE   run the runtime over a grid, simulate the same, compare step times
                         (the work is in ``epsim.calibrate.validate``)
     --bench FILE        a measured ``vllm bench serve`` / SGLang ``bench_serving`` result,
-                        replayed under the deployment the flags give (``epsim.sim.bench_results``
-                        reads it, ``epsim.sim.bench_replay`` replays and compares)
+                        replayed under the deployment the flags give (``epsim.sim.workload.bench_results``
+                        reads it, ``epsim.sim.replay`` replays and compares)
 
 This module parses, calls and prints.
 """
@@ -41,7 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "validate", help="check the simulator against the runtime under a (fitted) profile, or "
         "against a measured vllm/sglang benchmark result (--bench)",
         description="--profile: run every configuration of a grid on local runtime ranks, "
-        "simulate the same configurations with the profile (sim.step.simulate_step), and report "
+        "simulate the same configurations with the profile (sim.step.simulate.simulate_step), and report "
         "measured against predicted step times and per-op-kind times. --bench FILE: replay a "
         "vllm bench serve --save-result JSON or an SGLang bench_serving result line (its "
         "requests, concurrency or rate) under the deployment the flags give, and report every "
@@ -133,9 +133,9 @@ def run_grid(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from epsim.sim.bench_replay import replay
-    from epsim.sim.bench_results import read_bench_file
-    from epsim.sim.metrics import goodput_slos
+    from epsim.sim.replay import replay
+    from epsim.sim.serving.metrics import goodput_slos
+    from epsim.sim.workload.bench_results import read_bench_file
 
     if args.model is None or args.hardware is None:
         raise EpsimError("--bench needs --model and --hardware: the deployment that ran it")

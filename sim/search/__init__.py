@@ -1,0 +1,17 @@
+"""Searches over scenarios: tuning one deployment for an SLO and planning capacity.
+
+    slo.py        service-level objectives: bounds on a run's metric keys (``SLO``)
+    tune.py       every point of a search space run, the best within the SLO and the frontier
+    capacity.py   how many deployment units serve a target throughput within the SLO
+    samplers.py   how a search picks its points: the grid or optuna's samplers (a registry)
+    executors.py  where points run: serial, a process pool, a Ray cluster (a registry)
+
+Uses the root's ``epsim.sim.scenario`` and ``epsim.sim.serving.metrics``.
+"""
+
+from .capacity import CapacityPlan, plan_capacity
+from .slo import SLO, parse_slo
+from .tune import SearchOptions, SearchSpace, TuneResult, tune
+
+__all__ = ["SLO", "CapacityPlan", "SearchOptions", "SearchSpace", "TuneResult", "parse_slo",
+           "plan_capacity", "tune"]

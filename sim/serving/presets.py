@@ -1,0 +1,309 @@
+"""Engine presets (``--engine vllm|sglang|split``): a scheduling policy and the engine's defaults.
+
+Every default below is read from the engine's own code, at one release each:
+
+    vLLM 0.33.0    the PyPI wheel ``vllm-0.33.0`` (``vllm/_version.py``: commit g4ba787ec9)
+    SGLang 0.5.23  the PyPI wheel ``sglang-0.5.23`` (``sglang/_version.py``)
+
+Several defaults depend on the GPU (both engines size them by device memory) or on the
+deployment (SGLang divides its chunk over the DP-attention ranks), so a preset is a function of
+the hardware profile's HBM, the plan and the KV capacity: :func:`engine_settings`. Every figure
+is per dp rank, as both engines run one scheduler per DP rank (vLLM's engine core per DP rank;
+SGLang's scheduler per attention-DP worker). Explicit flags override a preset
+(:class:`EngineOverrides`). Without ``--engine`` the settings are epsim's own policy,
+``prefill_first``, with today's figures (:func:`epsim_settings`).
+
+The engine's host time per step is an assumption, not a measurement of these releases: 4 ms,
+the GPU idle time per decode step vLLM's multi-step RFC measured (vllm-project/vllm#6854, 2024:
+"about 4ms of GPU bubble" per step, Llama-3-8B, vLLM V0). Both current releases overlap it with
+the GPU (vLLM's async scheduling, on by default: ``vllm/config/vllm.py``; SGLang's overlap
+scheduler, ``disable_overlap_schedule = False``: ``srt/arg_groups/fields/schedule.py``), so it
+is charged only where a step is shorter than it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from epsim.model.errors import EpsimError
+
+from .step_time import StepPolicy
+
+VLLM = "vLLM 0.33.0"
+SGLANG = "SGLang 0.5.23"
+GIB = 2**30
+MIB = 2**20
+
+#: epsim's own chunk per rank (the default without --engine)
+EPSIM_CHUNKED_PREFILL = 8192
+#: the assumed host time per step (vllm-project/vllm#6854), milliseconds
+HOST_MS_PER_STEP = 4.0
+HOST_SOURCE = ("assumption: vllm-project/vllm#6854 measured about 4 ms of GPU idle per decode "
+               "step (vLLM V0, Llama-3-8B); overlapped by both engines' default schedulers")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine runs one deployment with, per dp rank, each figure with its source.
+
+    engine: ``"vllm"``, ``"sglang"``, ``"split"`` or ``None`` (epsim's own).
+    scheduler: the policy (``sim/serving/schedulers.py``).
+    max_running_per_rank / max_batched_tokens / chunked_prefill_size: the scheduler's caps
+        (``ServingConfig``'s fields of the same names).
+    cuda_graph_max_bs: the largest decode batch a captured graph replays (``None``: any).
+    dbo / dbo_min_decode_tokens / dbo_min_prefill_tokens: two microbatches, and above which
+        tokens per rank.
+    eager_if_any_prefill: a step with any prefill runs eagerly on every rank.
+    host_ms_per_step / host_overlap: the host's time per step and whether it overlaps the GPU.
+    mixed_chunk: SGLang's ``enable_mixed_chunk``.
+    sources: field -> where the figure comes from (file and release, or "flag").
+    """
+
+    engine: str | None
+    scheduler: str
+    chunked_prefill_size: int
+    max_running_per_rank: int | None = None
+    max_batched_tokens: int | None = None
+    cuda_graph_max_bs: int | None = None
+    dbo: bool = True
+    dbo_min_decode_tokens: int = 0
+    dbo_min_prefill_tokens: int = 0
+    eager_if_any_prefill: bool = False
+    host_ms_per_step: float = 0.0
+    host_overlap: bool = True
+    mixed_chunk: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def step_policy(self, graph: bool) -> StepPolicy:
+        """How each step runs (``graph``: the plan's graph mode, ``--no-graph`` off)."""
+        return StepPolicy(graph=graph, dbo=self.dbo, graph_max_bs=self.cuda_graph_max_bs,
+                          prefill_eager=self.engine is not None,
+                          eager_if_any_prefill=self.eager_if_any_prefill,
+                          dbo_min_decode_tokens=self.dbo_min_decode_tokens,
+                          dbo_min_prefill_tokens=self.dbo_min_prefill_tokens,
+                          host_s=self.host_ms_per_step / 1e3, host_overlap=self.host_overlap)
+
+    def echo(self) -> dict[str, Any]:
+        """The settings as a result reports them."""
+        return {"engine": self.engine, "scheduler": self.scheduler,
+                "max_num_seqs": self.max_running_per_rank,
+                "max_num_batched_tokens": self.max_batched_tokens,
+                "chunked_prefill_size": self.chunked_prefill_size,
+                "cuda_graph_max_bs": self.cuda_graph_max_bs,
+                "host_ms_per_step": self.host_ms_per_step}
+
+
+@dataclass(frozen=True)
+class EngineOverrides:
+    """Explicit flags, each ``None`` when not given (the preset's value stands)."""
+
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    cuda_graph_max_bs: int | None = None
+    dbo: bool | None = None
+    host_ms_per_step: float | None = None
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the presets' defaults depend on: one GPU's HBM in bytes, the dp ranks and tp of
+    the plan, one rank's KV capacity in tokens and the model's context length."""
+
+    hbm_bytes: float
+    dp: int
+    tp: int
+    kv_capacity_tokens: int
+    context_len: int | None
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM V1
+# --------------------------------------------------------------------------------------------
+
+def vllm_batch_defaults(hbm_bytes: float) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of vLLM's OpenAI server for a GPU of
+    ``hbm_bytes``: ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py, vLLM 0.33.0).
+    A100 and GB10, kept on the small tier by name, have no profile here."""
+    if hbm_bytes >= 160 * GIB:
+        return 16384, 1024
+    if hbm_bytes >= 70 * GIB:
+        return 8192, 1024
+    return 2048, 256
+
+
+def vllm_capture_max(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """vLLM's largest CUDA-graph capture size: ``min(max_num_seqs * 2, 512)`` (1024 on
+    data-center Blackwell, which has no profile here), then at most ``max_num_batched_tokens``
+    (``VllmConfig._set_cudagraph_sizes``, vllm/config/vllm.py, vLLM 0.33.0)."""
+    return min(max_num_seqs * 2, 512, max_num_batched_tokens)
+
+
+def _vllm_like(engine: str, scheduler: str, d: Deployment, dbo: bool, dbo_source: str
+               ) -> EngineSettings:
+    tokens, seqs = vllm_batch_defaults(d.hbm_bytes)
+    batch_src = (f"{VLLM} vllm/engine/arg_utils.py EngineArgs.get_batch_defaults "
+                 "(OPENAI_API_SERVER, by device memory: >=160 GiB 16384/1024, >=70 GiB "
+                 "8192/1024, else 2048/256)")
+    return EngineSettings(
+        engine=engine, scheduler=scheduler, chunked_prefill_size=tokens,
+        max_running_per_rank=seqs, max_batched_tokens=tokens,
+        cuda_graph_max_bs=vllm_capture_max(seqs, tokens), dbo=dbo,
+        dbo_min_decode_tokens=32, dbo_min_prefill_tokens=512, eager_if_any_prefill=True,
+        host_ms_per_step=HOST_MS_PER_STEP, host_overlap=True,
+        sources={
+            "scheduler": f"{VLLM} vllm/v1/core/sched/scheduler.py Scheduler.schedule",
+            "max_num_batched_tokens": batch_src, "max_num_seqs": batch_src,
+            "chunked_prefill_size": "vLLM chunks prompts within max_num_batched_tokens",
+            "cuda_graph_max_bs": f"{VLLM} vllm/config/vllm.py VllmConfig._set_cudagraph_sizes "
+                                 "(min(max_num_seqs * 2, 512, max_num_batched_tokens); the "
+                                 "mode synchronised over DP ranks by the minimum: "
+                                 "vllm/v1/worker/dp_utils.py)",
+            "dbo": dbo_source,
+            "dbo_thresholds": f"{VLLM} vllm/config/parallel.py dbo_decode_token_threshold 32, "
+                              "dbo_prefill_token_threshold 512",
+            "host_ms_per_step": HOST_SOURCE,
+            "host_overlap": f"{VLLM} vllm/config/vllm.py async_scheduling on by default",
+        })
+
+
+def vllm_settings(d: Deployment) -> EngineSettings:
+    """vLLM V1: decode first, prefill chunks in the same step, vLLM's caps; DBO off."""
+    return _vllm_like("vllm", "decode_first", d, False,
+                      f"{VLLM} vllm/config/parallel.py enable_dbo = False")
+
+
+def split_settings(d: Deployment) -> EngineSettings:
+    """The reference report's modified vLLM: separate prefill and decode queues, vLLM's caps,
+    with the report's DBO and graphs (docs/design.md section 1)."""
+    return _vllm_like("split", "split", d, True,
+                      "the reference report enables dual batch overlap (docs/design.md 1)")
+
+
+# --------------------------------------------------------------------------------------------
+# SGLang
+# --------------------------------------------------------------------------------------------
+
+def sglang_memory_defaults(hbm_bytes: float, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda_graph_max_bs) for a GPU of ``hbm_bytes`` (SGLang 0.5.23,
+    srt/arg_groups/memory_hook.py ``handle_gpu_memory_settings``, memory in MiB)."""
+    mib = hbm_bytes / MIB
+    big_tp = tp >= 4
+    if mib < 20 * 1024:
+        return 2048, 8
+    if mib < 35 * 1024:
+        return 4096, 160 if big_tp else 48
+    if mib < 60 * 1024:
+        return 4096, 160 if big_tp else 32
+    if mib < 160 * 1024:  # H100 (< 90 GiB) and H200 share the tier
+        return 8192, 512 if big_tp else 256
+    return 16384, 512
+
+
+def sglang_max_running(kv_capacity_tokens: int, context_len: int | None) -> int:
+    """SGLang's default max_running_requests per DP worker:
+    ``min(clamp(int(tokens / context_len * 512), 2048, 4096), tokens // 2)``
+    (srt/mem_cache/kv_cache_configurator.py ``resolve_max_num_reqs``, SGLang 0.5.23)."""
+    estimated = int(kv_capacity_tokens / (context_len or kv_capacity_tokens) * 512)
+    return min(max(min(estimated, 4096), 2048), kv_capacity_tokens // 2)
+
+
+def sglang_settings(d: Deployment) -> EngineSettings:
+    """SGLang with DP attention: prefill first, its chunk divided over the DP ranks."""
+    chunk, graph_bs = sglang_memory_defaults(d.hbm_bytes, d.tp)
+    per_rank = max(1, chunk // d.dp) if d.dp > 1 else chunk
+    mem = f"{SGLANG} srt/arg_groups/memory_hook.py handle_gpu_memory_settings"
+    return EngineSettings(
+        engine="sglang", scheduler="sglang", chunked_prefill_size=per_rank,
+        max_running_per_rank=max(1, sglang_max_running(d.kv_capacity_tokens, d.context_len)),
+        max_batched_tokens=16384, cuda_graph_max_bs=graph_bs, dbo=False,
+        eager_if_any_prefill=True, host_ms_per_step=HOST_MS_PER_STEP, host_overlap=True,
+        sources={
+            "scheduler": f"{SGLANG} srt/managers/scheduler.py (a new prefill batch runs before "
+                         "decode), srt/managers/schedule_policy.py PrefillAdder",
+            "chunked_prefill_size": f"{mem} (by GPU memory: <90 GiB 8192, <160 GiB 8192, "
+                                    "else 16384), divided by the DP-attention size: "
+                                    "srt/arg_groups/parallel_hook.py",
+            "max_num_seqs": f"{SGLANG} srt/mem_cache/kv_cache_configurator.py "
+                            "resolve_max_num_reqs (per DP worker)",
+            "max_num_batched_tokens": f"{SGLANG} srt/arg_groups/fields/schedule.py "
+                                      "max_prefill_tokens = 16384",
+            "cuda_graph_max_bs": f"{mem} (decode max_bs: 256 if tp < 4 else 512 below 160 "
+                                 "GiB, 512 above)",
+            "dbo": f"{SGLANG} srt/arg_groups/fields/exec_.py enable_two_batch_overlap = False",
+            "mixed_chunk": f"{SGLANG} srt/arg_groups/fields/schedule.py enable_mixed_chunk = "
+                           "False",
+            "host_ms_per_step": HOST_SOURCE,
+            "host_overlap": f"{SGLANG} srt/arg_groups/fields/schedule.py "
+                            "disable_overlap_schedule = False",
+        })
+
+
+# --------------------------------------------------------------------------------------------
+# The registry and the overrides
+# --------------------------------------------------------------------------------------------
+
+ENGINES: dict[str, Callable[[Deployment], EngineSettings]] = {
+    "vllm": vllm_settings, "sglang": sglang_settings, "split": split_settings,
+}
+
+
+def epsim_settings(chunked_prefill_size: int | None = None) -> EngineSettings:
+    """epsim's own policy (no ``--engine``): prefill first, 8192-token chunks, no caps, every
+    step as the plan says, no host time."""
+    return EngineSettings(engine=None, scheduler="prefill_first",
+                          chunked_prefill_size=chunked_prefill_size or EPSIM_CHUNKED_PREFILL,
+                          sources={"scheduler": "epsim's own policy (docs/serving.md)"})
+
+
+def engine_dbo_default(engine: str | None) -> bool:
+    """DBO when neither ``--dbo`` nor ``--no-dbo`` is given: on without an engine (epsim's
+    default), else the engine's own."""
+    if engine is None:
+        return True
+    return engine == "split"
+
+
+def engine_settings(engine: str | None, d: Deployment,
+                    overrides: EngineOverrides | None = None) -> EngineSettings:
+    """The settings of ``engine`` (``None``: epsim's own) for deployment ``d``, with the
+    explicit flags of ``overrides`` in place of the preset's values."""
+    o = overrides or EngineOverrides()
+    if engine is None:
+        base = epsim_settings(o.chunked_prefill_size)
+        return base if o.dbo is None else replace(base, dbo=o.dbo)
+    if engine not in ENGINES:
+        raise EpsimError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
+    s = ENGINES[engine](d)
+    changes: dict[str, Any] = {}
+    if o.max_num_seqs is not None:
+        changes["max_running_per_rank"] = o.max_num_seqs
+        if o.cuda_graph_max_bs is None:  # both engines size the graphs by the cap
+            changes["cuda_graph_max_bs"] = _graph_bs_for(engine, s, o.max_num_seqs,
+                                                         o.max_num_batched_tokens)
+    if o.max_num_batched_tokens is not None:
+        changes["max_batched_tokens"] = o.max_num_batched_tokens
+        if engine != "sglang" and o.chunked_prefill_size is None:
+            changes["chunked_prefill_size"] = o.max_num_batched_tokens
+    for name, value in (("chunked_prefill_size", o.chunked_prefill_size),
+                        ("cuda_graph_max_bs", o.cuda_graph_max_bs), ("dbo", o.dbo),
+                        ("host_ms_per_step", o.host_ms_per_step)):
+        if value is not None:
+            changes[name] = value
+    flagged = {k: "flag" for k in changes}
+    s = replace(s, **changes, sources={**s.sources, **flagged}) if changes else s
+    if engine != "sglang" and s.max_batched_tokens < (s.max_running_per_rank or 0):
+        # vLLM refuses it too (SchedulerConfig.verify_max_model_len)
+        raise EpsimError(f"--max-num-batched-tokens {s.max_batched_tokens} must be at least "
+                         f"--max-num-seqs {s.max_running_per_rank} (as vLLM requires)")
+    return s
+
+
+def _graph_bs_for(engine: str, s: EngineSettings, seqs: int, tokens: int | None) -> int | None:
+    """The capture limit after ``--max-num-seqs``: vLLM recomputes it from the cap; SGLang
+    lowers its default to the cap when the cap is smaller (memory_hook.py)."""
+    if engine == "sglang":
+        return min(s.cuda_graph_max_bs, seqs) if s.cuda_graph_max_bs else None
+    return vllm_capture_max(seqs, tokens or s.max_batched_tokens or seqs)

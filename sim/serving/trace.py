@@ -1,0 +1,118 @@
+"""The serving run as a Chrome trace (Perfetto, chrome://tracing): what ``predict --trace`` writes.
+
+    ranks      one track per dp rank (process "ranks"; "prefill ranks" and "decode ranks" when
+               prefill is disaggregated): a slice per step the rank worked in, named "prefill"
+               (args: its chunk's prompt tokens) or "decode" (args: its sequences). A rank's slice
+               lasts the whole engine step: ranks step together behind the MoE all-to-all.
+    counters   on the "requests" process, sampled at every step's start (after admission) and
+               once at the end: "requests" with series "running" (admitted, holding KV, not
+               finished) and "queued" (sent, waiting for admission), and "KV cache" with series
+               "use" (the decode ranks' reserved share, 0..1; "prefill use" for the prefill
+               ranks when disaggregated).
+    requests   one slice per request from its send (the client's clock start) to its last
+               token, on "lane" threads of the "requests" process: a request takes the
+               lowest-numbered lane free at its send, so slices on a lane never overlap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from epsim.model.trace import CounterSample, TrackSlice, write_chrome_trace
+
+from .simulate import ServingRun, StepRecord
+
+REQUESTS = "requests"
+
+#: engine -> the process its ranks are drawn in, when prefill is co-located / disaggregated
+RANK_PROCESS = {"colocated": "ranks", "prefill": "prefill ranks", "decode": "decode ranks"}
+
+#: engine -> the "KV cache" series its steps' kv_usage feeds
+KV_SERIES = {"colocated": "use", "decode": "use", "prefill": "prefill use"}
+
+
+def rank_slices(steps: list[StepRecord]) -> list[TrackSlice]:
+    """A slice per (step, rank that worked in it), on one track per rank of each engine."""
+    out = []
+    for n, s in enumerate(steps):
+        process = RANK_PROCESS[s.engine]
+        if s.instance:  # instances past the first get their own processes
+            process = f"{process}, instance {s.instance}"
+        work = zip(s.rank_prefill_tokens, s.rank_decode_seqs, strict=True)
+        for rank, (tokens, seqs) in enumerate(work):
+            if tokens:
+                name, args = "prefill", {"prompt_tokens": int(tokens)}
+            elif seqs:
+                name, args = "decode", {"seqs": int(seqs)}
+            else:
+                continue  # idle this step
+            # the next step starts at exactly start_s + seconds: its slice is back to back
+            out.append(TrackSlice(name, process, f"rank {rank}", rank, s.start_s * 1e6,
+                                  (s.start_s + s.seconds) * 1e6, cat=s.kind,
+                                  args={"step": n, "step_kind": s.kind, **args}))
+    return out
+
+
+def counter_samples(steps: list[StepRecord], end_s: float) -> list[CounterSample]:
+    """Running / queued requests and KV-cache use at every step's start, all back to 0 at
+    ``end_s`` (the last token)."""
+    out = []
+    for s in sorted(steps, key=lambda s: s.start_s):
+        ts = s.start_s * 1e6
+        out.append(CounterSample("requests", REQUESTS, ts,
+                                 {"running": s.running, "queued": s.queued}))
+        out.append(CounterSample("KV cache", REQUESTS, ts, {KV_SERIES[s.engine]: s.kv_usage}))
+    out.append(CounterSample("requests", REQUESTS, end_s * 1e6, {"running": 0, "queued": 0}))
+    out.append(CounterSample("KV cache", REQUESTS, end_s * 1e6,
+                             {KV_SERIES[e]: 0.0 for e in dict.fromkeys(s.engine for s in steps)}))
+    return out
+
+
+def request_lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """A lane per interval so that no two on one lane overlap (``end == start`` is no overlap),
+    each taking the lowest-numbered lane free at its start -> (n,) lane ids."""
+    lanes = np.zeros(len(start), dtype=np.int64)
+    busy: list[tuple[float, int]] = []  # (end, lane)
+    free: list[int] = []
+    used = 0
+    for i in np.lexsort((np.arange(len(start)), start)):
+        while busy and busy[0][0] <= start[i]:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane = heapq.heappop(free)
+        else:
+            lane, used = used, used + 1
+        lanes[i] = lane
+        heapq.heappush(busy, (float(end[i]), lane))
+    return lanes
+
+
+def request_slices(run: ServingRun) -> list[TrackSlice]:
+    """One slice per request, send to last token, on the lanes of :func:`request_lanes`."""
+    req = run.requests
+    lanes = request_lanes(run.send_s, run.done_s)
+    out = []
+    for i in range(len(req)):
+        send, first, done = float(run.send_s[i]), float(run.first_token_s[i]), float(run.done_s[i])
+        out.append(TrackSlice(
+            f"request {i}", REQUESTS, f"lane {lanes[i]}", int(lanes[i]), send * 1e6, done * 1e6,
+            cat="request",
+            args={"request": i, "input_tokens": int(req.input_lens[i]),
+                  "output_tokens": int(req.output_lens[i]), "ttft_ms": (first - send) * 1e3,
+                  "e2el_ms": (done - send) * 1e3,
+                  "issued_ms": float(req.issue_times_s[i]) * 1e3}))
+    return out
+
+
+def write_serving_trace(run: ServingRun, path: str | os.PathLike[str],
+                        metadata: Mapping[str, Any] | None = None) -> None:
+    """Write ``run``'s timeline (rank tracks, counters, requests) as Chrome trace JSON, whole or
+    not at all."""
+    end_s = float(run.done_s.max()) if len(run.done_s) else 0.0
+    write_chrome_trace([], path, metadata, slices=rank_slices(run.steps) + request_slices(run),
+                       counters=counter_samples(run.steps, end_s))

@@ -1,0 +1,24 @@
+"""One forward step of every rank, simulated: ``simulate_step`` and its ``StepResult``.
+
+    simulate.py     the entry point: compile, route, run the engine, report (``StepResult``)
+    memo.py         ``StepMemo``: what the calls of one owner share (compiled steps, samples)
+    compile.py      a plan's step compiled once: the op graph's structure, each batch costed on
+                    it from one layer per class
+    op_cost.py      one op's seconds: the selected kernel set's table, else the roofline
+                    (``op_time``), and how it was timed (``explain``)
+    roofline.py     the roofline cost model per op kind, and the collectives' busiest link
+    routing.py      the step's expert routing sampled from load statistics
+    routed.py       that routing applied to the compiled step: the fused MoE's and the
+                    exchanges' times under it
+    holds.py        how the host and the slowest rank stretch the EP exchanges
+    engine.py       the executors: simpy (exact) and vectorised (fast), one program's semantics
+    engine_walk.py  the fast executor's walk, compiled with numba
+    rebalance.py    online expert rebalancing studied through the step simulator
+
+Uses ``epsim.sim.hardware`` and ``epsim.model``.
+"""
+
+from .memo import StepMemo
+from .simulate import MODES, StepResult, simulate_step
+
+__all__ = ["MODES", "StepMemo", "StepResult", "simulate_step"]
