@@ -1,31 +1,75 @@
-"""numba compilation shared by the compiled loops (``model/eplb_kernels*.py``, and
-``sim/step/engine_walk.py``, which may import epsim.model).
+"""numba compilation shared by the compiled loops (``model/eplb_kernels*.py``,
+``sim/step/engine_walk.py``, ``sim/step/routing.py``, ``sim/serving/loop_kernels.py``).
 
     numba      the module, or None where it is not installed (every caller then runs the same
                source as Python)
-    compiled   the decorator: ``njit(cache=True)``, falling back to a per-process compile where
-               numba finds no writable cache place (a read-only install)
+    compiled   the decorator: ``njit(cache=True)`` with the cache in the user's cache folder,
+               compiled per process where that folder cannot be written
+    cache_dir  that folder: ``$NUMBA_CACHE_DIR`` where the user set it, else
+               ``<platform cache folder>/epsim/numba`` (``$XDG_CACHE_HOME`` or ``~/.cache`` on
+               Linux, ``~/Library/Caches`` on macOS, ``%LOCALAPPDATA%`` on Windows)
+
+Why not numba's default: it writes beside the module where that folder is writable, which for
+``pip install .`` is inside ``site-packages/epsim/``. Those files are no part of the install, so
+uninstalling leaves them (and the folder) behind, and the leftover ``epsim/`` folder then
+shadows an editable install of the same package in new processes. So the cache never goes into
+the package: one folder per user, a sub-folder per installed copy (numba names it by the source
+path), and none at all when no such folder can be written.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 try:  # numba compiles the loops; without it the same code runs as Python (equal results)
     import numba
+    from numba.core import config as _numba_config
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install usable
     numba = None
+    _numba_config = None
+
+
+def _platform_cache_home() -> Path:
+    """The user's cache folder by the platform's convention."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches"
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def cache_dir() -> Path | None:
+    """Where compiled loops are cached (module docstring), None where it cannot be written."""
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    folder = Path(given) if given else _platform_cache_home() / "epsim" / "numba"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder if os.access(folder, os.W_OK | os.X_OK) else None
 
 
 def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled by numba, cached on disk where numba finds a writable place (beside the
-    module, else its user cache), compiled per process where it finds none; ``fn`` itself
-    without numba (``fn.py_func`` is the Python function either way)."""
+    """``fn`` compiled by numba and cached in :func:`cache_dir`, compiled per process where
+    there is none; ``fn`` itself without numba (``fn.py_func`` is the Python function either
+    way)."""
     if numba is None:  # pragma: no cover
         fn.py_func = fn
         return fn
+    folder = cache_dir()
+    if folder is None:  # a read-only home: no cache rather than one inside the package
+        return numba.njit(fn)
+    # numba reads its cache folder when the decorator makes the function's cache (its locator
+    # keeps the path): set it for this function alone and leave the user's setting as it was
+    before = _numba_config.CACHE_DIR
+    _numba_config.CACHE_DIR = str(folder)
     try:
         return numba.njit(cache=True)(fn)
-    except RuntimeError:  # "cannot cache function ...: no locator available" (read-only install)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
         return numba.njit(fn)
+    finally:
+        _numba_config.CACHE_DIR = before
