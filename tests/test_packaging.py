@@ -36,10 +36,24 @@ def test_layers_install_under_epsim_from_their_root_folders():
         assert Path(module.__file__).resolve().parent == REPO / layer
 
 
+def test_every_package_folder_is_listed_for_the_wheel():
+    setuptools = _pyproject()["tool"]["setuptools"]
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            inner = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join((package, *inner)))
+    assert found == set(setuptools["packages"])
+
+
 def test_every_package_data_pattern_matches_files():
     setuptools = _pyproject()["tool"]["setuptools"]
+    dirs = setuptools["package-dir"]
     for package, patterns in setuptools["package-data"].items():
-        folder = REPO / setuptools["package-dir"][package]
+        # a subpackage lives under its nearest mapped parent (epsim.sim.hardware: sim/hardware)
+        parent = max((p for p in dirs if package == p or package.startswith(p + ".")), key=len)
+        folder = REPO / dirs[parent] / Path(*package[len(parent) + 1:].split(".") if
+                                            package != parent else ())
         for pattern in patterns:
             assert list(folder.glob(pattern)), f"{package}: {pattern} matches no file in {folder}"
 
