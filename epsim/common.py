@@ -43,7 +43,7 @@ from epsim.sim.serving.metrics import (
     percentile_word,
 )
 from epsim.sim.serving.presets import EPSIM_CHUNKED_PREFILL
-from epsim.sim.workload.spec import WorkloadSpec
+from epsim.sim.workload.spec import DATASETS, WorkloadSpec
 from epsim.sim.workload.traces import shipped_traces
 
 from .inputs import add_flag
@@ -275,11 +275,9 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
     v = {**vars(args), **override}
     isl, osl = v["isl"], v["osl"]
     dataset = v["dataset"] or ("fixed" if isl is not None else "sharegpt-like")
-    if dataset == "fixed" and isl is not None and osl is None:
-        raise EpsimError("--isl needs --osl")
     conc = v["concurrency"]
     n = v["num_prompts"]
-    if n is None and dataset != "trace":  # a trace replays every row unless told
+    if n is None and not DATASETS[dataset].replays:  # a trace replays every row unless told
         n = conc if conc is not None else WorkloadSpec.num_prompts
     workload = WorkloadSpec(
         dataset=dataset, num_prompts=n, isl=isl, osl=osl,

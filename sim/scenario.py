@@ -334,7 +334,7 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int, settings: EngineSetti
     w = sc.workload
     return {"dataset": w.dataset, "isl": w.isl, "osl": w.osl,
             "max_concurrency": w.max_concurrency,
-            "request_rate": "trace" if w.dataset == "trace"
+            "request_rate": "trace" if w.kind.replays
             else "inf" if math.isinf(w.request_rate) else w.request_rate,
             "seed": w.seed, "bench_client": w.bench_client, **settings.echo(),
             "kv_capacity_tokens_per_rank": kv_capacity_tokens}
@@ -343,7 +343,7 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int, settings: EngineSetti
 def _trace_echo(w: WorkloadSpec, requests: Requests) -> dict[str, Any]:
     """A replayed trace: which, how stretched, and the arrival rate it offered (requests/s over
     its span); nothing for the other datasets."""
-    if w.dataset != "trace":
+    if not w.kind.replays:
         return {}
     return {"dataset_path": w.dataset_path, "time_scale": w.time_scale,
             "trace_arrival_rate": arrival_rate(requests.issue_times_s)}

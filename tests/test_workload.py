@@ -10,11 +10,12 @@ from hypothesis import strategies as st
 
 from epsim.model import load_model
 from epsim.model.errors import EpsimError
+from epsim.sim.workload.sharegpt import SHAREGPT_LIKE
 from epsim.sim.workload.spec import (
-    SHAREGPT_LIKE,
+    DATASETS,
     WorkloadSpec,
     issue_times,
-    max_request_tokens,
+    longest_request,
     random_lengths,
     sample_requests,
 )
@@ -108,17 +109,25 @@ def test_bad_workloads_name_the_value(spec, match):
         spec.validate()
 
 
-def test_max_request_tokens_bounds_every_draw():
+def test_the_longest_request_bounds_every_draw():
     fixed = WorkloadSpec(num_prompts=5, isl=2000, osl=100)
-    assert max_request_tokens(fixed) == 2100
+    assert longest_request(fixed)[0] == 2100
     rnd = WorkloadSpec(dataset="random", num_prompts=3000, isl=1000, osl=10,
                        random_range_ratio=0.5, seed=1)
-    assert max_request_tokens(rnd) == 1500 + 15
+    assert longest_request(rnd)[0] == 1500 + 15
     r = sample_requests(rnd)
     assert (r.input_lens + r.output_lens).max() <= 1515
     assert r.input_lens.max() == 1500  # the top of the range is drawn: the bound is tight
     share = WorkloadSpec(dataset="sharegpt-like", num_prompts=100)
-    assert max_request_tokens(share) == SHAREGPT_LIKE.max_total_len == 2048
+    assert longest_request(share)[0] == SHAREGPT_LIKE.max_total_len == 2048
+
+
+def test_each_dataset_is_one_registered_class():
+    assert list(DATASETS) == ["fixed", "random", "sharegpt-like", "trace"]
+    assert {name for name, d in DATASETS.items() if d.needs_lengths} == {"fixed", "random"}
+    assert {name for name, d in DATASETS.items() if d.takes_path} == {"sharegpt-like", "trace"}
+    assert [name for name, d in DATASETS.items() if d.replays] == ["trace"]
+    assert WorkloadSpec(dataset="random", isl=5, osl=5).kind is DATASETS["random"]
 
 
 @pytest.mark.parametrize("spec, longest", [

@@ -92,7 +92,7 @@ def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None)
         dp, tp = split
         changes.update(dp=dp, tp=tp, ep=None)
     c = point["concurrency"]
-    own = sc.workload.num_prompts if sc.workload.dataset == "trace" else c  # a trace's rows
+    own = sc.workload.num_prompts if sc.workload.kind.replays else c  # a trace's rows
     changes["workload"] = replace(sc.workload, max_concurrency=c, num_prompts=num_prompts or own)
     return sc.with_(**changes)
 

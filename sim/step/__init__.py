@@ -11,8 +11,9 @@
     routed.py       that routing applied to the compiled step: the fused MoE's and the
                     exchanges' times under it
     holds.py        how the host and the slowest rank stretch the EP exchanges
-    engine.py       the executors: simpy (exact) and vectorised (fast), one program's semantics
+    engine.py       the program both executors run, its semantics, the fast (vectorised) executor
     engine_walk.py  the fast executor's walk, compiled with numba
+    exact.py        the exact executor (simpy), every op of every rank
     rebalance.py    online expert rebalancing studied through the step simulator
 
 Uses ``epsim.sim.hardware`` and ``epsim.model``.

@@ -2,7 +2,8 @@
 
 A workload is the list of requests a benchmark client sends and when it may send them:
 
-    dataset      each request's input (prompt) and output length in tokens
+    dataset      each request's input (prompt) and output length in tokens; one class per
+                 dataset (``Dataset``), registered by name in ``DATASETS``
                  ``fixed``          every request ``isl`` in, ``osl`` out
                  ``random``         ``--dataset-name random``: lengths drawn uniformly from the
                                     integers of the benchmark client's range (``BENCH_CLIENTS``)
@@ -11,9 +12,10 @@ A workload is the list of requests a benchmark client sends and when it may send
                                     (``r = 0`` is ``fixed``); SGLang's ``[int(rL), L]``, r in
                                     ``[0, 1]`` (``r = 1`` is ``fixed``); output at least 1
                  ``sharegpt-like``  a synthetic heavy-tailed distribution standing in for the
-                                    ShareGPT conversations (``SHAREGPT_LIKE``), or, with a local
-                                    ShareGPT JSON (``dataset_path``), its first-turn prompt and
-                                    answer lengths; both filtered as vLLM filters ShareGPT
+                                    ShareGPT conversations, or, with a local ShareGPT JSON
+                                    (``dataset_path``), its first-turn prompt and answer
+                                    lengths; both filtered as vLLM filters ShareGPT
+                                    (``sim/workload/sharegpt.py``)
                  ``trace``          a request trace's lengths *and arrival times*
                                     (``sim/workload/traces.py``: Azure's CSV columns, a file or a
                                     shipped name), the first ``num_prompts`` rows (all by
@@ -33,16 +35,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from epsim.model.config import ModelConfig, check_context_length
-from epsim.model.errors import EpsimError, read_json_file
+from epsim.model.errors import EpsimError
 
+from .sharegpt import SHAREGPT_LIKE, sharegpt_file_lengths, sharegpt_like_lengths
 from .traces import SHIPPED_TRACES, trace_head
-
-DATASETS = ("fixed", "random", "sharegpt-like", "trace")
 
 
 @dataclass(frozen=True)
@@ -91,35 +92,6 @@ DEFAULT_BENCH_CLIENT = "vllm"
 
 
 @dataclass(frozen=True)
-class ShareGPTLike:
-    """Parameters of the synthetic ShareGPT-like length distribution (log-normal, then filtered).
-
-    input_mean / output_mean: mean prompt and answer tokens before filtering. Example: 161.31 /
-        337.99, the ShareGPT means the vLLM paper reports (Kwon et al., "Efficient Memory
-        Management for Large Language Model Serving with PagedAttention", SOSP 2023, section 6.1).
-    input_sigma / output_sigma: log-space standard deviations (epsim's assumption, not fitted:
-        ShareGPT lengths span about two orders of magnitude).
-    min_len / max_prompt_len / max_total_len: vLLM's ShareGPT filter (``is_valid_sequence``):
-        drop pairs with a prompt or answer under 4 tokens, a prompt over 1024 or a total over 2048.
-    """
-
-    input_mean: float = 161.31
-    output_mean: float = 337.99
-    input_sigma: float = 1.0
-    output_sigma: float = 0.9
-    min_len: int = 4
-    max_prompt_len: int = 1024
-    max_total_len: int = 2048
-
-
-SHAREGPT_LIKE = ShareGPTLike()
-
-#: characters per token used to size a local ShareGPT file's texts without a tokenizer (the
-#: usual rule of thumb for English text under BPE tokenizers)
-CHARS_PER_TOKEN = 4.0
-
-
-@dataclass(frozen=True)
 class WorkloadSpec:
     """What the benchmark client sends.
 
@@ -156,33 +128,32 @@ class WorkloadSpec:
     def client(self) -> BenchClient:
         return BENCH_CLIENTS[self.bench_client]
 
+    @property
+    def kind(self) -> Dataset:
+        """The dataset's class (``DATASETS[dataset]``): how its requests are drawn."""
+        return DATASETS[self.dataset]
+
     def validate(self) -> WorkloadSpec:
         """Check every field; raise :class:`EpsimError` naming the bad value."""
         if self.dataset not in DATASETS:
             raise EpsimError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        if self.dataset == "trace":
-            self._validate_trace()
-        elif self.num_prompts is None:
-            raise EpsimError("num-prompts may be omitted only for --dataset trace")
-        elif self.time_scale != 1.0:
-            raise EpsimError("--time-scale stretches a trace's arrivals; use it with "
-                             "--dataset trace")
+        kind = self.kind
+        kind.check_arrivals(self)
         if self.num_prompts is not None and (isinstance(self.num_prompts, bool)
                                              or not isinstance(self.num_prompts, int)
                                              or self.num_prompts < 1):
             raise EpsimError(f"num-prompts must be a positive integer, got {self.num_prompts!r}")
-        if self.dataset in ("fixed", "random"):
+        if kind.needs_lengths:
             for name in ("isl", "osl"):
-                value = getattr(self, name)
-                if value is None:
+                if getattr(self, name) is None:
                     raise EpsimError(f"the {self.dataset} dataset needs --{name}")
         for name in ("isl", "osl"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise EpsimError(f"{name} must be a positive integer, got {value!r}")
-        if self.dataset == "sharegpt-like" and self.isl is not None:
-            raise EpsimError("the sharegpt-like dataset draws prompt lengths; drop --isl "
+        if kind.draws_prompts and self.isl is not None:
+            raise EpsimError(f"the {self.dataset} dataset draws prompt lengths; drop --isl "
                              "(or use --dataset fixed/random)")
         if self.bench_client not in BENCH_CLIENTS:
             raise EpsimError(f"bench-client must be one of {', '.join(BENCH_CLIENTS)}, got "
@@ -194,27 +165,11 @@ class WorkloadSpec:
             raise EpsimError(f"request-rate must be positive or inf, got {self.request_rate}")
         if not (math.isfinite(self.burstiness) and self.burstiness > 0):
             raise EpsimError(f"burstiness must be a positive number, got {self.burstiness}")
-        if self.dataset_path is not None and self.dataset not in ("sharegpt-like", "trace"):
+        if self.dataset_path is not None and not kind.takes_path:
             raise EpsimError("--dataset-path is a ShareGPT JSON (--dataset sharegpt-like) or a "
                              "request trace (--dataset trace)")
-        if self.dataset == "sharegpt-like" and self.dataset_path in SHIPPED_TRACES:
-            raise EpsimError(f"{self.dataset_path} is a shipped request trace; use it with "
-                             "--dataset trace")
+        kind.check_path(self)
         return self
-
-    def _validate_trace(self) -> None:
-        """A trace brings lengths and arrival times: the flags that would set them contradict."""
-        if self.dataset_path is None:
-            raise EpsimError("--dataset trace needs --dataset-path (a CSV with TIMESTAMP, "
-                             f"ContextTokens, GeneratedTokens, or {', '.join(SHIPPED_TRACES)})")
-        for name in ("isl", "osl"):
-            if getattr(self, name) is not None:
-                raise EpsimError(f"the trace dataset brings each request's lengths; drop --{name}")
-        if not math.isinf(self.request_rate) or self.burstiness != 1.0:
-            raise EpsimError("the trace dataset brings its own arrival times; drop "
-                             "--request-rate / --burstiness (--time-scale stretches them)")
-        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
-            raise EpsimError(f"time-scale must be a positive number, got {self.time_scale}")
 
 
 @dataclass(frozen=True)
@@ -248,89 +203,6 @@ def random_lengths(rng: np.random.Generator, n: int, length: int, ratio: float,
     return rng.integers(low, high + 1, size=n, dtype=np.int64)
 
 
-def _lognormal_for_mean(rng: np.random.Generator, n: int, mean: float, sigma: float) -> np.ndarray:
-    """Log-normal draws with the given arithmetic mean: mu = ln(mean) - sigma^2 / 2."""
-    mu = math.log(mean) - sigma * sigma / 2.0
-    return rng.lognormal(mu, sigma, size=n)
-
-
-def _valid_pairs(ins: np.ndarray, outs: np.ndarray, p: ShareGPTLike, fixed_out: bool) -> np.ndarray:
-    """vLLM's ShareGPT filter as a boolean mask over candidate (prompt, answer) pairs."""
-    ok = (ins >= p.min_len) & (ins <= p.max_prompt_len) & (ins + outs <= p.max_total_len)
-    if not fixed_out:  # an answer length the user fixed is not filtered (as in vLLM)
-        ok &= outs >= p.min_len
-    return ok
-
-
-def sharegpt_like_lengths(rng: np.random.Generator, n: int, osl: int | None = None,
-                          params: ShareGPTLike = SHAREGPT_LIKE) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` synthetic ShareGPT-like (prompt, answer) lengths -> two (n,) int64 arrays.
-
-    Steps: draw log-normal candidates in batches, round to tokens, keep the pairs vLLM's filter
-    keeps, stop at ``n``.
-    """
-    ins_out: list[np.ndarray] = []
-    outs_out: list[np.ndarray] = []
-    have = 0
-    if osl is not None and osl + params.min_len > params.max_total_len:
-        raise EpsimError(f"osl {osl} leaves no room under the ShareGPT filter's "
-                         f"{params.max_total_len}-token total")
-    while have < n:
-        batch = max(2 * (n - have), 64)
-        ins = np.maximum(1, np.rint(_lognormal_for_mean(rng, batch, params.input_mean,
-                                                        params.input_sigma))).astype(np.int64)
-        if osl is None:
-            outs = np.maximum(1, np.rint(_lognormal_for_mean(
-                rng, batch, params.output_mean, params.output_sigma))).astype(np.int64)
-        else:
-            outs = np.full(batch, osl, dtype=np.int64)
-        keep = _valid_pairs(ins, outs, params, osl is not None)
-        ins_out.append(ins[keep])
-        outs_out.append(outs[keep])
-        have += int(keep.sum())
-    return np.concatenate(ins_out)[:n], np.concatenate(outs_out)[:n]
-
-
-def _token_estimate(text: str) -> int:
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
-
-
-def sharegpt_file_lengths(path: str, rng: np.random.Generator, n: int, osl: int | None = None,
-                          params: ShareGPTLike = SHAREGPT_LIKE) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt, answer) lengths from a local ShareGPT JSON, as vLLM samples it -> two (n,) arrays.
-
-    Steps: keep conversations with at least two turns; prompt = first turn, answer = second
-    (tokens estimated as characters / ``CHARS_PER_TOKEN``, there being no tokenizer here);
-    shuffle with the seed; apply vLLM's filter; take the first ``n`` (cycling when the file has
-    fewer valid pairs, as vLLM's oversampling does).
-    """
-    file = Path(path)
-    data = read_json_file(file, "ShareGPT dataset file")
-    if not isinstance(data, list):
-        raise EpsimError(f"{file}: a ShareGPT file is a JSON list of conversations")
-    pairs = []
-    for item in data:
-        turns = item.get("conversations") if isinstance(item, dict) else None
-        if not isinstance(turns, list) or len(turns) < 2:
-            continue
-        first, second = turns[0], turns[1]
-        if not (isinstance(first, dict) and isinstance(second, dict)):
-            continue
-        pairs.append((_token_estimate(str(first.get("value", ""))),
-                      _token_estimate(str(second.get("value", "")))))
-    if not pairs:
-        raise EpsimError(f"{file}: no conversation with two turns (ShareGPT format expected)")
-    arr = np.array(pairs, dtype=np.int64)[rng.permutation(len(pairs))]
-    ins = arr[:, 0]
-    outs = arr[:, 1] if osl is None else np.full(len(arr), osl, dtype=np.int64)
-    keep = _valid_pairs(ins, outs, params, osl is not None)
-    if not keep.any():
-        raise EpsimError(f"{file}: no prompt/answer pair passes the ShareGPT length filter")
-    ins, outs = ins[keep], outs[keep]
-    reps = math.ceil(n / len(ins))
-    return np.tile(ins, reps)[:n], np.tile(outs, reps)[:n]
-
-
 def issue_times(rng: np.random.Generator, n: int, rate: float, burstiness: float) -> np.ndarray:
     """When the client generates each request -> (n,) seconds, first at 0.
 
@@ -342,36 +214,6 @@ def issue_times(rng: np.random.Generator, n: int, rate: float, burstiness: float
     gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
     gaps[0] = 0.0
     return np.cumsum(gaps)
-
-
-def longest_request(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE
-                    ) -> tuple[int, str]:
-    """The longest prompt + output the dataset can produce, whatever the seed, and what that is
-    in the user's terms (for an error message).
-
-    fixed: ``isl + osl``; random: the top of both ranges; sharegpt-like (synthetic or a file):
-    the ShareGPT filter's total cap, which every kept pair stays under.
-    """
-    if spec.dataset == "fixed":
-        return spec.isl + spec.osl, f"--isl {spec.isl} + --osl {spec.osl}"
-    if spec.dataset == "random":
-        c = spec.bench_client
-        top = (random_length_range(spec.isl, spec.random_range_ratio, client=c)[1]
-               + random_length_range(spec.osl, spec.random_range_ratio, client=c)[1])
-        return top, (f"the random dataset's longest request (--isl {spec.isl} + --osl "
-                     f"{spec.osl} at range ratio {spec.random_range_ratio:g})")
-    if spec.dataset == "trace":
-        trace = trace_head(spec.dataset_path, spec.num_prompts)
-        total = trace.input_lens + trace.output_lens
-        i = int(total.argmax())
-        return int(total[i]), (f"request {i} of the trace {spec.dataset_path} "
-                               f"({int(trace.input_lens[i])} in + {int(trace.output_lens[i])} out)")
-    return params.max_total_len, "the sharegpt-like dataset's longest request (its filter's total cap)"
-
-
-def max_request_tokens(spec: WorkloadSpec, params: ShareGPTLike = SHAREGPT_LIKE) -> int:
-    """The longest prompt + output the dataset can produce (:func:`longest_request`)."""
-    return longest_request(spec, params)[0]
 
 
 def check_context(spec: WorkloadSpec, model: ModelConfig) -> None:
@@ -388,6 +230,12 @@ def check_requests_context(req: Requests, model: ModelConfig) -> None:
                              f"{int(req.output_lens[i])} out)")
 
 
+def longest_request(spec: WorkloadSpec) -> tuple[int, str]:
+    """The longest prompt + output the dataset can produce, whatever the seed, and what that is
+    in the user's terms (for an error message): ``spec.kind.longest``."""
+    return spec.kind.longest(spec)
+
+
 def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Requests:
     """Draw the benchmark's requests from ``spec`` (deterministic in ``spec.seed``).
 
@@ -397,21 +245,162 @@ def sample_requests(spec: WorkloadSpec, model: ModelConfig | None = None) -> Req
     spec.validate()
     if model is not None:
         check_context(spec, model)
-    if spec.dataset == "trace":
+    return spec.kind.requests(spec)
+
+
+# --------------------------------------------------------------------------------------------
+# The datasets: one class each, registered by name
+# --------------------------------------------------------------------------------------------
+
+
+class Dataset:
+    """One benchmark dataset: what it needs from a :class:`WorkloadSpec` and how it draws the
+    requests. Subclasses set ``name`` and implement :meth:`lengths` and :meth:`longest`.
+
+    needs_lengths: ``isl`` and ``osl`` are required (fixed, random).
+    draws_prompts: prompt lengths come from the dataset, so ``isl`` is refused (sharegpt-like).
+    takes_path: ``dataset_path`` means something to it (sharegpt-like, trace).
+    replays: a recorded trace: its rows and arrival times, not drawn; the open loop's rate does
+        not apply and ``num_prompts`` may be omitted (every row).
+    """
+
+    name: ClassVar[str] = ""
+    needs_lengths: ClassVar[bool] = False
+    draws_prompts: ClassVar[bool] = False
+    takes_path: ClassVar[bool] = False
+    replays: ClassVar[bool] = False
+
+    def check_arrivals(self, spec: WorkloadSpec) -> None:
+        """The number of requests and their arrivals (a drawn dataset: drawn by the client)."""
+        if spec.num_prompts is None:
+            raise EpsimError("num-prompts may be omitted only for --dataset trace")
+        if spec.time_scale != 1.0:
+            raise EpsimError("--time-scale stretches a trace's arrivals; use it with "
+                             "--dataset trace")
+
+    def check_path(self, spec: WorkloadSpec) -> None:
+        """What ``dataset_path`` must be, once it is known the dataset takes one."""
+
+    def lengths(self, spec: WorkloadSpec, rng: np.random.Generator, n: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` (prompt, answer) lengths -> two (n,) int64 arrays, drawn from ``rng``."""
+        raise NotImplementedError
+
+    def longest(self, spec: WorkloadSpec) -> tuple[int, str]:
+        """The longest prompt + output it can produce, and what that is in the user's terms."""
+        raise NotImplementedError
+
+    def requests(self, spec: WorkloadSpec) -> Requests:
+        """The benchmark's requests: lengths, then the open loop's issue times, from one
+        generator seeded by ``spec.seed`` (in that order: same seed, same requests)."""
+        rng = np.random.default_rng(spec.seed)
+        n = spec.num_prompts
+        ins, outs = self.lengths(spec, rng, n)
+        times = issue_times(rng, n, spec.request_rate, spec.burstiness)
+        return Requests(input_lens=ins, output_lens=outs, issue_times_s=times)
+
+
+#: every registered dataset by name (``--dataset``)
+DATASETS: dict[str, Dataset] = {}
+
+
+def register(cls: type[Dataset]) -> type[Dataset]:
+    DATASETS[cls.name] = cls()
+    return cls
+
+
+@register
+class Fixed(Dataset):
+    """Every request ``isl`` in, ``osl`` out."""
+
+    name = "fixed"
+    needs_lengths = True
+
+    def lengths(self, spec: WorkloadSpec, rng: np.random.Generator, n: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        return np.full(n, spec.isl, dtype=np.int64), np.full(n, spec.osl, dtype=np.int64)
+
+    def longest(self, spec: WorkloadSpec) -> tuple[int, str]:
+        return spec.isl + spec.osl, f"--isl {spec.isl} + --osl {spec.osl}"
+
+
+@register
+class Random(Dataset):
+    """Lengths uniform over the benchmark client's range around ``isl`` / ``osl``."""
+
+    name = "random"
+    needs_lengths = True
+
+    def lengths(self, spec: WorkloadSpec, rng: np.random.Generator, n: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        ratio, client = spec.random_range_ratio, spec.bench_client
+        ins = random_lengths(rng, n, spec.isl, ratio, client=client)
+        return ins, random_lengths(rng, n, spec.osl, ratio, client=client)
+
+    def longest(self, spec: WorkloadSpec) -> tuple[int, str]:
+        c = spec.bench_client
+        top = (random_length_range(spec.isl, spec.random_range_ratio, client=c)[1]
+               + random_length_range(spec.osl, spec.random_range_ratio, client=c)[1])
+        return top, (f"the random dataset's longest request (--isl {spec.isl} + --osl "
+                     f"{spec.osl} at range ratio {spec.random_range_ratio:g})")
+
+
+@register
+class ShareGPT(Dataset):
+    """ShareGPT-like lengths: synthetic, or a local ShareGPT JSON's (``sim/workload/sharegpt.py``)."""
+
+    name = "sharegpt-like"
+    draws_prompts = True
+    takes_path = True
+
+    def check_path(self, spec: WorkloadSpec) -> None:
+        if spec.dataset_path in SHIPPED_TRACES:
+            raise EpsimError(f"{spec.dataset_path} is a shipped request trace; use it with "
+                             "--dataset trace")
+
+    def lengths(self, spec: WorkloadSpec, rng: np.random.Generator, n: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+        if spec.dataset_path:
+            return sharegpt_file_lengths(spec.dataset_path, rng, n, spec.osl)
+        return sharegpt_like_lengths(rng, n, spec.osl)
+
+    def longest(self, spec: WorkloadSpec) -> tuple[int, str]:
+        # every kept pair, synthetic or from a file, stays under the filter's total cap
+        return (SHAREGPT_LIKE.max_total_len,
+                "the sharegpt-like dataset's longest request (its filter's total cap)")
+
+
+@register
+class Trace(Dataset):
+    """A request trace's lengths and arrival times (``sim/workload/traces.py``), its first
+    ``num_prompts`` rows (all by default), arrivals times ``time_scale``."""
+
+    name = "trace"
+    takes_path = True
+    replays = True
+
+    def check_arrivals(self, spec: WorkloadSpec) -> None:
+        """A trace brings lengths and arrival times: the flags that would set them contradict."""
+        if spec.dataset_path is None:
+            raise EpsimError("--dataset trace needs --dataset-path (a CSV with TIMESTAMP, "
+                             f"ContextTokens, GeneratedTokens, or {', '.join(SHIPPED_TRACES)})")
+        for name in ("isl", "osl"):
+            if getattr(spec, name) is not None:
+                raise EpsimError(f"the trace dataset brings each request's lengths; drop --{name}")
+        if not math.isinf(spec.request_rate) or spec.burstiness != 1.0:
+            raise EpsimError("the trace dataset brings its own arrival times; drop "
+                             "--request-rate / --burstiness (--time-scale stretches them)")
+        if not (math.isfinite(spec.time_scale) and spec.time_scale > 0):
+            raise EpsimError(f"time-scale must be a positive number, got {spec.time_scale}")
+
+    def longest(self, spec: WorkloadSpec) -> tuple[int, str]:
+        trace = trace_head(spec.dataset_path, spec.num_prompts)
+        total = trace.input_lens + trace.output_lens
+        i = int(total.argmax())
+        return int(total[i]), (f"request {i} of the trace {spec.dataset_path} "
+                               f"({int(trace.input_lens[i])} in + {int(trace.output_lens[i])} out)")
+
+    def requests(self, spec: WorkloadSpec) -> Requests:
         trace = trace_head(spec.dataset_path, spec.num_prompts)
         return Requests(input_lens=trace.input_lens, output_lens=trace.output_lens,
                         issue_times_s=trace.arrival_s * spec.time_scale)
-    rng = np.random.default_rng(spec.seed)
-    n = spec.num_prompts
-    if spec.dataset == "fixed":
-        ins = np.full(n, spec.isl, dtype=np.int64)
-        outs = np.full(n, spec.osl, dtype=np.int64)
-    elif spec.dataset == "random":
-        ins = random_lengths(rng, n, spec.isl, spec.random_range_ratio, client=spec.bench_client)
-        outs = random_lengths(rng, n, spec.osl, spec.random_range_ratio, client=spec.bench_client)
-    elif spec.dataset_path:
-        ins, outs = sharegpt_file_lengths(spec.dataset_path, rng, n, spec.osl)
-    else:
-        ins, outs = sharegpt_like_lengths(rng, n, spec.osl)
-    times = issue_times(rng, n, spec.request_rate, spec.burstiness)
-    return Requests(input_lens=ins, output_lens=outs, issue_times_s=times)
