@@ -183,6 +183,3 @@ class Reservation(Paged):
         self.take(r, i, tokens)
         return True
 
-
-#: the pools by name
-KV_POOLS: dict[str, type[KVPool]] = {c.name: c for c in (WholeSequence, Paged, Reservation)}

@@ -36,7 +36,7 @@ them), so a plan covers every rank of the side.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -406,16 +406,3 @@ class DisaggDecode(Scheduler):
         self.side.running.flush()
         ids = self.side.running.ids
         return StepPlan({}, ids) if len(ids) else None
-
-
-@dataclass(frozen=True)
-class SchedulerInfo:
-    """A registered policy as the CLI and docs list it."""
-
-    name: str
-    summary: str
-    kv_pool: str = field(default="")
-
-
-def describe_schedulers() -> list[SchedulerInfo]:
-    return [SchedulerInfo(c.name, c.summary, c.kv_pool.name) for c in SCHEDULERS.values()]

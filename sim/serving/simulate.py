@@ -40,7 +40,7 @@ from epsim.sim.workload.spec import Requests
 
 from .config import ServingConfig
 from .loop import Server, StepRecord, colocated_instances, disaggregated
-from .schedulers import SCHEDULERS, Counters
+from .schedulers import Counters
 from .speculation import DraftAcceptance
 from .state import Client, EventLoop, RequestState
 from .step_time import EngineStepTime, StepTimeModel
@@ -211,6 +211,3 @@ def simulate_serving(requests: Requests, config: ServingConfig,
         gaps=gaps, tally=server.tally,
     )
 
-
-#: every registered policy (the CLI's and the docs' list)
-SCHEDULER_NAMES = tuple(SCHEDULERS)
