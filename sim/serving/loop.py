@@ -8,7 +8,7 @@
                     instances behind one router, or prefill instances shipping KV to decode
                     instances, a router per side (``sim/serving/router.py``)
 
-Every instance of a deployment runs in the same event loop (``serving_state.EventLoop``), so a
+Every instance of a deployment runs in the same event loop (``state.EventLoop``), so a
 router that reads the instances' load (``least_loaded``) reads it as it is when a request is
 routed; the instances share nothing else but the client and the MTP acceptance draws.
 """
