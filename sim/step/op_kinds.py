@@ -265,6 +265,8 @@ def _collective_roofline(peer_bytes: Callable[[Op, dict[str, np.ndarray], np.nda
 # The registry
 # --------------------------------------------------------------------------------------------
 
+# the figures each roofline of sim.step.roofline reads: a GEMM-like compute roof, a streaming
+# op's, an EP exchange's (NIC and all-to-all latency too), another collective's
 _COMPUTE_KEYS = ("peak_flops", "hbm_bandwidth", "efficiency.gemm_flops_fraction",
                  "efficiency.hbm_fraction", "efficiency.gemm_tile_m")
 _STREAMING_KEYS = ("peak_flops", "hbm_bandwidth", "efficiency.hbm_fraction")
@@ -273,7 +275,7 @@ _EXCHANGE_KEYS = ("fabric", "nic_bandwidth_per_gpu", "efficiency.link_bandwidth_
 _COLLECTIVE_KEYS = ("fabric", "efficiency.link_bandwidth_usable",
                     "efficiency.collective_latency_s", "efficiency.collective_latency_graph_s")
 
-#: roofline only, compute-bound shapes (the GEMM's figures); and the plain streaming roofline
+#: kinds only the roofline times: on the GEMM's figures (LM head, prefill attention), streaming
 _COMPUTE = KindCosting(sources=_COMPUTE_KEYS)
 _STREAMING = KindCosting(sources=_STREAMING_KEYS)
 _EXCHANGE = KindCosting(sources=_EXCHANGE_KEYS, features=_exchange_features,
