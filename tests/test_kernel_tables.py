@@ -1,4 +1,4 @@
-"""Measured kernel tables (sim/hardware/kernel_sets.py, sim/step/op_cost.py) on a SYNTHETIC test profile.
+"""Measured kernel tables (sim/hardware/kernel_sets.py, sim/step/op_cost.py, op_kinds.py) on a SYNTHETIC test profile.
 
 tests/data/mi300x-kernels-test.json is the shipped mi300x profile plus a kernels section of
 made-up times (its sources say so): nothing here is a measurement.
@@ -15,10 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_plan
-from epsim.model.opgraph import Op
-from epsim.sim.hardware.kernel_sets import FEATURES, lookup, parse_kernels
+from epsim.model.opgraph import OP_KINDS, Op
+from epsim.sim.hardware.kernel_sets import COLLECTIVE_TABLES, FEATURES, lookup, parse_kernels
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
 from epsim.sim.step import op_cost
+from epsim.sim.step.op_kinds import KIND_COSTING, costing
+from epsim.sim.step.roofline import COST_MODELS
 from epsim.sim.step.simulate import simulate_step
 
 DATA = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
@@ -331,6 +333,31 @@ def test_feature_names_are_documented_per_kind():
     sets = parse_kernels(json.loads("{" + example + "}")["kernels"], "docs")
     assert sets.names == ("aiter", "no-aiter", "none")
     assert sets.sets["aiter"].plan_options == {"shared_expert_in_moe": True}
+
+
+def test_one_costing_entry_per_op_kind():
+    # the registry covers the op kinds as the roofline's does, in OP_KINDS order
+    assert tuple(KIND_COSTING) == OP_KINDS and set(KIND_COSTING) == set(COST_MODELS)
+    # tables time exactly the kinds with FEATURES, each with its roofline at other features;
+    # per scope exactly the collectives; the exchange mode shapes only dispatch and combine
+    assert {k for k, c in KIND_COSTING.items() if c.features is not None} == set(FEATURES)
+    assert all((c.features is None) == (c.roofline_at is None) for c in KIND_COSTING.values())
+    assert {k for k, c in KIND_COSTING.items() if c.scoped} == COLLECTIVE_TABLES
+    assert {k for k, c in KIND_COSTING.items() if c.exchange} == {"dispatch", "combine"}
+    # kinds costed alike share one entry; an unknown kind is costed as a streaming op
+    assert KIND_COSTING["dispatch"] is KIND_COSTING["combine"]
+    assert KIND_COSTING["lm_head"] is KIND_COSTING["attention_prefill"]
+    assert KIND_COSTING["norm"] is KIND_COSTING["sample"] is costing("no-such-kind")
+    # every source key is a figure of the shipped profile (a KeyError names one that is not),
+    # and the profile cites it
+    raw = load_profile("mi300x").raw
+    for key in {k for c in KIND_COSTING.values() for k in c.sources}:
+        value = raw
+        for part in key.split("."):
+            value = value[part]
+        assert key in MI.sources
+    assert set(op_cost.roofline_sources("attention_decode", MI)) == {
+        f"profile:{k}" for k in KIND_COSTING["attention_decode"].sources}
 
 
 def _shipped_tables() -> list:

@@ -6,6 +6,8 @@
                     it from one layer per class
     op_cost.py      one op's seconds: the selected kernel set's table, else the roofline
                     (``op_time``), and how it was timed (``explain``)
+    op_kinds.py     per op kind, how a table costs it (``KIND_COSTING``): features, table
+                    dtype and scope, the roofline at other features, the profile keys it reads
     roofline.py     the roofline cost model per op kind, and the collectives' busiest link
     routing.py      the step's expert routing sampled from load statistics
     routed.py       that routing applied to the compiled step: the fused MoE's and the
