@@ -37,7 +37,7 @@ from epsim.model.trace import TraceEvent
 
 from . import comm, kernels
 from . import weights as W
-from .backends import select_moe_backend, select_mori
+from .backends import select_exchange, select_moe_backend
 from .kv_cache import KV_STORAGE, LatentCache
 from .ops import OP_IMPLS, MicrobatchState, last_token_rows
 from .options import RunOptions, cache_positions
@@ -128,7 +128,7 @@ class RankRuntime:
         self.l2p = torch.as_tensor(l2p, device=self.device)
         self.replicas = torch.as_tensor(replicas, device=self.device)
         self.moe_backend = select_moe_backend(self)
-        self.mori = select_mori(self)
+        self.exchange = select_exchange(self)
         # Per-sequence state: cache, lengths (cached tokens before the step), next inputs
         b, ctx = opts.batch, opts.context
         self.mtp = plan.mtp

@@ -236,29 +236,14 @@ def _then(handle: comm.Pending, name: str) -> comm.Pending:
     return comm.Pending(handle.works, lambda: {name: finish()})
 
 
-def _done(outputs: dict[str, Any]) -> comm.Pending:
-    """A collective that finished when its call returned (MORI-EP's own kernels)."""
-    return comm.Pending([], lambda: outputs)
-
-
 def _dispatch(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
-    h, topk, out = ins["h"], ins["topk"], op.outputs[0]
-    if rt.mori is not None:
-        x, slots, weights = rt.mori.dispatch(h, topk.slots, topk.weights)
-        return _done({out: comm.DispatchResult(x, slots, weights, None)})
-    args = (h, topk.slots, topk.weights, rt.slots_per_rank)
-    if rt.static:
-        return _then(comm.dispatch_static(*args, capacity=st.num_tokens, group=rt.group), out)
-    return _then(comm.dispatch_dynamic(*args, group=rt.group), out)
+    topk = ins["topk"]
+    sent = rt.exchange.dispatch(ins["h"], topk.slots, topk.weights, capacity=st.num_tokens)
+    return _then(sent, op.outputs[0])
 
 
 def _combine(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
-    y, recv, out = ins["expert_out"], ins["recv"], op.outputs[0]
-    if rt.mori is not None:
-        return _done({out: rt.mori.combine(y, recv.weights, recv.slots)})
-    if rt.static:
-        return _then(comm.combine_static(y, recv.layout, group=rt.group), out)
-    return _then(comm.combine_dynamic(y, recv.layout, group=rt.group), out)
+    return _then(rt.exchange.combine(ins["expert_out"], ins["recv"]), op.outputs[0])
 
 
 def _received(ins: Values) -> comm.DispatchResult:
