@@ -1,5 +1,8 @@
-"""How the executor moves values along the op graph's edges, and what a rank settles once when
-it is built (no ranks started)."""
+"""How the executor moves values along the op graph's edges, what a rank settles once when it is
+built, and what the op implementations read of it (no ranks started)."""
+
+import ast
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +12,7 @@ from epsim.model import Batch, build_step_graph, load_model, make_plan  # noqa: 
 from epsim.model.ids import NO_LAYER, op_id  # noqa: E402
 from epsim.runtime.comm import DynamicExchange, StaticExchange  # noqa: E402
 from epsim.runtime.executor import RankRuntime, _store, value_flow  # noqa: E402
+from epsim.runtime.ops import RankView  # noqa: E402
 from epsim.runtime.options import RunOptions, validate  # noqa: E402
 
 TINY = load_model("tiny-deepseek")
@@ -61,3 +65,20 @@ def test_a_rank_picks_its_exchange_once_when_built(static):
     rt = _rank(static=static)
     assert type(rt.exchange) is (StaticExchange if static else DynamicExchange)
     assert rt.exchange.slots_per_rank == rt.slots_per_rank and rt.exchange.group is rt.group
+
+
+def test_a_rank_runtime_has_every_member_the_ops_read():
+    assert isinstance(_rank(), RankView)
+
+
+def test_the_ops_import_nothing_of_the_executor():
+    """ops.py types its implementations against RankView: the executor imports ops, never the
+    other way round (not even for type checking)."""
+    ops = Path(__file__).resolve().parents[1] / "runtime" / "ops.py"
+    imported = set()
+    for node in ast.walk(ast.parse(ops.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            imported |= {node.module or ""} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+    assert not [m for m in imported if "executor" in m.split(".")]
