@@ -17,7 +17,8 @@ Depends on ``model`` only, never on ``sim``.
     runtime.executor   RankRuntime: walks the shared schedule, times every op (RankStepOutput)
     runtime.capture    CUDA/HIP graph capture of the static decode step
     runtime.reference  the dense single-process reference for --check
-    runtime.launch     local rank spawning, torchrun, fault handling, summaries
+    runtime.launch     local rank spawning, torchrun, fault handling
+    runtime.summary    per-step records and rank 0's summary of a run (and its --check)
     runtime.lifecycle  local ranks tied to the parent: process group, parent-death signal,
                        heartbeats, SIGTERM handling, run folders (also calibrate.comm_bench's)
 """
