@@ -41,12 +41,6 @@ def _try_import(name: str) -> Any:
         return None
 
 
-def available() -> dict[str, bool]:
-    """Which optional backends import on this machine."""
-    return {"aiter": _try_import("aiter.fused_moe") is not None,
-            "mori": _try_import("mori.ops") is not None}
-
-
 def aiter_moe(fused_moe: Callable[..., torch.Tensor], global_slots: int, slot_base: int) -> MoEFn:
     """Wrap ``aiter.fused_moe.fused_moe(hidden_states, w1, w2, topk_weight, topk_ids,
     expert_mask=...)``: w1 ``[S, 2I, h]`` and w2 ``[S, h, I]`` (output-major), ids are global slot

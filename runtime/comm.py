@@ -23,7 +23,7 @@ or on ROCm MORI-EP's (``epsim.runtime.backends.MoriExchange``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -36,13 +36,11 @@ class Pending:
 
     works: Sequence[Any]
     finish: Callable[[], Any]
-    done: bool = field(default=False)
 
     def wait(self) -> Any:
         for work in self.works:
             if work is not None:
                 work.wait()
-        self.done = True
         return self.finish()
 
 

@@ -116,9 +116,9 @@ class RankRuntime:
         self.latent, self.v_dim = a.kv_lora_rank, a.v_head_dim
         self.softmax_scale = (self.nope + self.rope) ** -0.5
         self.w = self._load_weights()
-        self.ep_rank = rank if plan.expert_parallel else 0
         self.slots_per_rank = placement.slots_per_gpu
-        self.slot_base = self.ep_rank * self.slots_per_rank
+        ep_rank = rank if plan.expert_parallel else 0
+        self.slot_base = ep_rank * self.slots_per_rank
         self.experts = self._load_experts()
         l2p, replicas = placement.logical_to_physical, placement.replica_counts
         if plan.mtp and model.mtp_moe:  # the draft layer sits like its routing layer
