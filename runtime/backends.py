@@ -5,9 +5,13 @@
                      ``torch-masked``   every local expert over every received row, weights zero
                                         where not routed (static shapes; graph capture)
                      ``aiter``          aiter's ``fused_moe`` (ROCm), when ``aiter`` imports
-    dispatch/combine ``torch``          ``torch.distributed.all_to_all_single`` (runtime.comm)
+    dispatch/combine ``torch``          ``torch.distributed.all_to_all_single`` (runtime.comm),
+                                        dynamic or static as the routed experts
                      ``mori``           MORI-EP's ``EpDispatchCombineOp`` (ROCm), when ``mori.ops``
                                         imports
+
+Each rank picks both once, when its runtime is built (``select_moe_backend``,
+``select_exchange``); the ops call through what it picked.
 
 The optional imports are guarded with ``except Exception``: aiter raises RuntimeError, not
 ImportError, on machines without ROCm. The aiter and MORI paths follow those projects' public
@@ -22,7 +26,7 @@ from typing import Any
 
 import torch
 
-from . import kernels
+from . import comm, kernels
 
 MoEFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                  torch.Tensor]
@@ -35,12 +39,6 @@ def _try_import(name: str) -> Any:
         return importlib.import_module(name)
     except Exception:  # aiter raises RuntimeError without ROCm
         return None
-
-
-def available() -> dict[str, bool]:
-    """Which optional backends import on this machine."""
-    return {"aiter": _try_import("aiter.fused_moe") is not None,
-            "mori": _try_import("mori.ops") is not None}
 
 
 def aiter_moe(fused_moe: Callable[..., torch.Tensor], global_slots: int, slot_base: int) -> MoEFn:
@@ -77,7 +75,17 @@ def select_moe_backend(rt: Any) -> MoEFn:
     return kernels.moe_masked if rt.static else kernels.moe_sorted
 
 
-def select_mori(rt: Any) -> MoriExchange | None:
+def select_exchange(rt: Any) -> comm.Exchange:
+    """The EP exchange (dispatch/combine) for a rank: MORI-EP where :func:`_mori_exchange` finds
+    it, else torch's all-to-all in the step's shape mode."""
+    mori = _mori_exchange(rt)
+    if mori is not None:
+        return mori
+    torch_exchange = comm.StaticExchange if rt.static else comm.DynamicExchange
+    return torch_exchange(rt.slots_per_rank, rt.group)
+
+
+def _mori_exchange(rt: Any) -> MoriExchange | None:
     """MORI-EP for the EP exchange on ROCm GPUs when ``mori.ops`` imports (never under --check,
     whose 1e-4 contract is verified with the torch exchange only)."""
     if rt.device.type != "cuda" or not getattr(torch.version, "hip", None) or rt.opts.check:
@@ -100,7 +108,8 @@ class MoriExchange:
     """MORI-EP dispatch/combine (ROCm, intra-node), following its public Python API:
     ``EpDispatchCombineConfig(...)``, ``EpDispatchCombineOp(config)``,
     ``op.dispatch(x, weights, scales, indices)`` and ``op.combine(y, weights, indices)``.
-    Not exercised here (no ROCm); the torch exchange is what the tests run."""
+    A :class:`epsim.runtime.comm.Exchange` whose exchanges finish within the call. Not exercised
+    here (no ROCm); the torch exchange is what the tests run."""
 
     def __init__(self, mori: Any, rank: int, world: int, hidden: int, max_tokens: int,
                  slots_per_rank: int, top_k: int, dtype: torch.dtype) -> None:
@@ -112,14 +121,16 @@ class MoriExchange:
             kernel_type=ops.EpDispatchCombineKernelType.IntraNode)
         self.op = ops.EpDispatchCombineOp(config)
 
-    def dispatch(self, x: torch.Tensor, slots: torch.Tensor,
-                 weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rows received, their global slot ids and weights (only the valid rows)."""
+    def dispatch(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
+                 capacity: int) -> comm.Pending:
+        """Rows received, their global slot ids and weights (only the valid rows); MORI sizes
+        its buffers from the configured ``max_tokens``, not ``capacity``."""
         out, out_w, _scales, out_ids, received = self.op.dispatch(
             x, weights.float(), None, slots.to(torch.int32))
         n = int(received.reshape(-1)[0]) if torch.is_tensor(received) else int(received)
-        return out[:n], out_ids[:n].to(torch.int64), out_w[:n]
+        return comm.finished(comm.DispatchResult(out[:n], out_ids[:n].to(torch.int64), out_w[:n],
+                                                 None))
 
-    def combine(self, y: torch.Tensor, weights: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        out, _ = self.op.combine(y, weights.float(), slots.to(torch.int32))
-        return out
+    def combine(self, y: torch.Tensor, recv: comm.DispatchResult) -> comm.Pending:
+        out, _ = self.op.combine(y, recv.weights.float(), recv.slots.to(torch.int32))
+        return comm.finished(out)

@@ -14,13 +14,17 @@ Two variants:
 
 Both return a :class:`Pending`: the data exchange is issued with ``async_op=True`` and its work
 handles are waited on only when an op that reads the result runs (DBO overlap).
+
+A rank calls them through an :class:`Exchange` chosen once when its runtime is built
+(``epsim.runtime.backends.select_exchange``): :class:`DynamicExchange`, :class:`StaticExchange`,
+or on ROCm MORI-EP's (``epsim.runtime.backends.MoriExchange``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,13 +36,11 @@ class Pending:
 
     works: Sequence[Any]
     finish: Callable[[], Any]
-    done: bool = field(default=False)
 
     def wait(self) -> Any:
         for work in self.works:
             if work is not None:
                 work.wait()
-        self.done = True
         return self.finish()
 
 
@@ -208,3 +210,57 @@ def combine_static(y: torch.Tensor, layout: StaticLayout, group: Any = None) -> 
         return padded[layout.flat].sum(1)
 
     return Pending([work], finish)
+
+
+def finished(result: Any) -> Pending:
+    """A :class:`Pending` with nothing in flight: the exchange ended when its call returned
+    (MORI-EP's own kernels)."""
+    return Pending([], lambda: result)
+
+
+class Exchange(Protocol):
+    """A rank's EP dispatch and combine, one implementation picked per rank.
+
+        dispatch(x, slots, weights, capacity)  sends ``x [t, h]`` to the ranks holding its
+            ``slots [t, k]`` (global physical slots) with their ``weights [t, k]``; ``capacity``:
+            the most rows one destination may get (the microbatch's token count), which only a
+            fixed-shape exchange uses. Returns a :class:`Pending` of a :class:`DispatchResult`.
+        combine(y, recv)  sends the partial sums ``y [N, h]`` of the rows ``recv`` (what dispatch
+            gave) back. Returns a :class:`Pending` of ``[t, h]`` summed per token.
+    """
+
+    def dispatch(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
+                 capacity: int) -> Pending: ...
+
+    def combine(self, y: torch.Tensor, recv: DispatchResult) -> Pending: ...
+
+
+@dataclass(frozen=True)
+class DynamicExchange:
+    """:func:`dispatch_dynamic` and :func:`combine_dynamic` over ``group`` (None: default)."""
+
+    slots_per_rank: int
+    group: Any = None
+
+    def dispatch(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
+                 capacity: int) -> Pending:
+        return dispatch_dynamic(x, slots, weights, self.slots_per_rank, group=self.group)
+
+    def combine(self, y: torch.Tensor, recv: DispatchResult) -> Pending:
+        return combine_dynamic(y, recv.layout, group=self.group)
+
+
+@dataclass(frozen=True)
+class StaticExchange:
+    """:func:`dispatch_static` and :func:`combine_static` over ``group`` (None: default)."""
+
+    slots_per_rank: int
+    group: Any = None
+
+    def dispatch(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
+                 capacity: int) -> Pending:
+        return dispatch_static(x, slots, weights, self.slots_per_rank, capacity=capacity,
+                               group=self.group)
+
+    def combine(self, y: torch.Tensor, recv: DispatchResult) -> Pending:
+        return combine_static(y, recv.layout, group=self.group)

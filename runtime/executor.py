@@ -37,7 +37,7 @@ from epsim.model.trace import TraceEvent
 
 from . import comm, kernels
 from . import weights as W
-from .backends import select_moe_backend, select_mori
+from .backends import select_exchange, select_moe_backend
 from .kv_cache import KV_STORAGE, LatentCache
 from .ops import OP_IMPLS, MicrobatchState, last_token_rows
 from .options import RunOptions, cache_positions
@@ -116,9 +116,9 @@ class RankRuntime:
         self.latent, self.v_dim = a.kv_lora_rank, a.v_head_dim
         self.softmax_scale = (self.nope + self.rope) ** -0.5
         self.w = self._load_weights()
-        self.ep_rank = rank if plan.expert_parallel else 0
         self.slots_per_rank = placement.slots_per_gpu
-        self.slot_base = self.ep_rank * self.slots_per_rank
+        ep_rank = rank if plan.expert_parallel else 0
+        self.slot_base = ep_rank * self.slots_per_rank
         self.experts = self._load_experts()
         l2p, replicas = placement.logical_to_physical, placement.replica_counts
         if plan.mtp and model.mtp_moe:  # the draft layer sits like its routing layer
@@ -128,7 +128,7 @@ class RankRuntime:
         self.l2p = torch.as_tensor(l2p, device=self.device)
         self.replicas = torch.as_tensor(replicas, device=self.device)
         self.moe_backend = select_moe_backend(self)
-        self.mori = select_mori(self)
+        self.exchange = select_exchange(self)
         # Per-sequence state: cache, lengths (cached tokens before the step), next inputs
         b, ctx = opts.batch, opts.context
         self.mtp = plan.mtp

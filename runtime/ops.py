@@ -2,6 +2,8 @@
 
 An implementation ``impl(rt, op, ins, st)`` runs one op of the graph for one microbatch:
 
+    rt       the rank it runs on, as far as an op reads it (:class:`RankView`; the executor's
+             ``RankRuntime`` is one), so this module needs nothing of the executor.
     ins      the values the op reads, by name, as the graph's edges deliver them
              (``OpGraph.inputs``: ``{"q_lat": ..., "k_pe": ..., "c_kv": ..., "q": ...}`` for MLA
              decode attention); the executor gathers them, no implementation looks one up.
@@ -20,19 +22,69 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
 from epsim.model.ids import weight_key
 from epsim.model.opgraph import Op
 from epsim.model.placement import remap
+from epsim.model.plan import ParallelPlan
 
 from . import comm, kernels
+from .backends import MoEFn
+from .kv_cache import LatentCache
 
-if TYPE_CHECKING:
-    from .executor import RankRuntime
+
+@runtime_checkable
+class RankView(Protocol):
+    """What an op implementation reads from the rank it runs on: exactly the members below
+    (``epsim.runtime.executor.RankRuntime`` has them all; a stand-in needs only those its ops
+    read, as ``calibrate.micro``'s GEMM sweep passes one with ``weight`` alone).
+
+    model: the model (``rms_norm_eps``, ``moe``: top-k, groups, routed scaling).
+    plan: the parallel plan (``fusion.fused_rope``: RoPE inside attention, no rope op).
+    device / dtype: where and in what the rank computes: ``cpu``, ``torch.float32``.
+    static: fixed shapes (``--static``): masked experts, attention over the whole cache buffer.
+    heads / nope / rope / v_dim: MLA's heads and per-head dims; DeepSeek-V3: 128, 128, 64, 128.
+    softmax_scale: ``(nope + rope) ** -0.5``; DeepSeek-V3: ``192 ** -0.5``.
+    w: every dense weight by ``epsim.model.ids.weight_key``, e.g. ``w["L3.moe.shared.gate_up"]``
+        ``[h, 2I]``.
+    weight(op, suffix=""): ``w`` of the op's layer and name (+ ``suffix``: ``".bias"``).
+    experts: MoE layer -> ``(gate_up [S, h, 2I], down [S, I, h])`` of the rank's ``S`` slots.
+    slot_base / slots_per_rank: the rank's first global physical slot and how many it holds
+        (EP rank ``r`` of 8 over 256 slots: ``32 * r`` and 32).
+    l2p / replicas: ``[layers, experts, max_replicas]`` physical slots of each expert (-1
+        padded) and ``[layers, experts]`` replica counts, on the device (``placement.remap``).
+    cache: the rank's MLA KV cache (:class:`epsim.runtime.kv_cache.LatentCache`).
+    moe_backend: the routed-expert backend, ``(x [N, h], local [N, k], weights [N, k], gate_up,
+        down) -> [N, h]`` (``epsim.runtime.backends.select_moe_backend``).
+    exchange: the EP dispatch/combine (:class:`epsim.runtime.comm.Exchange`).
+    """
+
+    model: ModelConfig
+    plan: ParallelPlan
+    device: torch.device
+    dtype: torch.dtype
+    static: bool
+    heads: int
+    nope: int
+    rope: int
+    v_dim: int
+    softmax_scale: float
+    w: dict[str, torch.Tensor]
+    experts: dict[int, tuple[torch.Tensor, torch.Tensor]]
+    slot_base: int
+    slots_per_rank: int
+    l2p: torch.Tensor
+    replicas: torch.Tensor
+    cache: LatentCache
+    moe_backend: MoEFn
+    exchange: comm.Exchange
+
+    def weight(self, op: Op, suffix: str = "") -> torch.Tensor: ...
 
 
 @dataclass
@@ -84,7 +136,7 @@ class TopK:
 
 Values = Mapping[str, Any]
 #: ``impl(rt, op, ins, st)`` -> the op's outputs, or a Pending that returns them
-Impl = Callable[["RankRuntime", Op, Values, MicrobatchState], "dict[str, Any] | comm.Pending"]
+Impl = Callable[[RankView, Op, Values, MicrobatchState], "dict[str, Any] | comm.Pending"]
 
 
 def last_token_rows(st: MicrobatchState, x: torch.Tensor) -> torch.Tensor:
@@ -97,11 +149,11 @@ def _only(ins: Values) -> Any:
     return value
 
 
-def _embedding(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _embedding(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     return {op.outputs[0]: rt.weight(op)[st.tokens]}
 
 
-def _draft_embedding(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+def _draft_embedding(rt: RankView, op: Op, ins: Values, st: MicrobatchState
                      ) -> dict[str, Any]:
     """The MTP draft pass's next tokens, embedded: pass 0 each verified row's following token
     (the sampled one where the row was not accepted), a later pass the previous draft."""
@@ -116,11 +168,11 @@ def _draft_embedding(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
 EMBEDDINGS: dict[str, Impl] = {"embed": _embedding, "mtp.embed": _draft_embedding}
 
 
-def _embed(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _embed(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     return EMBEDDINGS[op.name](rt, op, ins, st)
 
 
-def _norm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _norm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     w, eps = rt.weight(op), rt.model.rms_norm_eps
     if "residual" in op.outputs:
         # fused add + RMSNorm: the residual stream absorbs the block outputs, then normalise
@@ -139,7 +191,7 @@ def _norm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str
     return out
 
 
-def _gemm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _gemm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     # several inputs are concatenated in the graph's order (MTP's eh_proj: [embedding; hidden])
     x = _only(ins) if len(ins) == 1 else torch.cat(list(ins.values()), dim=-1)
     w = rt.weight(op)
@@ -153,14 +205,14 @@ def _gemm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str
     return {op.outputs[0]: y}
 
 
-def _elementwise(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _elementwise(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     # SwiGLU: one merged gate/up tensor, or the two halves from separate GEMMs
     if "gate_up" in ins:
         return {op.outputs[0]: kernels.silu_and_mul(ins["gate_up"])}
     return {op.outputs[0]: torch.nn.functional.silu(ins["gate"]) * ins["up"]}
 
 
-def _rotate(rt: RankRuntime, st: MicrobatchState, q: torch.Tensor, k_pe: torch.Tensor
+def _rotate(rt: RankView, st: MicrobatchState, q: torch.Tensor, k_pe: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q [t, H * (n + p)]`` with its RoPE part rotated (as ``[t, H, n + p]``), ``k_pe`` too."""
     q = q.view(st.num_tokens, rt.heads, rt.nope + rt.rope)
@@ -168,12 +220,12 @@ def _rotate(rt: RankRuntime, st: MicrobatchState, q: torch.Tensor, k_pe: torch.T
     return torch.cat([q[..., :rt.nope], q_pe], dim=-1), kernels.apply_rope(k_pe, st.cos, st.sin)
 
 
-def _rope(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _rope(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     q, k_pe = _rotate(rt, st, ins["q"], ins["k_pe"])
     return {"q": q.reshape(st.num_tokens, -1), "k_pe": k_pe}
 
 
-def _attention_inputs(rt: RankRuntime, ins: Values, st: MicrobatchState
+def _attention_inputs(rt: RankView, ins: Values, st: MicrobatchState
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q [t, H, n + p]`` and ``k_pe [t, p]``, rotated here when RoPE is fused into attention
     (the graph then has no rope op)."""
@@ -182,7 +234,7 @@ def _attention_inputs(rt: RankRuntime, ins: Values, st: MicrobatchState
     return ins["q"].view(st.num_tokens, rt.heads, rt.nope + rt.rope), ins["k_pe"]
 
 
-def _attention_decode(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+def _attention_decode(rt: RankView, op: Op, ins: Values, st: MicrobatchState
                       ) -> dict[str, Any]:
     q, k_pe = _attention_inputs(rt, ins, st)
     rt.cache.write(op.layer, st.seq_ids, st.positions, ins["c_kv"], k_pe, op.draft)
@@ -197,7 +249,7 @@ def _attention_decode(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
     return {op.outputs[0]: o_lat}
 
 
-def _attention_prefill(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+def _attention_prefill(rt: RankView, op: Op, ins: Values, st: MicrobatchState
                        ) -> dict[str, Any]:
     """Causal MLA over each sequence's prompt with per-head K and V from ``attn.kv_b``; the
     latents and RoPE keys go into the cache for the decode steps (no cached prefix here)."""
@@ -220,7 +272,7 @@ def _attention_prefill(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
     return {op.outputs[0]: attn_v}
 
 
-def _router(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _router(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     moe = rt.model.moe
     logits = ins["h"].float() @ rt.weight(op).float()
     ids, weights = kernels.route_grouped_sigmoid(
@@ -236,29 +288,14 @@ def _then(handle: comm.Pending, name: str) -> comm.Pending:
     return comm.Pending(handle.works, lambda: {name: finish()})
 
 
-def _done(outputs: dict[str, Any]) -> comm.Pending:
-    """A collective that finished when its call returned (MORI-EP's own kernels)."""
-    return comm.Pending([], lambda: outputs)
+def _dispatch(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
+    topk = ins["topk"]
+    sent = rt.exchange.dispatch(ins["h"], topk.slots, topk.weights, capacity=st.num_tokens)
+    return _then(sent, op.outputs[0])
 
 
-def _dispatch(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
-    h, topk, out = ins["h"], ins["topk"], op.outputs[0]
-    if rt.mori is not None:
-        x, slots, weights = rt.mori.dispatch(h, topk.slots, topk.weights)
-        return _done({out: comm.DispatchResult(x, slots, weights, None)})
-    args = (h, topk.slots, topk.weights, rt.slots_per_rank)
-    if rt.static:
-        return _then(comm.dispatch_static(*args, capacity=st.num_tokens, group=rt.group), out)
-    return _then(comm.dispatch_dynamic(*args, group=rt.group), out)
-
-
-def _combine(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
-    y, recv, out = ins["expert_out"], ins["recv"], op.outputs[0]
-    if rt.mori is not None:
-        return _done({out: rt.mori.combine(y, recv.weights, recv.slots)})
-    if rt.static:
-        return _then(comm.combine_static(y, recv.layout, group=rt.group), out)
-    return _then(comm.combine_dynamic(y, recv.layout, group=rt.group), out)
+def _combine(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
+    return _then(rt.exchange.combine(ins["expert_out"], ins["recv"]), op.outputs[0])
 
 
 def _received(ins: Values) -> comm.DispatchResult:
@@ -269,19 +306,19 @@ def _received(ins: Values) -> comm.DispatchResult:
     return comm.DispatchResult(ins["h"], ins["topk"].slots, ins["topk"].weights, None)
 
 
-def _local_slots(rt: RankRuntime, recv: comm.DispatchResult) -> torch.Tensor:
+def _local_slots(rt: RankView, recv: comm.DispatchResult) -> torch.Tensor:
     local = recv.slots - rt.slot_base
     mine = (local >= 0) & (local < rt.slots_per_rank)
     return torch.where(mine, local, torch.full_like(local, -1))
 
 
-def _experts_fused(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _experts_fused(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     recv, (gate_up, down) = _received(ins), rt.experts[op.layer]
     y = rt.moe_backend(recv.x, _local_slots(rt, recv), recv.weights, gate_up, down)
     return {op.outputs[0]: y}
 
 
-def _experts_with_shared(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+def _experts_with_shared(rt: RankView, op: Op, ins: Values, st: MicrobatchState
                          ) -> dict[str, Any]:
     """The fused-MoE kernel that also runs the shared expert over the rank's own rows
     (``Fusion.shared_expert_in_moe``): ``expert_out`` for the received rows, ``shared_out`` for
@@ -293,7 +330,7 @@ def _experts_with_shared(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchSta
     return {op.outputs[0]: routed, op.outputs[1]: shared}
 
 
-def _experts_gate_up(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
+def _experts_gate_up(rt: RankView, op: Op, ins: Values, st: MicrobatchState
                      ) -> dict[str, Any]:
     """Writes ``gate_up`` and ``pairs``: the layout down needs (static: every slot over every row
     with the routing weights; dynamic: the pairs sorted by slot)."""
@@ -306,7 +343,7 @@ def _experts_gate_up(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState
     return {"gate_up": kernels.sorted_gate_up(recv.x, pairs, gate_up), "pairs": pairs}
 
 
-def _experts_down(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _experts_down(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     act, pairs, (_, down) = ins["act"], ins["pairs"], rt.experts[op.layer]
     if rt.static:
         local, weights = pairs
@@ -323,11 +360,11 @@ GROUPED_GEMMS: dict[str, Impl] = {
 }
 
 
-def _grouped_gemm(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _grouped_gemm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     return GROUPED_GEMMS[op.name](rt, op, ins, st)
 
 
-def _lm_head(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _lm_head(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     rows = last_token_rows(st, ins["h"])
     out = {op.outputs[0]: rows.float() @ rt.weight(op).float()}
     if "hidden" in op.outputs:  # an MTP draft head hands its rows' hidden state on
@@ -335,7 +372,7 @@ def _lm_head(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[
     return out
 
 
-def _sample(rt: RankRuntime, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+def _sample(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     return {op.outputs[0]: _only(ins).argmax(-1)}  # greedy
 
 
