@@ -5,7 +5,7 @@ import pytest
 
 from epsim.model import load_model
 from epsim.model.eplb import balance_placement
-from epsim.model.graph import prob_rank_hit
+from epsim.model.graph_builder import prob_rank_hit
 from epsim.model.loads import hottest_to_mean, read_loads
 from epsim.model.placement import Placement, contiguous_placement
 from epsim.sim.routing import sample_routing, slot_frequencies, synthetic_loads
