@@ -1,4 +1,4 @@
-"""numba compilation shared by the compiled loops (``model/eplb_kernels*.py``, and
+"""numba compilation shared by the compiled loops (``model/eplb/kernels*.py``, and
 ``sim/engine_walk.py``, which may import epsim.model).
 
     numba      the module, or None where it is not installed (every caller then runs the same

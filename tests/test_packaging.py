@@ -36,6 +36,17 @@ def test_layers_install_under_epsim_from_their_root_folders():
         assert Path(module.__file__).resolve().parent == REPO / layer
 
 
+
+def test_every_package_folder_of_a_layer_is_listed():
+    # subpackages (epsim.model.eplb) resolve through package-dir, but a wheel ships only the
+    # packages listed
+    setuptools = _pyproject()["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    for package, folder in setuptools["package-dir"].items():
+        for init in sorted((REPO / folder).rglob("__init__.py")):
+            inside = init.parent.relative_to(REPO / folder).parts
+            assert ".".join((package, *inside)) in listed, f"{init.parent} is not in packages"
+
 def test_every_package_data_pattern_matches_files():
     setuptools = _pyproject()["tool"]["setuptools"]
     for package, patterns in setuptools["package-data"].items():

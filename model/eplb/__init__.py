@@ -1,0 +1,34 @@
+"""Expert-parallel load balancing: placing experts (and their replicas) on GPUs so every GPU
+carries the same load.
+
+The face of the balancer: :func:`balance_placement` places, :func:`balance_report` places and
+measures (``epsim balance``). Its files:
+
+    balance.py          the entry point: ``balance_placement``, the ``BALANCERS`` registry, flat
+                        and hierarchical packing, GPU relabelling against a previous placement,
+                        the summaries (``balance_report``, ``imbalance_summary``, ``lower_bound``)
+    pack.py             the packers: greedy, Karmarkar-Karp, exact
+    swaps.py            the pairwise-swap refinement (and two-for-two exchanges)
+    replicas.py         the redundant slots: which experts get replicas, spreading duplicates
+    snapshots.py        ``minmax``: a placement for several load snapshots (their worst)
+    kernels.py          the loops of pack / replicas / swaps compiled with numba (same choices)
+    kernels_minmax.py   the minmax refinement's loops compiled with numba
+
+Everything else is imported from its module (``from epsim.model.eplb.balance import
+lower_bound``, ``from epsim.model.eplb.pack import greedy_groups``).
+"""
+
+from .balance import (
+    BALANCERS,
+    DEFAULT_METHOD,
+    DEFAULT_SNAPSHOTS_METHOD,
+    balance_placement,
+    balance_report,
+    gpu_incidence,
+    moved_experts,
+)
+
+__all__ = [
+    "BALANCERS", "DEFAULT_METHOD", "DEFAULT_SNAPSHOTS_METHOD", "balance_placement",
+    "balance_report", "gpu_incidence", "moved_experts",
+]
