@@ -84,9 +84,8 @@ def _balanced_table(args: argparse.Namespace, world: int) -> tuple[tuple[int, ..
         return None
     from epsim.model.config import load_model
     from epsim.model.eplb import balance_placement
-    from epsim.model.loads import read_loads
+    from epsim.model.loads import read_loads, synthetic_loads
     from epsim.model.plan import make_plan
-    from epsim.sim.routing import synthetic_loads
 
     model = load_model(args.model)
     loads = read_loads(args.loads) if args.loads else synthetic_loads(model)
