@@ -108,7 +108,10 @@ def read_loads(name_or_path: str | Path, *, windows: bool = False) -> np.ndarray
 
 
 def loads_from_object(obj: Any, where: str = "loads") -> np.ndarray:
-    """Validate an in-memory ``{"logical_count": ...}`` object (see :func:`read_loads`)."""
+    """Validate an in-memory ``{"logical_count": ...}`` object (see :func:`read_loads`).
+
+    Exists for tests (a dump's windows checked without writing a file); the commands read files.
+    """
     return _as_loads(obj, where)
 
 
@@ -123,16 +126,12 @@ def frequencies(loads: np.ndarray) -> np.ndarray:
     return np.divide(loads, totals, out=np.zeros_like(loads, dtype=np.float64), where=totals > 0)
 
 
-def check_matches(loads: np.ndarray, num_experts: int, where: str = "loads") -> None:
-    """Error unless the loads have ``num_experts`` columns."""
-    if loads.shape[1] != num_experts:
-        raise EpsimError(
-            f"{where}: {loads.shape[1]} experts per layer, but the model has {num_experts}"
-        )
-
-
 def hottest_to_mean(loads: np.ndarray) -> float:
-    """Mean over loaded layers of (hottest expert's load / mean expert load)."""
+    """Mean over loaded layers of (hottest expert's load / mean expert load). Example: 6.07 for
+    ``decode_in2000out100``, 5.85 for DeepSeek-R1's synthetic loads.
+
+    Exists for tests: the one that holds the synthetic loads to the real files' statistics (the
+    figures quoted in this module's docstring and docs/simulator.md)."""
     rows = loads[moe_layer_rows(loads)]
     return float(np.mean(rows.max(axis=1) / rows.mean(axis=1))) if len(rows) else math.nan
 
