@@ -21,12 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from epsim.model import load_model  # noqa: E402
-from epsim.model.eplb import (  # noqa: E402
-    DEFAULT_METHOD,
-    balance_placement,
-    lower_bound,
-    moved_experts,
-)
+from epsim.model.eplb import DEFAULT_METHOD, balance_placement, moved_experts  # noqa: E402
+from epsim.model.eplb.balance import lower_bound  # noqa: E402
 from epsim.model.loads import frequencies, read_loads, shipped_loads  # noqa: E402
 from epsim.model.placement import contiguous_placement  # noqa: E402
 from epsim.sim.hardware.profile import load_profile  # noqa: E402

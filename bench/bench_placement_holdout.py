@@ -11,7 +11,7 @@ Protocol, on the shipped DeepSeek-V3 files (model/data/loads/) unless --loads na
 "Fitted" is the imbalance on the fit files themselves (each layer's worst fit file). Several
 fit files are several snapshots: ``minmax`` fits the worst of them, every other method (and
 DeepSeek's EPLB, which takes one load matrix) fits their mean, each file scaled to the same
-total per layer (epsim.model.eplb_snapshots.snapshot_weights).
+total per layer (epsim.model.eplb.snapshots.snapshot_weights).
 
 DeepSeek's EPLB is imported from the path given (``--deepseek-eplb PATH/eplb.py``, from
 https://github.com/deepseek-ai/EPLB; it needs torch) and never copied into this repository. It
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from epsim.model.eplb import balance_placement
-from epsim.model.eplb_snapshots import snapshot_weights
+from epsim.model.eplb.snapshots import snapshot_weights
 from epsim.model.loads import moe_layer_rows, read_loads, shipped_loads
 from epsim.model.placement import Placement
 

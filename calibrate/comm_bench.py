@@ -38,7 +38,7 @@ import pandas as pd
 
 from epsim.model.dtypes import bytes_per_element
 from epsim.model.errors import EpsimError
-from epsim.model.graph import prob_rank_hit
+from epsim.model.graph_builder import prob_rank_hit
 from epsim.runtime import lifecycle
 
 #: the exchange benchmark's model-like sizes (disjoint from the shipped tiny models' hidden sizes)

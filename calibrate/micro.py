@@ -230,7 +230,7 @@ def gemm_sweep(grid: Iterable[tuple[int, int, int]] = GEMM_GRID, repeats: int = 
 
 def gemm_op(m: int, n: int, k: int) -> Op:
     """A graph ``gemm`` op of shape ``[m, k] @ [k, n]`` with bf16 weights, as
-    ``epsim.model.graph._StepBuilder.gemm`` builds it (the role ``attn.q_a``: its input is ``h``)."""
+    ``epsim.model.graph_emit.OpShapes.gemm`` builds it (the role ``attn.q_a``: its input is ``h``)."""
     w, act = 2.0, 2.0
     return Op(id=f"gemm.{m}x{n}x{k}", kind="gemm", name="attn.q_a", layer=0, microbatch=0,
               category="attention", dims={"batch": 1, "m": m, "n": n, "k": k}, dtype="bf16",

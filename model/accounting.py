@@ -25,7 +25,6 @@ from .dtypes import bytes_per_element
 from .errors import EpsimError
 from .plan import ParallelPlan
 
-ACTIVATION_DTYPE = "bf16"
 NORM_DTYPE = "bf16"
 
 #: HBM the engine keeps for activations, workspaces and graph pools beside weights and KV cache

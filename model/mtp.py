@@ -35,16 +35,14 @@ next pass, as vLLM does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .config import ModelConfig
 from .errors import EpsimError
+from .graph_builder import StepBuilder
+from .graph_emit import ACT
 from .opgraph import Batch
-
-if TYPE_CHECKING:
-    from .graph import _StepBuilder
 
 #: default ``P``: DeepSeek-V3 Technical Report (arXiv 2412.19437), section 5.4.3: "Based on our
 #: evaluation, the acceptance rate of the second token prediction ranges between 85% and 90%
@@ -52,8 +50,6 @@ if TYPE_CHECKING:
 DEFAULT_ACCEPTANCE = 0.85
 ACCEPTANCE_SOURCE = ("DeepSeek-V3 Technical Report, arXiv 2412.19437, section 5.4.3: the "
                      "acceptance rate of the second token prediction ranges between 85% and 90%")
-#: activations' dtype, as epsim.model.graph's
-_ACT = "bf16"
 #: a fixed word mixed into the runtime's acceptance seeds, so they are no other stream's
 _RUNTIME_STREAM = 0x6D7470
 
@@ -113,78 +109,81 @@ def routing_layer(model: ModelConfig) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def emit_draft_pass(main: _StepBuilder, k: int) -> None:
+def emit_draft_pass(main: StepBuilder, k: int) -> None:
     """Emit draft pass ``k`` of one microbatch after ``main`` (the main model's builder, whose
     head has been emitted, as have passes ``0 .. k-1``)."""
-    from .graph import _StepBuilder  # graph imports this module
-
-    m, e = main.m, main.e
-    layer = draft_layer(m)
-    e.draft = k
+    model, emitter = main.model, main.emitter
+    layer = draft_layer(model)
+    emitter.draft = k
     if k == 0:  # over every position the main model verified, at its context
-        b = _StepBuilder(m, main.p, main.b, main.seqs, e)
-        token_src, hidden_src = main.e.results["next_tokens"], main.e.results["hidden"]
+        builder = StepBuilder(model, main.plan, main.batch, main.seqs, emitter)
+        token_src, hidden_src = emitter.results["next_tokens"], emitter.results["hidden"]
     else:  # one token per sequence, k positions past the verified ones
-        b = _StepBuilder(m, main.p, Batch.decode(main.b.seqs, main.kv_len + k), main.seqs, e,
-                         new_tokens=1)
-        token_src = e.results[f"draft_tokens{k - 1}"]
-        hidden_src = (e.draft_carry, "hidden")  # the previous pass's head wrote it
-    x = _draft_input(b, layer, token_src, hidden_src)
-    e.begin_block()
-    attn = b.attention(layer, [x])
-    outputs = b.moe(layer, attn) if m.mtp_moe else [b.dense_mlp(layer, attn)]
-    _draft_head(b, layer, outputs, last=k == main.p.mtp - 1)
-    e.draft = None
+        builder = StepBuilder(model, main.plan, Batch.decode(main.batch.seqs, main.kv_len + k),
+                              main.seqs, emitter, new_tokens=1)
+        token_src = emitter.results[f"draft_tokens{k - 1}"]
+        hidden_src = (emitter.draft_carry, "hidden")  # the previous pass's head wrote it
+    x = _draft_input(builder, layer, token_src, hidden_src)
+    emitter.begin_block()
+    attn = builder.attention(layer, [x])
+    outputs = (builder.moe(layer, attn) if model.mtp_moe
+               else [builder.dense_mlp(layer, attn)])
+    _draft_head(builder, layer, outputs, last=k == main.plan.mtp - 1)
+    emitter.draft = None
 
 
-def _draft_input(b: _StepBuilder, layer: int, token_src: tuple[str, str],
+def _draft_input(builder: StepBuilder, layer: int, token_src: tuple[str, str],
                  hidden_src: tuple[str, str]) -> str:
     """``eh_proj([enorm(embed(next tokens)); hnorm(hidden)])``: the draft layer's input."""
-    e, h, t = b.e, b.m.hidden_size, b.tokens
-    e.begin_block()
-    emb = e.emit(
+    emitter, h, t = builder.emitter, builder.model.hidden_size, builder.tokens
+    act_bytes, tp = builder.act_elem_bytes, builder.plan.tp
+    emitter.begin_block()
+    emb = emitter.emit(
         layer, "mtp.embed", "embedding", "other", deps=[token_src], outputs=("emb",),
-        dims={"tokens": t, "hidden": h, "vocab": b.m.vocab_size // b.p.tp},
-        dtype=_ACT, flops=0.0,
-        bytes_read=t * h * b.act + t * 8, bytes_written=t * h * b.act,
+        dims={"tokens": t, "hidden": h, "vocab": builder.model.vocab_size // tp},
+        dtype=ACT, flops=0.0,
+        bytes_read=t * h * act_bytes + t * 8, bytes_written=t * h * act_bytes,
     )
-    if b.p.tp > 1:  # the vocab-parallel table, as the main embedding
-        emb = b.collective(layer, "mtp.embed.all_reduce", "all_reduce", "tp_comm", t, h,
-                           b.p.tp, "tp", out="emb", deps=[emb])
-    enorm = b.norm(layer, "mtp.enorm", "other", h, outputs=("e",), deps=[emb])
-    hnorm = b.norm(layer, "mtp.hnorm", "other", h, outputs=("hh",), deps=[hidden_src])
-    return b.gemm(layer, "mtp.eh_proj", "other", t, h, 2 * h, out="x", deps=[enorm, hnorm])
+    if tp > 1:  # the vocab-parallel table, as the main embedding
+        emb = builder.collective(layer, "mtp.embed.all_reduce", "all_reduce", "tp_comm", t, h,
+                                 tp, "tp", out="emb", deps=[emb])
+    enorm = builder.norm(layer, "mtp.enorm", "other", h, outputs=("e",), deps=[emb])
+    hnorm = builder.norm(layer, "mtp.hnorm", "other", h, outputs=("hh",), deps=[hidden_src])
+    return builder.gemm(layer, "mtp.eh_proj", "other", t, h, 2 * h, out="x",
+                        deps=[enorm, hnorm])
 
 
-def _draft_head(b: _StepBuilder, layer: int, outputs: Sequence[object], last: bool) -> None:
+def _draft_head(builder: StepBuilder, layer: int, outputs: Sequence[object],
+                last: bool) -> None:
     """The shared head over one row per sequence; records ``draft_logits{k}`` (its op also
     writes the row's hidden state for the next pass) and ``draft_tokens{k}``."""
-    e, h, v, tp = b.e, b.m.hidden_size, b.m.vocab_size, b.p.tp
-    e.begin_block()
-    norm = b.add_norm(layer, "mtp.head_norm", "other", outputs)
-    rows = b.seqs
-    weights = h * (v // tp) * b.act
+    emitter, act_bytes, tp = builder.emitter, builder.act_elem_bytes, builder.plan.tp
+    h, v = builder.model.hidden_size, builder.model.vocab_size
+    emitter.begin_block()
+    norm = builder.add_norm(layer, "mtp.head_norm", "other", outputs)
+    rows = builder.seqs
+    weights = h * (v // tp) * act_bytes
     # the row's hidden state before the head norm goes on to the next pass
     carry = [] if last else [(norm, "residual")]
-    head = e.emit(
+    head = emitter.emit(
         layer, "mtp.lm_head", "lm_head", "other", deps=[(norm, "h"), *carry],
         outputs=("logits", "hidden") if carry else ("logits",),
         dims={"tokens": rows, "hidden": h, "vocab": v // tp},
-        dtype=_ACT, flops=2.0 * rows * h * (v // tp),
-        bytes_read=weights + rows * h * b.act * (1 if last else 2),
-        bytes_written=rows * (v // tp) * 4 + (0 if last else rows * h * b.act),
+        dtype=ACT, flops=2.0 * rows * h * (v // tp),
+        bytes_read=weights + rows * h * act_bytes * (1 if last else 2),
+        bytes_written=rows * (v // tp) * 4 + (0 if last else rows * h * act_bytes),
         weight_bytes=weights,
     )
     logits = head
     if tp > 1:
-        logits = b.collective(layer, "mtp.lm_head.all_gather", "all_gather", "tp_comm", rows,
-                              v // tp, tp, "tp", out="logits", deps=[(head, "logits")])
-    sample = e.emit(
+        logits = builder.collective(layer, "mtp.lm_head.all_gather", "all_gather", "tp_comm",
+                                    rows, v // tp, tp, "tp", out="logits", deps=[(head, "logits")])
+    sample = emitter.emit(
         layer, "mtp.sample", "sample", "other", deps=[(logits, "logits")],
         outputs=("next_tokens",), dims={"tokens": rows, "vocab": v}, dtype="fp32",
         flops=float(rows * v), bytes_read=rows * v * 4, bytes_written=rows * 8,
     )
-    k = e.draft
-    e.results[f"draft_logits{k}"] = (logits, "logits")
-    e.results[f"draft_tokens{k}"] = (sample, "next_tokens")
-    e.draft_carry = None if last else head
+    k = emitter.draft
+    emitter.results[f"draft_logits{k}"] = (logits, "logits")
+    emitter.results[f"draft_tokens{k}"] = (sample, "next_tokens")
+    emitter.draft_carry = None if last else head

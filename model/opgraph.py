@@ -222,13 +222,11 @@ class OpGraph:
         return len(self.ops)
 
     def op(self, op_id: str) -> Op:
+        """The op ``op_id``, or a KeyError naming it. Exists for tests (the code reads ``ops``)."""
         try:
             return self.ops[op_id]
         except KeyError:
             raise KeyError(f"no op {op_id!r} in this graph") from None
-
-    def predecessors(self, op_id: str) -> list[str]:
-        return list(self.graph.predecessors(op_id))
 
     def inputs(self, op_id: str) -> list[tuple[str, str]]:
         """``(producer op id, value name)`` of every value ``op_id`` reads: producers in the order
@@ -238,28 +236,7 @@ class OpGraph:
         return [(producer, value) for producer, data in edges.items()
                 for value in data["values"]]
 
-    def totals_by_kind(self) -> dict[str, dict[str, float]]:
-        """``{kind: {"count", "flops", "bytes_read", "bytes_written", "weight_bytes"}}``."""
-        totals: dict[str, dict[str, float]] = {}
-        for op in self.ops.values():
-            t = totals.setdefault(
-                op.kind,
-                {"count": 0, "flops": 0.0, "bytes_read": 0.0, "bytes_written": 0.0,
-                 "weight_bytes": 0.0, "bytes_sent": 0.0},
-            )
-            t["count"] += 1
-            t["flops"] += op.flops
-            t["bytes_read"] += op.bytes_read
-            t["bytes_written"] += op.bytes_written
-            t["weight_bytes"] += op.weight_bytes
-            if op.peer_bytes is not None:
-                t["bytes_sent"] += sum(op.peer_bytes)
-        return totals
-
-    @property
-    def flops(self) -> float:
-        return sum(op.flops for op in self.ops.values())
-
     @property
     def bytes(self) -> float:
+        """Bytes read and written by all ops. Exists for tests (what fusions save)."""
         return sum(op.bytes for op in self.ops.values())

@@ -168,11 +168,6 @@ class OutputSet:
             s.discard()
 
 
-def active_output_set() -> OutputSet | None:
-    """The output set of the running command, if any."""
-    return _ACTIVE.get()
-
-
 @contextlib.contextmanager
 def staged_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temp path to write ``path``'s content to (e.g. ``fig.savefig``); on leaving the block

@@ -86,6 +86,8 @@ class Placement:
         return table
 
     def gpu_of_slot(self, slots: np.ndarray) -> np.ndarray:
+        """The GPU of each physical slot (same shape). Exists for tests (the code divides by
+        ``slots_per_gpu`` where it needs it)."""
         return np.asarray(slots) // self.slots_per_gpu
 
     def gpu_loads(self, loads: np.ndarray) -> np.ndarray:

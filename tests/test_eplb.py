@@ -6,18 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epsim.model import EpsimError
-from epsim.model.eplb import (
-    BALANCERS,
-    balance_placement,
-    exact_groups,
-    greedy_groups,
-    kk_groups,
-    lower_bound,
-    moved_experts,
-    partition_count,
-    refine_swaps,
-    replicate_experts,
-)
+from epsim.model.eplb import BALANCERS, balance_placement, default_placement, moved_experts
+from epsim.model.eplb.balance import lower_bound
+from epsim.model.eplb.pack import exact_groups, greedy_groups, kk_groups, partition_count
+from epsim.model.eplb.replicas import replicate_experts
+from epsim.model.eplb.swaps import refine_swaps
 from epsim.model.loads import read_loads, shipped_loads
 from epsim.model.placement import contiguous_placement, remap
 
@@ -261,3 +254,17 @@ def test_previous_placement_matching_keeps_the_node_split():
             part = slice(node * half, (node + 1) * half)
             assert sorted(matched.physical_to_logical[layer, part]) == \
                 sorted(fresh.physical_to_logical[layer, part])
+
+
+def test_default_placement_is_the_balancer_or_the_contiguous_layout():
+    rng = np.random.default_rng(11)
+    loads = np.floor(rng.pareto(1.2, size=(4, 32)) * 100) + 1
+    loads[0] = 0  # a dense layer
+    for redundant in (0, 8):
+        balanced = default_placement(loads, 4, balanced=True, redundant=redundant)
+        np.testing.assert_array_equal(
+            balanced.physical_to_logical,
+            balance_placement(loads, 4, redundant=redundant).physical_to_logical)
+        plain = default_placement(loads, 4, balanced=False, redundant=redundant)
+        np.testing.assert_array_equal(plain.physical_to_logical,
+                                      contiguous_placement(4, 32, 4, redundant).physical_to_logical)

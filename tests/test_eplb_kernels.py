@@ -1,4 +1,4 @@
-"""The compiled balancer loops (model/eplb_kernels.py) choose exactly what the numpy path
+"""The compiled balancer loops (model/eplb/kernels.py) choose exactly what the numpy path
 chooses, ties included: integer loads with many equal items, replicas (equal weights, the
 no-two-on-a-GPU rule), one to three snapshots."""
 
@@ -9,20 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epsim.model import eplb_kernels
-from epsim.model.eplb import balance_placement
-from epsim.model.eplb_pack import greedy_groups
+from epsim.model.eplb import balance_placement, kernels
+from epsim.model.eplb.pack import greedy_groups
 
-pytestmark = pytest.mark.skipif(not eplb_kernels.ENABLED, reason="numba not installed")
+pytestmark = pytest.mark.skipif(not kernels.ENABLED, reason="numba not installed")
 
 
 def _both(monkeypatch, fn):
     compiled = fn()
-    monkeypatch.setattr(eplb_kernels, "ENABLED", False)
+    monkeypatch.setattr(kernels, "ENABLED", False)
     try:
         numpy_path = fn()
     finally:
-        monkeypatch.setattr(eplb_kernels, "ENABLED", True)
+        monkeypatch.setattr(kernels, "ENABLED", True)
     return compiled, numpy_path
 
 
@@ -68,4 +67,4 @@ def test_greedy_loop_is_greedy_groups(monkeypatch):
 def test_stable_argsort_keeps_equal_keys_in_index_order(n):
     x = np.resize([2.0, 1.0, 2.0, -0.0, 0.0, 1.0, 7.5], n)
     x[::5] = np.arange(len(x[::5]))  # long runs of equal keys and single ones
-    assert eplb_kernels._stable_argsort(x).tolist() == np.argsort(x, kind="stable").tolist()
+    assert kernels._stable_argsort(x).tolist() == np.argsort(x, kind="stable").tolist()

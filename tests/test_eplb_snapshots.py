@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from epsim.model import EpsimError
-from epsim.model.eplb import balance_placement, balance_report, greedy_groups, lower_bound
-from epsim.model.eplb_snapshots import refine_minmax, snapshot_weights
+from epsim.model.eplb import balance_placement, balance_report
+from epsim.model.eplb.balance import lower_bound
+from epsim.model.eplb.pack import greedy_groups
+from epsim.model.eplb.snapshots import refine_minmax, snapshot_weights
 from epsim.model.loads import loads_from_object, read_loads
 from epsim.model.placement import Placement
 

@@ -1,6 +1,6 @@
 """The fast paths of the balancer choose exactly what the plain search chose.
 
-The minmax search runs in cache-sized blocks of rows (eplb_snapshots._CACHE_FLOATS); blocks
+The minmax search runs in cache-sized blocks of rows (model/eplb/snapshots.py, _CACHE_FLOATS); blocks
 are a speed choice only, so every placement must be the same whatever the block size, equal
 to a plain every-pair search, and equal to the placements the one-block implementation gave
 (golden hashes, recorded with it on tie-free inputs so that no sort's tie order enters)."""
@@ -14,9 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epsim.model import eplb_snapshots
-from epsim.model.eplb import balance_placement
-from epsim.model.eplb_snapshots import _MinmaxState
+from epsim.model.eplb import balance_placement, snapshots
+from epsim.model.eplb.snapshots import _MinmaxState
 
 
 def _digest(p) -> str:
@@ -52,7 +51,7 @@ def test_block_size_changes_no_placement(monkeypatch, redundant):
     loads = _snapshots(5, layers=9)
     ref = balance_placement(loads, 8, "minmax", redundant=redundant)
     for floats in (1, 5_000, 10**9):  # one row per block, a few rows, all rows at once
-        monkeypatch.setattr(eplb_snapshots, "_CACHE_FLOATS", floats)
+        monkeypatch.setattr(snapshots, "_CACHE_FLOATS", floats)
         p = balance_placement(loads, 8, "minmax", redundant=redundant)
         assert (p.physical_to_logical == ref.physical_to_logical).all()
 

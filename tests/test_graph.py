@@ -246,9 +246,9 @@ def test_unfused_graph_routes_rotated_values_and_the_pair_layout():
 
 
 def test_an_op_cannot_read_two_values_of_one_name():
-    from epsim.model.graph import _Emitter
+    from epsim.model.graph_emit import Emitter
 
-    e = _Emitter(0)
+    e = Emitter(0)
     e.begin_block()
     dims = {"tokens": 4, "width": 8}
     fields = dict(dtype="bf16", flops=0.0, bytes_read=0.0, bytes_written=0.0)

@@ -45,7 +45,7 @@ SERVING_STEP_DOOR = "epsim.sim.serving.step_time"
 
 
 def _layer_of(module: str) -> str | None:
-    """The layer an absolute module name belongs to (``epsim.sim.cost`` -> ``sim``, ``epsim.cli``
+    """The layer an absolute module name belongs to (``epsim.sim.step.roofline`` -> ``sim``, ``epsim.cli``
     -> ``epsim``), or None for a module outside epsim."""
     parts = module.split(".")
     if parts[0] != "epsim":

@@ -3,9 +3,19 @@ import json
 import numpy as np
 import pytest
 
-from epsim.model import EpsimError
-from epsim.model.loads import frequencies, moe_layer_rows, read_loads, shipped_loads
+from epsim.model import EpsimError, load_model
+from epsim.model.eplb import balance_placement
+from epsim.model.loads import (
+    frequencies,
+    hottest_to_mean,
+    moe_layer_rows,
+    read_loads,
+    shipped_loads,
+    synthetic_loads,
+)
 from epsim.model.placement import Placement, contiguous_placement, read_placement, remap
+
+R1 = load_model("deepseek-r1")
 
 
 def test_shipped_loads_contiguous_imbalance():
@@ -19,6 +29,25 @@ def test_shipped_loads_contiguous_imbalance():
         # the data README: the busiest of 8 GPUs carries about 1.7-2.1x the mean
         assert 1.6 < np.mean(imb) < 2.2, path.name
         np.testing.assert_allclose(frequencies(loads)[3:].sum(axis=1), 1.0)
+
+
+def test_synthetic_loads_match_the_real_deepseek_statistics():
+    syn = synthetic_loads(R1)
+    real = read_loads("decode_in2000out100")
+    assert syn.shape == real.shape == (61, 256)
+    assert np.all(syn[:3] == 0) and np.all(syn[3:] > 0)
+    # hottest / mean expert: real 5.6-8.1 over the four files; synthetic 5.85
+    assert 5.0 <= hottest_to_mean(syn) <= 8.0
+    assert hottest_to_mean(real) == pytest.approx(6.07, abs=0.01)
+    contiguous = contiguous_placement(61, 256, 8)
+    syn_imb = np.nanmean(contiguous.imbalance(syn))
+    real_imb = np.nanmean(contiguous.imbalance(real))
+    assert 1.7 <= syn_imb <= 2.1 and 1.7 <= real_imb <= 2.1
+    # balancing removes nearly all of it
+    assert np.nanmean(balance_placement(syn, 8).imbalance(syn)) < 1.05
+    # uniform: every expert equal
+    uni = synthetic_loads(R1, "uniform")
+    assert hottest_to_mean(uni) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("content, message", [

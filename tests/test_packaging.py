@@ -37,6 +37,8 @@ def test_layers_install_under_epsim_from_their_root_folders():
 
 
 def test_every_package_folder_is_listed_for_the_wheel():
+    # subpackages resolve through package-dir in an editable install, but a wheel ships only
+    # the packages listed
     setuptools = _pyproject()["tool"]["setuptools"]
     found = set()
     for package, folder in setuptools["package-dir"].items():

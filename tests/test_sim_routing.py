@@ -1,35 +1,17 @@
-"""Per-step routing: synthetic load statistics, sampling, placement, token de-duplication."""
+"""Per-step routing: sampling, placement, token de-duplication (the synthetic load statistics
+are tested with the other loads, tests/test_loads_and_placement_basics.py)."""
 
 import numpy as np
 import pytest
 
 from epsim.model import load_model
 from epsim.model.eplb import balance_placement
-from epsim.model.graph import prob_rank_hit
-from epsim.model.loads import hottest_to_mean, read_loads
+from epsim.model.graph_builder import prob_rank_hit
+from epsim.model.loads import read_loads, synthetic_loads
 from epsim.model.placement import Placement, contiguous_placement
-from epsim.sim.step.routing import sample_routing, slot_frequencies, synthetic_loads
+from epsim.sim.step.routing import sample_routing, slot_frequencies
 
 R1 = load_model("deepseek-r1")
-
-
-def test_synthetic_loads_match_the_real_deepseek_statistics():
-    syn = synthetic_loads(R1)
-    real = read_loads("decode_in2000out100")
-    assert syn.shape == real.shape == (61, 256)
-    assert np.all(syn[:3] == 0) and np.all(syn[3:] > 0)
-    # hottest / mean expert: real 5.6-8.1 over the four files; synthetic 5.85
-    assert 5.0 <= hottest_to_mean(syn) <= 8.0
-    assert hottest_to_mean(real) == pytest.approx(6.07, abs=0.01)
-    contiguous = contiguous_placement(61, 256, 8)
-    syn_imb = np.nanmean(contiguous.imbalance(syn))
-    real_imb = np.nanmean(contiguous.imbalance(real))
-    assert 1.7 <= syn_imb <= 2.1 and 1.7 <= real_imb <= 2.1
-    # balancing removes nearly all of it
-    assert np.nanmean(balance_placement(syn, 8).imbalance(syn)) < 1.05
-    # uniform: every expert equal
-    uni = synthetic_loads(R1, "uniform")
-    assert hottest_to_mean(uni) == pytest.approx(1.0)
 
 
 def test_sample_conserves_pairs_and_groups_by_gpu():

@@ -69,7 +69,7 @@ DENSE_INTER, MOE_INTER, EXPERTS, TOP_K, VOCAB = 18432, 2048, 256, 8, 129280
 
 def deepseek_v3_shapes() -> dict[tuple[int, int], str]:
     """``{(N, K): the ops}`` of DeepSeek-V3's GEMMs (out[M, N] = x[M, K] @ W[K, N]) under
-    attention / dense TP 1, 2, 4, 8 (model/graph.py's ops; the shared expert is unsharded under
+    attention / dense TP 1, 2, 4, 8 (model/graph_builder.py's ops; the shared expert is unsharded under
     EP, sharded by TP without EP). Also SGLang's fused q_a + kv_a (2112 x 7168), which epsim
     runs as two GEMMs."""
     shapes: dict[tuple[int, int], list[str]] = {}

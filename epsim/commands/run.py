@@ -77,16 +77,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _balanced_table(args: argparse.Namespace, world: int) -> tuple[tuple[int, ...], ...] | None:
-    """Without ``--placement``, with ``--redundant-experts`` or ``--loads``: the balancer's
-    placement over the EP ranks (its replicas chosen from the loads, the synthetic ones by
-    default) as a table every rank receives; else None (the file, or contiguous)."""
-    if args.placement or not (args.redundant_experts or args.loads):
+    """Without ``--placement``: the default placement over the EP ranks
+    (``epsim.model.eplb.default_placement``, as the simulator's), balanced when
+    ``--redundant-experts`` or ``--loads`` is given (its replicas chosen from the loads, the
+    synthetic ones by default), as a table every rank receives; else None (the file, or the
+    contiguous placement the runtime builds itself, ``RunOptions.placement`` None)."""
+    balanced = bool(args.redundant_experts or args.loads)
+    if args.placement or not balanced:
         return None
     from epsim.model.config import load_model
-    from epsim.model.eplb import balance_placement
-    from epsim.model.loads import read_loads
+    from epsim.model.eplb import default_placement
+    from epsim.model.loads import read_loads, synthetic_loads
     from epsim.model.plan import make_plan
-    from epsim.sim.step.routing import synthetic_loads
 
     model = load_model(args.model)
     loads = read_loads(args.loads) if args.loads else synthetic_loads(model)
@@ -98,7 +100,8 @@ def _balanced_table(args: argparse.Namespace, world: int) -> tuple[tuple[int, ..
     plan = make_plan(model, nodes=1, gpus_per_node=world, dp=world, tp=1, ep=args.ep,
                      redundant_experts=args.redundant_experts)
     gpus = plan.ep if plan.expert_parallel else 1
-    placement = balance_placement(loads, gpus, redundant=args.redundant_experts)
+    placement = default_placement(loads, gpus, balanced=balanced,
+                                  redundant=args.redundant_experts)
     return tuple(tuple(row) for row in placement.physical_to_logical.tolist())
 
 

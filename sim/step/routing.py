@@ -23,12 +23,7 @@ token once however many of its experts sit on ``g``: with ``n`` of the rank's ``
 ``tokens = T * (1 - (1 - n / (T k)) ** k)`` (exact for uniform routing up to sampling without
 replacement: 0.656 vs 0.662 of the tokens for 32 of 256 experts and top-8).
 
-Synthetic loads (no ``--loads`` file): each layer's expert weights are a lognormal group factor
-(sigma 0.5, one per router group of contiguous experts; DeepSeek-V3 routes to 4 of 8 groups) times a
-lognormal expert factor (sigma 0.6), drawn with a fixed seed. Over DeepSeek-R1's 58 MoE layers they
-give a hottest/mean expert ratio of 5.85 and a contiguous-placement imbalance over 8 GPUs of 1.86
-(mean over layers, 3.24 at worst); the real decode counts in ``shared/data/expert_loads`` give 6.07
-and 1.88 (3.72 at worst), the four files 5.6-8.1 and 1.86-2.07.
+Synthetic loads (no ``--loads`` file) are ``epsim.model.loads.synthetic_loads``.
 """
 
 from __future__ import annotations
@@ -41,44 +36,6 @@ from epsim.model.compiled import compiled as _compiled
 from epsim.model.config import ModelConfig
 from epsim.model.errors import EpsimError
 from epsim.model.placement import Placement, remap
-
-SYNTHETIC_SEED = 0
-SYNTHETIC_GROUP_SIGMA = 0.5
-SYNTHETIC_EXPERT_SIGMA = 0.6
-SYNTHETIC_TOKENS_PER_LAYER = 1_000_000.0
-LOAD_KINDS = ("skewed", "uniform")
-
-
-def synthetic_loads(model: ModelConfig, kind: str = "skewed") -> np.ndarray:
-    """Load statistics standing in for measured ones.
-
-    Args:
-        model: the model (its layers, MoE layers, experts and router groups).
-        kind: ``"skewed"`` (the DeepSeek-like distribution of the module docstring) or
-            ``"uniform"`` (every expert equally likely).
-
-    Returns:
-        float64 ``[num_layers, num_experts]`` counts; dense layers are zero rows.
-    """
-    if kind not in LOAD_KINDS:
-        raise EpsimError(f"synthetic loads must be one of {', '.join(LOAD_KINDS)}, got {kind!r}")
-    experts = model.moe.num_experts
-    loads = np.zeros((model.num_layers, experts))
-    rows = np.asarray(model.moe_layers, dtype=np.int64)
-    if kind == "uniform":
-        loads[rows] = SYNTHETIC_TOKENS_PER_LAYER / experts
-        return loads
-    groups = model.moe.n_group if model.moe.n_group > 1 and experts % model.moe.n_group == 0 else 8
-    if experts % groups:
-        groups = 1
-    rng = np.random.default_rng(SYNTHETIC_SEED)
-    # Step 1: a hot or cold factor per router group of contiguous experts
-    group_factor = rng.lognormal(0.0, SYNTHETIC_GROUP_SIGMA, (len(rows), groups))
-    # Step 2: a factor per expert, times its group's
-    weights = rng.lognormal(0.0, SYNTHETIC_EXPERT_SIGMA, (len(rows), experts))
-    weights *= np.repeat(group_factor, experts // groups, axis=1)
-    loads[rows] = weights / weights.sum(axis=1, keepdims=True) * SYNTHETIC_TOKENS_PER_LAYER
-    return loads
 
 
 @dataclass(frozen=True)

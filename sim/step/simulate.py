@@ -11,7 +11,7 @@ What happens in a call:
    seed is known (its sample and routed times are memoised, :mod:`sim.step.routed`);
 2. this step's routing is sampled (:mod:`sim.step.routing`): per MoE layer, microbatch and rank a
    multinomial over the load statistics, mapped to GPUs by the placement (balanced by
-   ``epsim.model.eplb.balance_placement`` unless ``eplb=False``: then contiguous);
+   ``epsim.model.eplb.default_placement``: balanced unless ``eplb=False``, then contiguous);
 3. each rank's fused-MoE time follows its own experts' counts, and each dispatch/combine lasts as
    long as its busiest link (traffic matrix from the sampled routing);
 4. the engine runs every rank (:mod:`sim.step.engine`): ``mode="exact"`` through simpy, ``"fast"`` the
@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from epsim.model.config import ModelConfig
-from epsim.model.eplb import balance_placement
+from epsim.model.eplb import default_placement
 from epsim.model.errors import EpsimError
+from epsim.model.loads import LOAD_KINDS, synthetic_loads
 from epsim.model.opgraph import OP_KINDS, Batch
-from epsim.model.placement import Placement, contiguous_placement
+from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 from epsim.sim.hardware.profile import HardwareProfile
@@ -41,7 +42,7 @@ from .engine import CATEGORIES, Program, Timeline, run_fast
 from .exact import run_exact
 from .memo import StepMemo, remember
 from .routed import route_step
-from .routing import LOAD_KINDS, placed_frequencies, synthetic_loads
+from .routing import placed_frequencies
 
 MODES = ("fast", "exact")
 
@@ -148,14 +149,14 @@ def _digest(loads: np.ndarray) -> tuple:
 
 
 def _default_placement(loads_key: tuple, loads: np.ndarray, gpus: int, eplb: bool,
-                       layers: int, experts: int, redundant: int, memo: StepMemo) -> Placement:
-    """The balancer's placement for ``loads`` (its ``redundant`` replicas chosen from them), or
-    with ``eplb`` off the contiguous one (redundant slots wrapping round)."""
+                       redundant: int, memo: StepMemo) -> Placement:
+    """``epsim.model.eplb.default_placement``: the balancer's placement for ``loads`` (its
+    ``redundant`` replicas chosen from them), or with ``eplb`` off the contiguous one (redundant
+    slots wrapping round); ``epsim run`` places its experts by the same function."""
     key = (loads_key, gpus, eplb, redundant)
     hit = memo.placements.get(key)
     if hit is None:
-        placement = (balance_placement(loads, gpus, redundant=redundant) if eplb
-                     else contiguous_placement(layers, experts, gpus, redundant))
+        placement = default_placement(loads, gpus, balanced=eplb, redundant=redundant)
         hit = remember(memo.placements, key, placement)
     return hit
 
@@ -238,8 +239,8 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                              f"[{model.num_layers}, {model.moe.num_experts}] layers x experts")
         key = _loads_key(loads, memo)
         if placement is None:
-            placement = _default_placement(key, loads, plan.ep, eplb, model.num_layers,
-                                           model.moe.num_experts, plan.redundant_experts, memo)
+            placement = _default_placement(key, loads, plan.ep, eplb, plan.redundant_experts,
+                                           memo)
         elif placement.num_gpus != plan.ep:
             raise EpsimError(f"placement spreads experts over {placement.num_gpus} GPUs, the plan "
                              f"has ep {plan.ep}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .eplb_pack import (
+from .pack import (
     EXACT_LIMIT,
     _all_partitions,
     compiled_loops,
@@ -36,8 +36,8 @@ from .eplb_pack import (
     members_of,
     partition_count,
 )
-from .eplb_replicas import _spread_duplicates, replicate_experts
-from .eplb_swaps import _NO_LOG, move_log_counts, swap_round
+from .replicas import _spread_duplicates, replicate_experts
+from .swaps import _NO_LOG, move_log_counts, swap_round
 
 #: float32 elements of one block of the minmax search (256 KiB: the arrays of a block stay in
 #: a core's L2 cache; a tuning constant, it changes no result)
@@ -207,7 +207,7 @@ def refine_minmax(weights: np.ndarray, groups: np.ndarray, num_groups: int,
     active = np.arange(layers)
     pairs = k // 2
     if compiled_loops() is not None:  # the same rounds, one layer at a time, compiled
-        from .eplb_kernels_minmax import refine_minmax_loop
+        from .kernels_minmax import refine_minmax_loop
 
         log, inc = (st.log, st.inc) if st.log is not None else (_NO_LOG, _NO_LOG)
         refine_minmax_loop(st.w, st.mem, st.sums, log, inc, st.log is not None, st.eps, pairs,
@@ -263,7 +263,7 @@ def pack_hierarchical(weights: np.ndarray, num_gpus: int, nodes: int, redundant:
                       expert_groups: int | None) -> tuple[np.ndarray, np.ndarray]:
     """As :func:`pack_flat`, experts (or whole routing groups) to nodes first, each node's
     experts and ``redundant / nodes`` slots then to its GPUs; the layout of
-    ``epsim.model.eplb._pack_hierarchical`` (items node-major, node n owns GPUs n*G/N ..)."""
+    ``epsim.model.eplb.balance._pack_hierarchical`` (items node-major, node n owns GPUs n*G/N ..)."""
     snaps, rows, e = weights.shape
     per_node = e // nodes
     if expert_groups:

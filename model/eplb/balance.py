@@ -16,7 +16,7 @@ in ``BALANCERS`` (each maps ``[rows, n]`` weights and a group count to ``[rows, 
 The ``-swap`` methods solve instances with at most ``EXACT_LIMIT`` partitions exactly.
 
 Options around the packer (vectorised over layers in numpy; the loops of the packers, replicas
-and swaps also compiled with numba, one layer at a time, in ``eplb_kernels``: same choices):
+and swaps also compiled with numba, one layer at a time, in ``kernels``: same choices):
 
 * redundant slots: replicate the hottest experts (highest load per replica first, as in
   DeepSeek's EPLB ``replicate_experts``), then pack the replicas, each carrying ``load / replicas``;
@@ -30,24 +30,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 
-# the packers, the swap refinement and the replica helpers live in their own modules; they are
-# re-exported here, so ``epsim.model.eplb`` stays the one public API
-from .eplb_pack import (  # noqa: F401
-    EXACT_LIMIT,
-    exact_groups,
-    greedy_groups,
-    kk_groups,
-    members_of,
-    partition_count,
-)
-from .eplb_replicas import _spread_duplicates, replicate_experts  # noqa: F401
-from .eplb_snapshots import SNAPSHOT_BALANCERS, snapshot_weights
-from .eplb_swaps import refine_swaps  # noqa: F401
-from .errors import EpsimError
-from .placement import Placement
+from ..errors import EpsimError
+from ..placement import Placement, contiguous_placement
+from .pack import EXACT_LIMIT, exact_groups, greedy_groups, kk_groups, partition_count
+from .replicas import _spread_duplicates, replicate_experts
+from .snapshots import SNAPSHOT_BALANCERS, snapshot_weights
+from .swaps import refine_swaps
 
 # --------------------------------------------------------------------------------------------
 # The registry of packers: [rows, n] weights -> [rows, n] group ids, exactly n / G per group
@@ -453,10 +445,6 @@ def balance_report(loads: np.ndarray, num_gpus: int, method: str | None = None, 
     (without replicas when the GPUs divide the experts, else with the redundant slots wrapping
     round: :func:`~epsim.model.placement.contiguous_placement`).
     """
-    from time import perf_counter
-
-    from .placement import contiguous_placement
-
     loads = np.asarray(loads, dtype=np.float64)
     snaps = loads.shape[0] if loads.ndim == 3 else 1
     method = default_method(snaps) if method is None else method

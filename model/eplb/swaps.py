@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .eplb_pack import compiled_loops, members_of
+from .pack import compiled_loops, members_of
 
 #: a weight no real target comes near (masks items that may not be swapped)
 _FAR = 1e300
@@ -34,7 +34,7 @@ def _nearest_differences(wa: np.ndarray, wb: np.ndarray, half: np.ndarray
     m = wa.shape[1]
     targets = wa - half[:, None]
     # stable sorts: equal b values keep their index order, and a target lands after the b
-    # values equal to it (the order numba's loops reproduce, eplb_kernels._nearest; numpy's
+    # values equal to it (the order numba's loops reproduce, kernels._nearest; numpy's
     # default sort leaves the order of equal keys to its SIMD kernels)
     ob = np.argsort(wb, axis=1, kind="stable")
     bs = np.take_along_axis(wb, ob, axis=1)
@@ -65,7 +65,7 @@ def swap_round(st: Any, active: np.ndarray, order: np.ndarray, k: int, pairs: in
                ) -> np.ndarray:
     """One swap round over the ``active`` layers, ``order`` ``[layers, k]`` their groups
     heaviest first; returns ``[layers]`` which layers improved (keep going). ``st`` is a swap
-    state (``_SwapState``, or ``eplb_snapshots._MinmaxState`` whose loads are peaks over
+    state (``_SwapState``, or ``snapshots._MinmaxState`` whose loads are peaks over
     snapshots) with ``candidates(rows, a, b)`` -> ``(gain, (i, j, group_b))``, ``eps`` and
     ``swap(rows, a, i, group_b, j)``.
 

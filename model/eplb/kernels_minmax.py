@@ -1,13 +1,13 @@
-"""The minmax refinement (eplb_snapshots.refine_minmax) as loops that numba compiles: the same
+"""The minmax refinement (snapshots.refine_minmax) as loops that numba compiles: the same
 rounds one layer at a time, the same float32 search and float64 gain, the same first choice
-among equal values (see :mod:`epsim.model.eplb_kernels`; bit-identical placements, tested in
+among equal values (see :mod:`epsim.model.eplb.kernels`; bit-identical placements, tested in
 tests/test_eplb_kernels.py).
 
-``_round`` mirrors eplb_kernels._swap_round (as eplb_swaps.swap_round serves both states in
+``_round`` mirrors kernels._swap_round (as swaps.swap_round serves both states in
 the numpy path): numba would share it only through first-class functions, which compile slowly.
 
 Arrays: ``w`` ``[S, rows, k, s]`` item weights per snapshot, ``mem`` ``[rows, k, s]`` item
-ids, ``sums`` ``[S, rows, k]`` group loads, ``log`` / ``inc`` as in eplb_kernels (the replica
+ids, ``sums`` ``[S, rows, k]`` group loads, ``log`` / ``inc`` as in kernels (the replica
 rule where ``has_log``), ``eps`` ``[rows]``.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compiled import compiled as _compiled
-from .eplb_kernels import _changed, _stable_desc
+from ..compiled import compiled as _compiled
+from .kernels import _changed, _stable_desc
 
 # Each group pair's best swap is kept until either group changes, in arrays passed one by one
 # (a tuple of them took numba seconds more to compile): ``ver`` [k + 1] each group's version
@@ -27,7 +27,7 @@ from .eplb_kernels import _changed, _stable_desc
 @_compiled
 def _pair_best(w, sums, log, inc, has_log, r, a, b):
     """The swap of ``a`` with ``b`` that leaves the pair's heavier peak lowest (float32, as
-    eplb_snapshots._MinmaxState._search): ``(peak, i, j)``, the first ``(i, j)`` among equal
+    snapshots._MinmaxState._search): ``(peak, i, j)``, the first ``(i, j)`` among equal
     peaks; ``(inf, 0, 0)`` when none is allowed."""
     snaps = w.shape[0]
     s = w.shape[3]
@@ -84,7 +84,7 @@ def _kept_best(w, sums, log, inc, has_log, r, a, b, ver, cand, cval):
 
 @_compiled
 def _candidate(w, sums, log, inc, has_log, r, a, partners, ver, cand, cval):
-    """eplb_snapshots._MinmaxState.candidates for row ``r``: the first flat index
+    """snapshots._MinmaxState.candidates for row ``r``: the first flat index
     ``i * (P * s) + p * s + j`` among the lowest float32 peaks is the partner's best with the
     lowest peak, then the lowest ``i``, then the first partner; its gain then in float64
     (``-inf`` where ``a`` is the partner). Returns ``(gain, i, j, b)``."""
@@ -108,7 +108,7 @@ def _candidate(w, sums, log, inc, has_log, r, a, partners, ver, cand, cval):
 
 @_compiled
 def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, ver):
-    """eplb_snapshots._MinmaxState.swap for row ``r``."""
+    """snapshots._MinmaxState.swap for row ``r``."""
     if has_log:
         x = log[r, ga, i]
         y = log[r, gb, j]
@@ -134,7 +134,7 @@ def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, ver):
 
 @_compiled
 def _round(w, mem, sums, log, inc, has_log, eps, r, order, pairs, ver, cand, cval):
-    """eplb_swaps.swap_round with the minmax state for row ``r``; whether it improved."""
+    """swaps.swap_round with the minmax state for row ``r``; whether it improved."""
     k = order.shape[0]
     gains = np.empty(pairs)
     ii = np.empty(pairs, dtype=np.int64)
@@ -170,7 +170,7 @@ def _round(w, mem, sums, log, inc, has_log, eps, r, order, pairs, ver, cand, cva
 
 @_compiled
 def refine_minmax_loop(w, mem, sums, log, inc, has_log, eps, pairs, max_rounds):
-    """eplb_snapshots.refine_minmax on every row, in place."""
+    """snapshots.refine_minmax on every row, in place."""
     snaps, rows, k = sums.shape
     peaks = np.empty(k)
     ver = np.zeros(k + 1, dtype=np.int64)

@@ -1,7 +1,7 @@
 """The balancer's loops compiled with numba (``@njit(cache=True)``): greedy packing, replicas,
-duplicate spreading, swap refinement and two-for-two exchanges (minmax: eplb_kernels_minmax).
+duplicate spreading, swap refinement and two-for-two exchanges (minmax: kernels_minmax).
 
-The numpy code (eplb_pack, eplb_replicas, eplb_swaps) runs every round over all layers at once
+The numpy code (pack, replicas, swaps) runs every round over all layers at once
 on arrays of a few dozen items, so its time goes to numpy's cost per call. These loops are the
 same algorithm one layer at a time (layers never interact; a layer stops here exactly when it
 leaves the vectorised loop): same rounds, candidates, float operations in the same order,
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compiled import compiled as _compiled
-from .compiled import numba
+from ..compiled import compiled as _compiled
+from ..compiled import numba
 
 #: whether the compiled loops are used (tests switch it off to compare with the numpy path)
 ENABLED = numba is not None
@@ -63,7 +63,7 @@ def _stable_argsort(x):
 def _may_cross(log, inc, has_log, r, g, other, out):
     """``out[q]``: whether item ``q`` of group ``g`` may join ``other`` (its expert is not
     there yet; always without the replica rule). The numpy path gives the others weights no
-    target comes near (``+-eplb_swaps._FAR``): never the nearest while an allowed item is
+    target comes near (``+-swaps._FAR``): never the nearest while an allowed item is
     left, and a choice among them alone is never taken (its gain is about ``-_FAR``), so
     leaving them out chooses the same."""
     for q in range(out.shape[0]):
@@ -104,7 +104,7 @@ def _sorted_items(w, r, g, order, ver):
 def _pair_candidate(w, sums, log, inc, has_log, r, a, b, order, ver, cand, cgain, fbuf, ibuf,
                     flags):
     """The best single swap of group ``a`` with ``b`` in row ``r``: ``(gain, i, j)``
-    (eplb_swaps._SwapState._nearest_pairs; gain ``-inf`` when ``a == b`` or nothing may
+    (swaps._SwapState._nearest_pairs; gain ``-inf`` when ``a == b`` or nothing may
     cross). It depends on the two groups alone, so it is kept until either changes (a
     layer's heaviest group tries every other group round after round)."""
     if a == b:
@@ -123,7 +123,7 @@ def _pair_candidate(w, sums, log, inc, has_log, r, a, b, order, ver, cand, cgain
 @_compiled
 def _neighbour(t, vals, pos, c):
     """``(distance, position)`` of the nearer of ``t``'s neighbours in the sorted
-    ``vals[:c]``, ``pos`` of which are ``<= t`` (eplb_swaps._nearest_differences: the lower
+    ``vals[:c]``, ``pos`` of which are ``<= t`` (swaps._nearest_differences: the lower
     one on equal distances)."""
     lo = max(pos - 1, 0)
     hi = min(pos, c - 1)
@@ -172,7 +172,7 @@ def _search_pair(w, sums, log, inc, has_log, r, a, b, order, ver, fbuf, ibuf, fl
 
 @_compiled
 def _swap(w, mem, sums, log, inc, has_log, r, ga, i, gb, j, ver):
-    """Exchange item ``i`` of group ``ga`` with item ``j`` of group ``gb`` (eplb_swaps
+    """Exchange item ``i`` of group ``ga`` with item ``j`` of group ``gb`` (swaps
     ``_SwapState.swap``: counts first, then the items, then the sums)."""
     if has_log:
         x = log[r, ga, i]
@@ -208,7 +208,7 @@ def _stable_desc(x):
 @_compiled
 def _swap_round(w, mem, sums, log, inc, has_log, eps, r, heavy, pairs, order, ver, cand,
                 cgain, fbuf, ibuf, flags):
-    """One round of eplb_swaps.swap_round for row ``r`` (``heavy``: its groups heaviest
+    """One round of swaps.swap_round for row ``r`` (``heavy``: its groups heaviest
     first); returns whether it improved."""
     k = heavy.shape[0]
     gains = np.empty(pairs)
@@ -313,7 +313,7 @@ def _unrank(q, s):
 
 @_compiled
 def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, ver, fbuf, ibuf, flags):
-    """eplb_swaps._SwapState.pair_exchange for row ``r``: two items of the heaviest group for
+    """swaps._SwapState.pair_exchange for row ``r``: two items of the heaviest group for
     two of the lightest; returns whether it was applied. Pairs with an item that may not
     cross are left out (see :func:`_may_cross`). The lightest group's pair sums are sorted by
     buckets, and each target looks its neighbours up in its bucket (the same neighbours as
@@ -381,7 +381,7 @@ def _pair_exchange(w, mem, sums, log, inc, has_log, eps, r, ver, fbuf, ibuf, fla
 @_compiled
 def refine_swaps_loop(w, mem, sums, log, inc, has_log, eps, target, use_tol, pairs,
                       max_rounds, exchange):
-    """eplb_swaps.refine_swaps (no move budget) on every row, in place; ``target`` ``[rows]``
+    """swaps.refine_swaps (no move budget) on every row, in place; ``target`` ``[rows]``
     the load a row stops at when ``use_tol``."""
     rows, k, s = w.shape
     big = max(s * (s - 1) // 2, s)
@@ -410,7 +410,7 @@ def refine_swaps_loop(w, mem, sums, log, inc, has_log, eps, target, use_tol, pai
 
 @_compiled
 def greedy_loop(weights, num_groups):
-    """eplb_pack.greedy_groups: ``[rows, n]`` weights -> ``[rows, n]`` groups."""
+    """pack.greedy_groups: ``[rows, n]`` weights -> ``[rows, n]`` groups."""
     rows, n = weights.shape
     size = n // num_groups
     groups = np.empty((rows, n), dtype=np.int64)
@@ -433,7 +433,7 @@ def greedy_loop(weights, num_groups):
 
 @_compiled
 def replicate_loop(weights, num_redundant, max_replicas):
-    """eplb_replicas.replicate_experts: ``(phy2log [rows, E + R], counts [rows, E])``."""
+    """replicas.replicate_experts: ``(phy2log [rows, E + R], counts [rows, E])``."""
     rows, e = weights.shape
     phy2log = np.empty((rows, e + num_redundant), dtype=np.int64)
     counts = np.ones((rows, e), dtype=np.int64)
@@ -455,7 +455,7 @@ def replicate_loop(weights, num_redundant, max_replicas):
 
 @_compiled
 def spread_loop(item_w, item_log, groups, num_groups, max_rounds):
-    """eplb_replicas._spread_duplicates on every row, in place on ``groups``."""
+    """replicas._spread_duplicates on every row, in place on ``groups``."""
     rows, n = groups.shape
     inc = np.zeros((num_groups, item_log.max() + 1), dtype=np.int64)
     for r in range(rows):

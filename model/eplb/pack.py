@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EpsimError
+from ..errors import EpsimError
 
 
 def compiled_loops() -> Any:
-    """:mod:`epsim.model.eplb_kernels` where numba compiles it, else None (the numpy path
+    """:mod:`epsim.model.eplb.kernels` where numba compiles it, else None (the numpy path
     runs). Imported on the first packing, so importing the balancer does not load numba."""
-    from . import eplb_kernels
+    from . import kernels
 
-    return eplb_kernels if eplb_kernels.ENABLED else None
+    return kernels if kernels.ENABLED else None
 
 
 def greedy_groups(weights: np.ndarray, num_groups: int) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .eplb_pack import compiled_loops
+from .pack import compiled_loops
 
 
 def replicate_experts(weights: np.ndarray, num_redundant: int, max_replicas: int | None = None
