@@ -18,7 +18,7 @@ from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_pl
 from epsim.model.opgraph import OP_KINDS, Op
 from epsim.sim.hardware.kernel_sets import COLLECTIVE_TABLES, FEATURES, lookup, parse_kernels
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
-from epsim.sim.step import op_cost
+from epsim.sim.step import op_cost, op_kinds
 from epsim.sim.step.op_kinds import KIND_COSTING, costing
 from epsim.sim.step.roofline import COST_MODELS
 from epsim.sim.step.simulate import simulate_step
@@ -272,7 +272,7 @@ def test_dbo_microbatches_are_looked_up_at_their_own_shapes():
     plan = make_plan(R1, dp=8, ep=8, microbatches=2)
     graph = build_step_graph(R1, plan, Batch.decode(512, 2100))
     moe = [op for op in graph if op.kind == "grouped_gemm"]
-    assert {op_cost.op_features(op, 8)["tokens"] for op in moe} == {256.0}
+    assert {op_kinds.op_features(op, 8)["tokens"] for op in moe} == {256.0}
     assert {op_cost.op_time(op, PROF, top_k=8) for op in moe} == {470.75e-6}
     r = _step(batch=512, dbo=True, explain=True)
     per_op_us = r.op_kinds_ms["grouped_gemm"] / (2 * len(R1.moe_layers)) * 1e3
@@ -356,7 +356,7 @@ def test_one_costing_entry_per_op_kind():
         for part in key.split("."):
             value = value[part]
         assert key in MI.sources
-    assert set(op_cost.roofline_sources("attention_decode", MI)) == {
+    assert set(op_kinds.roofline_sources("attention_decode", MI)) == {
         f"profile:{k}" for k in KIND_COSTING["attention_decode"].sources}
 
 

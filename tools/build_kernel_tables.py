@@ -357,11 +357,11 @@ class Transfer:
         from epsim.model.opgraph import Op
         from epsim.model.plan import Fusion
         from epsim.sim.hardware.profile import profile_from_dict
-        from epsim.sim.step import op_cost
+        from epsim.sim.step import op_kinds
 
-        self.np, self.op_cost = np, op_cost
+        self.np, self.op_kinds = np, op_kinds
         self.r = mi325x["hbm_bandwidth"] / mi300x["hbm_bandwidth"]
-        # the roofline of op_cost with FLOP peaks no op reaches: only its bytes term is left
+        # the roofline of op_kinds with FLOP peaks no op reaches: only its bytes term is left
         raw = json.loads(json.dumps(mi325x))
         raw.pop("kernels", None)
         raw["peak_flops"] = {d: 1e30 for d in raw["peak_flops"]}
@@ -380,7 +380,7 @@ class Transfer:
         """Seconds of the bytes term at ``features`` in ``FEATURES[op_kind]`` order."""
         op = self.moe if op_kind == "grouped_gemm" else self.gemm
         x = self.np.array([features], dtype=float)
-        return float(self.op_cost.feature_roofline(op, self.memory_only, x)[0])
+        return float(self.op_kinds.feature_roofline(op, self.memory_only, x)[0])
 
     def __call__(self, op_kind: str, features: list[float], us_325: float) -> float:
         w = min(1.0, self.t_mem(op_kind, features) / (us_325 * 1e-6))

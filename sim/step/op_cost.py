@@ -31,15 +31,10 @@ from .op_kinds import (
     feature_roofline,
     kernel_dtype,
     op_features,
-    op_top_k,
     roofline_sources,
     scope_of,
     table_scope,
 )
-
-__all__ = ["answered_by_table", "describe", "explain", "feature_roofline", "kernel_dtype",
-           "nominal_collective", "op_features", "op_seconds", "op_time", "op_top_k",
-           "roofline_sources", "routed_seconds", "scope_of"]
 
 _OUTSIDE_IDS = 8  # op ids listed per shape outside every table
 #: swept values from which a lookup is made once per distinct value (a step's fused-MoE token

@@ -38,7 +38,7 @@ from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware import a2a
 from epsim.sim.hardware.profile import HardwareProfile
 
-from . import op_cost, roofline
+from . import op_cost, op_kinds, roofline
 from .compile import Compiled, op_cost_key
 from .engine import Program
 from .memo import NOMINAL_KEPT, ROUTED_KEPT, SAMPLES_KEPT, StepMemo, remember
@@ -243,7 +243,7 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
         shared = ex_op.dims.get("shared_experts", 0)
         if shared:
             pairs = pairs + shared * row_tokens[:, :, None]
-        return pairs / (op_cost.op_top_k(ex_op, comp.top_k) or 1.0)
+        return pairs / (op_kinds.op_top_k(ex_op, comp.top_k) or 1.0)
 
     by_value = comp.memo.get("experts_seconds")
     if by_value is None:  # worked out once per compiled batch: whether a table answers
