@@ -21,7 +21,7 @@ from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, check_scenario, run_scenario
 
 from .executors import Executor, split_diagnostics
-from .samplers import SEARCHES, Outcome, choose
+from .samplers import DEFAULT_TRIALS, SEARCHES, Outcome, choose
 from .slo import SLO, is_latency_key, with_slo_metrics
 
 #: the throughput keys ``tune`` may maximise
@@ -196,8 +196,6 @@ def _search(base: Scenario, slo: SLO, space: SearchSpace, objective: str,
             progress: Callable[[int, int], None] | None
             ) -> tuple[str, list[tuple[dict[str, Any], Outcome]]]:
     """The strategy run and every point it evaluated, with its outcome, in a fixed order."""
-    from .samplers import DEFAULT_TRIALS
-
     executor = options.executor or Executor(cache=cache)
     strategy = choose(options.strategy, space.size())
 

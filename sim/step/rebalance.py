@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from epsim.model.accounting import expert_params
 from epsim.model.config import ModelConfig
 from epsim.model.dtypes import bytes_per_element
 from epsim.model.eplb import DEFAULT_METHOD, balance_placement, gpu_incidence
@@ -47,8 +48,6 @@ LINK_EFFICIENCY = 0.75
 def expert_weight_bytes(model: ModelConfig) -> float:
     """Bytes of one routed expert's weights (gate, up, down; block scales included).
     Example: 44.05e6 for DeepSeek-R1 (FP8 with 128x128 block scales)."""
-    from epsim.model.accounting import expert_params
-
     return expert_params(model) * bytes_per_element(model.expert_weight_dtype)
 
 
