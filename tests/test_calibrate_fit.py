@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epsim.calibrate import fit as F
+from epsim.calibrate.devices import DEVICES
 from epsim.calibrate.micro import gemm_op
 from epsim.calibrate.profile import profile_from_tables, read_tables, table_paths, write_csv_atomic
 from epsim.model import EpsimError
@@ -178,6 +179,27 @@ def test_profile_from_tables_is_a_valid_profile_that_says_it_was_fitted():
         if key.startswith("efficiency.op_") or key in ("efficiency.a2a_latency_by_group_s",
                                                        "efficiency.rank_compute_slowdown"):
             assert "fitted by epsim calibrate on testhost" in text and "p." in text
+
+
+@pytest.mark.parametrize("device", sorted(DEVICES))
+def test_every_device_recipe_builds_a_valid_profile(device):
+    recipe = DEVICES[device]
+    tables = synthetic_tables(np.random.default_rng(3))
+    machine_info = {"host": "testhost", "cpu_count": 2, "gpu_memory_bytes": 8e10}
+    obj = profile_from_tables(tables, "fitted-test", device, machine_info,
+                              {t: f"p.{t}.csv" for t in tables}, [])
+    e = profile_from_dict(json.loads(json.dumps(obj))).require_efficiency()
+    assert e.roofline == recipe.fit_compute(tables["ops"]).mode
+    assert obj["gpus_per_node"] == recipe.gpus_per_node(machine_info)
+    assert obj["sources"]["hbm_bytes"] == recipe.hbm_source
+    assert (obj["kernel_launch_s"] == 1e-9) == (recipe.kernel_launch_placeholder is not None)
+    assert set(recipe.extra_efficiency()) <= set(obj["efficiency"])
+
+
+def test_an_unknown_device_kind_is_refused():
+    tables = synthetic_tables(np.random.default_rng(3))
+    with pytest.raises(EpsimError, match="device must be cpu or cuda, got 'tpu'"):
+        profile_from_tables(tables, "x", "tpu", {}, {t: t for t in tables}, [])
 
 
 def test_fitted_profile_drives_the_cost_model_with_the_fitted_formula():
