@@ -28,6 +28,7 @@ from epsim.model.trace import write_json_atomic
 from epsim.sim.hardware.efficiency import EFFICIENCY_KEYS
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
 
+from . import comm_fit as C
 from . import fit as F
 from .devices import DeviceRecipe, device_recipe
 from .exchange_fits import DEFAULT_EXCHANGE_FIT
@@ -218,7 +219,7 @@ def _measured_exchange(d: _Draft, obj: dict[str, Any], a2a: pd.DataFrame,
     """The fabric and the exchange figures fitted to the all-to-all table (and the ranks sweep)
     into ``obj`` and ``d``; returns the exchange's parts for ``calibration.fit.exchange``
     (empty: the fit has no split)."""
-    cf, parts = F.fit_exchange(a2a, ranks, exchange_fit)
+    cf, parts = C.fit_exchange(a2a, ranks, exchange_fit)
     exchange_parts: dict[str, Any] = {}
     if parts:  # JSON keys are strings; the straggler's fraction is efficiency's own key
         exchange_parts = {"latency_s": {k: _by_world(t) for k, t in parts["latency_s"].items()},
@@ -280,8 +281,8 @@ def _host_block(d: _Draft, a2a: pd.DataFrame, ranks: pd.DataFrame | None, exchan
     (``in-step``) from the ranks sweep's decode steps where it has them. ``late``: the
     straggler's fixed part per world size (``last-plus-straggler``; else empty)."""
     held_in_step, hold_fraction = ({}, {}) if exchange_fit != "in-step" else \
-        F.fit_host_in_step(ranks)
-    held = F.fit_host_block(a2a)
+        C.fit_host_in_step(ranks)
+    held = C.fit_host_block(a2a)
     # the dispatch's count exchange waits for the last rank too; the combine's call is the
     # rank's own (its time does not shrink for the last to arrive)
     if "dispatch" in held:
