@@ -1,5 +1,5 @@
 """The names of the exchange models ``epsim calibrate --exchange-fit`` chooses between (kept
-apart from ``calibrate/fit.py`` so that the CLI's flag table needs no pandas).
+apart from ``calibrate/comm_fit.py`` so that the CLI's flag table needs no pandas).
 
     in-step               an exchange's fixed cost per kind and world is the median over the
                           exchanges in the ranks sweep's decode steps of each one's share of a

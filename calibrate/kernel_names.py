@@ -258,9 +258,3 @@ def short_name(kernel: str, limit: int = 160) -> str:
     head = kernel.split("(", 1)[0] if not kernel.startswith("void (") else kernel
     head = head.strip() or kernel
     return head if len(head) <= limit else head[: limit - 3] + "..."
-
-
-def table_rows() -> list[dict[str, str]]:
-    """The pattern table as rows (``docs/validation.md``, ``--json``)."""
-    return [{"family": f.name, "library": f.library, "kind": f.kind, "pattern": f.pattern,
-             "source": f.source} for f in FAMILIES]

@@ -23,7 +23,7 @@ from epsim.model.outputs import OutputSet
 
 from . import __version__
 from .commands import COMMANDS
-from .inputs import output_targets
+from .specs import output_targets
 
 
 class _Parser(argparse.ArgumentParser):

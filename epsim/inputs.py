@@ -1,25 +1,13 @@
 """The validation layer: every flag's value type and range, in one table.
 
 Every option that takes a value is declared in :data:`FLAGS` (or, where one command reads it
-differently, :data:`COMMAND_FLAGS`) with a *spec*: an argparse ``type`` that parses the text and
-enforces the flag's stated range, so an absurd or malformed value is one line and exit status 2
-before any work starts. Commands add their flags through :func:`add_flag`, which takes the spec
-from the table; ``tests/test_inputs.py`` walks every command's parser and fails for an option
-whose type is not the table's spec (a new flag cannot skip its check).
-
-Specs:
-    Integer(low, high)     an integer within [low, high]. Example: ``--batch``: [1, 2**20]
-    Real(low, high, ...)   a finite number within its bounds (``low_open``: ``> low``;
-                           ``allow_inf``: ``inf`` too). Example: ``--mem-fraction``: (0, 1]
-    Choice(values)         one of fixed words. Example: ``--phase``: decode, prefill
-    Items(spec)            a comma list of ``spec`` values, parsed to a tuple: no empty item,
-                           no value twice. Example: ``--concurrency 32,64`` -> ``(32, 64)``
-    Parsed(parse, what)    text a domain parser reads (an SLO, ``P:D``), its errors one line
-    Name(known, what)      a shipped name or an existing file. Example: ``--hardware``
-    InputFile(what)        an existing regular file to read
-    OutputFile(what)       a path to write: checked here (not a directory, device, FIFO, ...;
-                           its folder exists), then reserved and written all-or-nothing by
-                           ``epsim.model.outputs.OutputSet`` (see ``epsim.cli``)
+differently, :data:`COMMAND_FLAGS`) with a *spec* (``epsim/specs.py``: an argparse ``type`` that
+parses the text and enforces the flag's stated range), so an absurd or malformed value is one
+line and exit status 2 before any work starts. Commands add their flags through
+:func:`add_flag`, which takes the spec from the table; ``tests/test_inputs.py`` walks every
+command's parser and fails for an option whose type is not the table's spec (a new flag cannot
+skip its check). The domain parsers here (``parse_prices``, ``parse_dp_x_tp``, ...) read the
+values of the flags no other package owns.
 
 Bounds say what a deployment can mean, not what the simulator happens to handle: e.g. 4096
 nodes, 2**20 sequences per rank, 2**24 tokens per request, 10**7 requests in a benchmark.
@@ -28,248 +16,24 @@ nodes, 2**20 sequences per rank, 2**24 tokens per request, 10**7 requests in a b
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import re
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.model.outputs import check_output_target
 
-
-class Spec:
-    """An argparse type with a stated range; ``describe`` says what it accepts."""
-
-    def __call__(self, text: str) -> Any:  # pragma: no cover - every spec overrides it
-        raise NotImplementedError
-
-    def describe(self) -> str:  # pragma: no cover
-        raise NotImplementedError
-
-    def reject(self, text: str) -> argparse.ArgumentTypeError:
-        return argparse.ArgumentTypeError(f"expected {self.describe()}, got {_show(text)}")
-
-
-def _show(text: str, limit: int = 40) -> str:
-    text = str(text)
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def _bound(value: float) -> str:
-    if isinstance(value, int) and value >= 1024 and (value & (value - 1)) == 0:
-        return f"2**{value.bit_length() - 1}"
-    if isinstance(value, int) and value >= 10**6 and str(value).rstrip("0") == "1":
-        return f"10**{len(str(value)) - 1}"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-@dataclass(frozen=True)
-class Integer(Spec):
-    """An integer in [low, high]. Example: ``Integer(1, 4096)("8") == 8``."""
-
-    low: int
-    high: int
-    why: str = ""
-
-    def describe(self) -> str:
-        why = f" ({self.why})" if self.why else ""
-        return f"an integer in [{_bound(self.low)}, {_bound(self.high)}]{why}"
-
-    def __call__(self, text: str) -> int:
-        body = str(text).strip()
-        if not re.fullmatch(r"[+-]?\d+", body) or len(body) > 30:
-            raise self.reject(text)
-        value = int(body)
-        if not self.low <= value <= self.high:
-            raise self.reject(text)
-        return value
-
-
-@dataclass(frozen=True)
-class Real(Spec):
-    """A finite number in [low, high] (``low_open``: above ``low``; ``allow_inf``: ``inf``
-    too). Example: ``Real(0, 1, low_open=True)("0.9") == 0.9``."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    allow_inf: bool = False
-
-    def describe(self) -> str:
-        left = "(" if self.low_open else "["
-        tail = " or inf" if self.allow_inf else ""
-        return f"a number in {left}{_bound(self.low)}, {_bound(self.high)}]{tail}"
-
-    def __call__(self, text: str) -> float:
-        body = str(text).strip().lower()
-        if self.allow_inf and body in ("inf", "+inf", "infinity"):
-            return math.inf
-        try:
-            value = float(body)
-        except ValueError:
-            raise self.reject(text) from None
-        below = value <= self.low if self.low_open else value < self.low
-        if not math.isfinite(value) or below or value > self.high:
-            raise self.reject(text)
-        return value
-
-
-@dataclass(frozen=True)
-class Choice(Spec):
-    """One of ``values``. Example: ``Choice(("fast", "exact"))("exact") == "exact"``."""
-
-    values: tuple[str, ...]
-
-    def describe(self) -> str:
-        return f"one of {', '.join(self.values)}"
-
-    def __call__(self, text: str) -> str:
-        if text not in self.values:
-            raise self.reject(text)
-        return text
-
-
-@dataclass(frozen=True)
-class Items(Spec):
-    """A comma list of ``item`` values -> a tuple; empty items and repeats are errors.
-    Example: ``Items(Integer(1, 8))("2,4") == (2, 4)``."""
-
-    item: Callable[[str], Any]
-    max_items: int = 1024
-
-    def describe(self) -> str:
-        inner = self.item.describe() if isinstance(self.item, Spec) else "values"
-        return f"a comma list of {inner.removeprefix('a ').removeprefix('an ')}"
-
-    def __call__(self, text: str) -> tuple[Any, ...]:
-        parts = [p.strip() for p in str(text).split(",")]
-        if not any(parts):
-            raise argparse.ArgumentTypeError("expected a comma list, got an empty value")
-        if len(parts) > self.max_items:
-            raise argparse.ArgumentTypeError(f"at most {self.max_items} items, got {len(parts)}")
-        out: list[Any] = []
-        for part in parts:
-            if not part:
-                raise argparse.ArgumentTypeError(f"an empty item in {_show(text)}")
-            try:
-                value = self.item(part)
-            except (argparse.ArgumentTypeError, EpsimError) as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{_show(part)} is not a valid item") from None
-            if value in out:
-                raise argparse.ArgumentTypeError(f"{_show(part)} is given twice")
-            out.append(value)
-        return tuple(out)
-
-
-@dataclass(frozen=True)
-class Parsed(Spec):
-    """Text a domain parser reads (``parse`` raises EpsimError or ValueError on bad input).
-    Example: ``Parsed(parse_disagg, "P:D node counts")("1:2") == (1, 2)``."""
-
-    parse: Callable[[str], Any]
-    what: str
-    max_len: int = 4096
-
-    def describe(self) -> str:
-        return self.what
-
-    def __call__(self, text: str) -> Any:
-        if len(str(text)) > self.max_len:
-            raise argparse.ArgumentTypeError(f"expected {self.what}, got {len(text)} characters")
-        try:
-            return self.parse(text)
-        except EpsimError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        except (ValueError, OverflowError):
-            raise self.reject(text) from None
-
-
-@dataclass(frozen=True)
-class Name(Spec):
-    """A shipped name (``known()`` lists them) or a path to an existing file.
-    Example: ``Name(shipped_models, "model")("deepseek-r1")``."""
-
-    known: Callable[[], Iterable[str]] = field(compare=False)
-    what: str
-
-    def describe(self) -> str:
-        return f"a shipped {self.what} name ({', '.join(self.known())}) or a file"
-
-    def __call__(self, text: str) -> str:
-        if text in set(self.known()):
-            return text
-        if not text or "\0" in text:
-            raise self.reject(text)
-        path = Path(text)
-        if path.is_file():
-            return text
-        if path.exists():
-            raise argparse.ArgumentTypeError(f"{self.what} {text} is not a regular file")
-        raise argparse.ArgumentTypeError(
-            f"unknown {self.what} {text!r}: no such file, nor a shipped name "
-            f"({', '.join(self.known())})")
-
-
-@dataclass(frozen=True)
-class InputFile(Spec):
-    """An existing regular file to read. Example: ``--dataset-path sharegpt.json``."""
-
-    what: str
-
-    def describe(self) -> str:
-        return f"an existing {self.what}"
-
-    def __call__(self, text: str) -> str:
-        if not text or "\0" in text:
-            raise self.reject(text)
-        path = Path(text)
-        if not path.exists():
-            raise argparse.ArgumentTypeError(f"{self.what} not found: {text}")
-        if not path.is_file():
-            raise argparse.ArgumentTypeError(f"{self.what} {text} is not a regular file")
-        if not os.access(path, os.R_OK):
-            raise argparse.ArgumentTypeError(f"{self.what} {text} is not readable")
-        return text
-
-
-class OutputPath(str):
-    """A path the command will write (a ``str``): ``epsim.cli`` reserves every one of them
-    before the command runs and writes them together when it succeeds."""
-
-    flag: str = ""
-
-
-@dataclass(frozen=True)
-class OutputFile(Spec):
-    """A file to write: an existing target must be a regular file, its folder must exist.
-    Example: ``--trace step.json``."""
-
-    what: str
-
-    def describe(self) -> str:
-        return f"a {self.what} path to write"
-
-    def __call__(self, text: str) -> OutputPath:
-        if not text or "\0" in text:
-            raise self.reject(text)
-        try:
-            check_output_target(text, self.what)
-        except EpsimError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        out = OutputPath(text)
-        out.flag = self.what
-        return out
-
-
-def output_targets(args: argparse.Namespace) -> list[tuple[str, OutputPath]]:
-    """Every output path among the parsed arguments, with its flag's description."""
-    return [(v.flag or k, v) for k, v in vars(args).items() if isinstance(v, OutputPath)]
-
+from .specs import (
+    Choice,
+    InputFile,
+    Integer,
+    Items,
+    Name,
+    OutputFile,
+    Parsed,
+    Real,
+    Spec,
+    show_text,
+)
 
 # --------------------------------------------------------------------------------------------
 # The table: every valued flag and its range
@@ -312,7 +76,7 @@ def parse_dp_x_tp(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"(?:dp)?(\d{1,6})\s*[x/]\s*(?:tp)?(\d{1,6})", text)
     if not m or not all(1 <= int(g) <= MAX_GPUS for g in m.groups()):
         raise EpsimError(f"a split is DPxTP with each in [1, {MAX_GPUS}] (e.g. 4x2), got "
-                         f"{_show(text)}")
+                         f"{show_text(text)}")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -322,14 +86,14 @@ def parse_ray_address(text: str) -> str:
     if text in ("auto", "local") or re.fullmatch(
             r"(ray://)?[A-Za-z0-9][A-Za-z0-9.-]{0,252}:\d{1,5}", text):
         return text
-    raise EpsimError(f"--ray takes auto, local or HOST:PORT (ray://HOST:PORT), got {_show(text)}")
+    raise EpsimError(f"--ray takes auto, local or HOST:PORT (ray://HOST:PORT), got {show_text(text)}")
 
 
 def parse_word(text: str, what: str) -> str:
     """A name made of letters, digits and ``._+-`` (a kernel set: ``aiter``, ``no-aiter``);
     whether the profile has it is checked when the profile is loaded."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}", text):
-        raise EpsimError(f"a {what} name is letters, digits and ._+-, got {_show(text)}")
+        raise EpsimError(f"a {what} name is letters, digits and ._+-, got {show_text(text)}")
     return text
 
 
@@ -356,13 +120,13 @@ def parse_prices(text: str) -> dict[str, float]:
             name, value = "*", name
         name = name.strip()
         if not name:
-            raise EpsimError(f"--gpu-hour-usd: {_show(part)} has no hardware name")
+            raise EpsimError(f"--gpu-hour-usd: {show_text(part)} has no hardware name")
         if name in out:
             raise EpsimError(f"--gpu-hour-usd: {name} is priced twice")
         try:
             out[name] = price(value)
         except argparse.ArgumentTypeError as exc:
-            raise EpsimError(f"--gpu-hour-usd: {_show(part)}: {exc}") from None
+            raise EpsimError(f"--gpu-hour-usd: {show_text(part)}: {exc}") from None
     return out
 
 

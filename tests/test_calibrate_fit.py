@@ -1,6 +1,7 @@
-"""The fitting in calibrate/fit.py recovers known parameters from synthetic tables; a fitted
-profile drives the simulator's cost model with exactly the fitted formula; the tables round-trip
-through CSV; the simulator's optional fitted keys behave as documented."""
+"""The fitting in calibrate/fit.py and calibrate/comm_fit.py recovers known parameters from
+synthetic tables; a fitted profile drives the simulator's cost model with exactly the fitted
+formula; the tables round-trip through CSV; the simulator's optional fitted keys behave as
+documented."""
 
 import itertools
 import json
@@ -11,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epsim.calibrate import comm_fit as C
 from epsim.calibrate import fit as F
+from epsim.calibrate.devices import DEVICES
 from epsim.calibrate.micro import gemm_op
 from epsim.calibrate.profile import profile_from_tables, read_tables, table_paths, write_csv_atomic
 from epsim.model import EpsimError
@@ -86,7 +89,7 @@ def test_comm_fit_recovers_latencies_and_bandwidth():
     rows = [{"kind": k, "world": w, "peers": w - 1, "tokens": t, "link_bytes": t * 100.0,
              "time_s": lat[(k, w)] + t * 100.0 / bw}
             for (k, w), t in itertools.product(lat, (1, 16, 128, 1024, 3072))]
-    fit = F.fit_comm(pd.DataFrame(rows))
+    fit = C.fit_comm(pd.DataFrame(rows))
     assert fit.bandwidth == pytest.approx(bw, rel=1e-6)
     for (k, w), v in lat.items():
         assert fit.latency_s[k][w] == pytest.approx(v, rel=1e-6)
@@ -178,6 +181,27 @@ def test_profile_from_tables_is_a_valid_profile_that_says_it_was_fitted():
         if key.startswith("efficiency.op_") or key in ("efficiency.a2a_latency_by_group_s",
                                                        "efficiency.rank_compute_slowdown"):
             assert "fitted by epsim calibrate on testhost" in text and "p." in text
+
+
+@pytest.mark.parametrize("device", sorted(DEVICES))
+def test_every_device_recipe_builds_a_valid_profile(device):
+    recipe = DEVICES[device]
+    tables = synthetic_tables(np.random.default_rng(3))
+    machine_info = {"host": "testhost", "cpu_count": 2, "gpu_memory_bytes": 8e10}
+    obj = profile_from_tables(tables, "fitted-test", device, machine_info,
+                              {t: f"p.{t}.csv" for t in tables}, [])
+    e = profile_from_dict(json.loads(json.dumps(obj))).require_efficiency()
+    assert e.roofline == recipe.fit_compute(tables["ops"]).mode
+    assert obj["gpus_per_node"] == recipe.gpus_per_node(machine_info)
+    assert obj["sources"]["hbm_bytes"] == recipe.hbm_source
+    assert (obj["kernel_launch_s"] == 1e-9) == (recipe.kernel_launch_placeholder is not None)
+    assert set(recipe.extra_efficiency()) <= set(obj["efficiency"])
+
+
+def test_an_unknown_device_kind_is_refused():
+    tables = synthetic_tables(np.random.default_rng(3))
+    with pytest.raises(EpsimError, match="device must be cpu or cuda, got 'tpu'"):
+        profile_from_tables(tables, "x", "tpu", {}, {t: t for t in tables}, [])
 
 
 def test_fitted_profile_drives_the_cost_model_with_the_fitted_formula():
@@ -312,10 +336,10 @@ def test_ranks_sweep_fits_take_each_ops_share_of_a_median_step_where_the_table_h
                         "op_id": f"L{j}.moe.{k}.mb0", "kind": k, "time_s": m,
                         "step_s": 2 * m} for k, m in (("dispatch", 4e-3), ("combine", 1e-3))
                        for j in range(3)])
-    fit = F.fit_in_step(a2a, ex)
+    fit = C.fit_in_step(a2a, ex)
     assert fit.latency_s["dispatch"][2] == pytest.approx(8e-3)
     assert fit.latency_s["combine"][2] == pytest.approx(2e-3)
-    assert F.fit_in_step(a2a, ex.drop(columns=["step_s"])).latency_s["combine"][2] == \
+    assert C.fit_in_step(a2a, ex.drop(columns=["step_s"])).latency_s["combine"][2] == \
         pytest.approx(1e-3)
 
 

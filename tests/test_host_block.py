@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from epsim.calibrate.fit import fit_host_block, fit_rank_skew
+from epsim.calibrate.comm_fit import fit_host_block
+from epsim.calibrate.fit import fit_rank_skew
 from epsim.calibrate.micro import rank_skews
 from epsim.calibrate.validate import Case, compare
 from epsim.model.config import load_model
@@ -109,7 +110,7 @@ def test_a_case_is_judged_on_the_median_of_its_passes():
 
 
 def test_straggler_is_a_fixed_part_plus_a_share_of_the_compute_between_exchanges():
-    from epsim.calibrate.fit import fit_straggler
+    from epsim.calibrate.comm_fit import fit_straggler
 
     # world 4: straggler = 1 ms + 0.4 x segment; world 2: 0.2 ms flat
     ranks = pd.DataFrame(
@@ -127,7 +128,7 @@ def test_straggler_is_a_fixed_part_plus_a_share_of_the_compute_between_exchanges
 
 
 def test_exchange_latency_is_the_last_arrivals_plus_the_fixed_straggler():
-    from epsim.calibrate.fit import fit_exchange
+    from epsim.calibrate.comm_fit import fit_exchange
 
     # the last rank to arrive waits 2 ms (dispatch, w2) / 1 ms (combine, w2) + bytes / 1e8;
     # the slowest rank's time holds 5 ms more (the benchmark's own straggler)
@@ -155,8 +156,8 @@ def test_exchange_latency_is_the_last_arrivals_plus_the_fixed_straggler():
 
 
 def test_in_step_exchange_latency_is_the_ranks_sweeps_median_exchange_time():
+    from epsim.calibrate.comm_fit import fit_exchange
     from epsim.calibrate.exchange_fits import DEFAULT_EXCHANGE_FIT
-    from epsim.calibrate.fit import fit_exchange
 
     a2a = pd.DataFrame([{"kind": k, "world": w, "link_bytes": b, "time_s": lat * w + b / 1e8}
                         for k, lat in (("dispatch", 6e-3), ("combine", 3e-3))
@@ -381,7 +382,7 @@ def test_a_steps_time_grows_by_its_ranks_per_nodes_skew_as_host_time(microbatche
 
 
 def test_in_step_hold_is_a_fixed_part_plus_a_share_of_the_compute_since_the_last_exchange():
-    from epsim.calibrate.fit import fit_host_in_step
+    from epsim.calibrate.comm_fit import fit_host_in_step
 
     rows = []
     for world, fixed, share in ((2, 3e-3, 0.1), (4, 5e-3, 0.4)):

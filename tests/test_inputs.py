@@ -1,6 +1,6 @@
-"""The validation layer (``epsim.inputs``): every valued flag of every command takes its type
-from the one table, specs enforce their stated ranges, and no value of any flag (fuzzed) gets
-past parsing as anything but a value or one line with exit status 2."""
+"""The validation layer (``epsim.inputs``, its specs in ``epsim.specs``): every valued flag of
+every command takes its type from the one table, specs enforce their stated ranges, and no value
+of any flag (fuzzed) gets past parsing as anything but a value or one line with exit status 2."""
 
 import argparse
 import math
@@ -10,19 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epsim.cli import build_parser, parse
-from epsim.inputs import (
-    COMMAND_FLAGS,
-    Choice,
-    Integer,
-    Items,
-    OutputFile,
-    Real,
-    Spec,
-    parse_dp_x_tp,
-    parse_prices,
-    spec_for,
-)
+from epsim.inputs import COMMAND_FLAGS, parse_dp_x_tp, parse_prices, spec_for
 from epsim.model.errors import EpsimError
+from epsim.specs import Choice, Integer, Items, OutputFile, Real, Spec
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
