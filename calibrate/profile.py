@@ -22,16 +22,19 @@ from typing import Any
 
 import pandas as pd
 
+from epsim.model.config import load_model
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import reserve_outputs, staged_path
 from epsim.model.trace import write_json_atomic
 from epsim.sim.hardware.efficiency import EFFICIENCY_KEYS
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
 
+from . import comm_bench, micro, probe
 from . import comm_fit as C
 from . import fit as F
 from .devices import DeviceRecipe, device_recipe
 from .exchange_fits import DEFAULT_EXCHANGE_FIT
+from .validate import shape_signature
 
 _FORM = {"max": "t = overhead + scale * max(flops/F, bytes/B)",
          "sum": "t = overhead + scale * flops/F + bytes_scale * bytes/B"}
@@ -389,8 +392,6 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
     one GPU (no all-to-all: the communication figures come from ``base``, default ``h200``).
     ``quick``: a small subset of every sweep (tests).
     """
-    from . import probe
-
     out = Path(out)
     reserve_outputs({"profile": out, **{f"{name} table": p for name, p in table_paths(out).items()}})
     recipe = device_recipe(device)
@@ -419,11 +420,6 @@ def _measure(recipe: DeviceRecipe, quick: bool, say: Callable[[str], None],
     """Run the sweeps ``recipe`` calls for; returns the tables (:data:`TABLES`; a sweep not run
     is an empty table) and ``{calibration shape: its config signature}``. ``sample``: takes
     the machine-state probe (before each multi-rank launch and after the last)."""
-    from epsim.model.config import load_model
-
-    from . import comm_bench, micro
-    from .validate import shape_signature
-
     points = micro.QUICK_POINTS if quick else micro.SWEEP_POINTS
     shapes = micro.CALIBRATION_SHAPES[:2] if quick else micro.CALIBRATION_SHAPES
     with tempfile.TemporaryDirectory(prefix="epsim-calib-shapes-") as folder:
@@ -459,8 +455,6 @@ def _measured_configs(tables: dict[str, pd.DataFrame], signatures: dict[str, str
                       ) -> list[dict[str, Any]]:
     """``calibration.configs``: every configuration the sweeps ran (``epsim validate`` refuses
     a grid case equal to one), op sweep first, then the ranks sweep's and the exchanges'."""
-    from . import comm_bench
-
     steps, ranks, a2a = tables["steps"], tables["ranks"], tables["a2a"]
     configs = [{"shape": signatures[s], "shape_name": s, "world_size": 1, "batch": int(b),
                 "context": int(c), "dbo": bool(d)}

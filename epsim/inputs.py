@@ -133,6 +133,7 @@ def parse_prices(text: str) -> dict[str, float]:
 def _lazy_flags() -> dict[str, Spec]:
     """Specs that need other packages' registries (imported once, when a parser is built)."""
     from epsim.calibrate.bench_fit import FACTORS
+    from epsim.calibrate.devices import DEVICES
     from epsim.calibrate.exchange_fits import EXCHANGE_FITS
     from epsim.calibrate.validate import shipped_grids
     from epsim.model.config import shipped_models
@@ -153,7 +154,7 @@ def _lazy_flags() -> dict[str, Spec]:
     )
     from epsim.sim.serving.presets import ENGINES
     from epsim.sim.serving.router import ROUTER_NAMES
-    from epsim.sim.step.simulate import MODES
+    from epsim.sim.step import MODES
     from epsim.sim.workload.spec import BENCH_CLIENTS, DATASETS
     from epsim.sim.workload.traces import shipped_traces
 
@@ -167,6 +168,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--router": Choice(ROUTER_NAMES),
         "--engine": Choice(tuple(ENGINES)),
         "--factors": Choice(tuple(FACTORS)),
+        "--device": Choice(tuple(DEVICES)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--search": Choice(tuple(STRATEGIES)),
         "--method": Choice(tuple(BALANCERS)),
@@ -240,7 +242,6 @@ FLAGS: dict[str, Spec] = {
     "--annotations": Parsed(parse_annotations, "annotation names (comma list) or all"),
     # execution and search switches
     "--phase": Choice(("decode", "prefill")),
-    "--device": Choice(("cpu", "cuda")),
     "--dtype": Choice(("fp32", "bf16")),
     "--dbo": Parsed(parse_on_off, "on or off", max_len=8),
     "--graph": Parsed(parse_on_off, "on or off", max_len=8),

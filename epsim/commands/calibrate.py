@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+from epsim.calibrate.devices import DEVICES
 from epsim.calibrate.exchange_fits import DEFAULT_EXCHANGE_FIT
 from epsim.model.errors import EpsimError
 
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_trace and args.from_bench:
         raise EpsimError("--from-trace and --from-bench are two fits: give one")
     if args.exchange_fit is not None and (args.from_trace or args.from_bench
-                                          or args.device != "cpu"):
+                                          or not DEVICES[args.device].local_ranks):
         raise EpsimError("--exchange-fit chooses how a CPU calibration fits the all-to-all "
                          "table: it does not apply to --from-trace, --from-bench or --device "
                          "cuda")
