@@ -133,7 +133,6 @@ def parse_prices(text: str) -> dict[str, float]:
 def _lazy_flags() -> dict[str, Spec]:
     """Specs that need other packages' registries (imported once, when a parser is built)."""
     from epsim.calibrate.bench_fit import FACTORS
-    from epsim.calibrate.devices import DEVICES
     from epsim.calibrate.exchange_fits import EXCHANGE_FITS
     from epsim.calibrate.validate import shipped_grids
     from epsim.model.config import shipped_models
@@ -168,7 +167,6 @@ def _lazy_flags() -> dict[str, Spec]:
         "--router": Choice(ROUTER_NAMES),
         "--engine": Choice(tuple(ENGINES)),
         "--factors": Choice(tuple(FACTORS)),
-        "--device": Choice(tuple(DEVICES)),
         "--objective": Choice(tuple(OBJECTIVES)),
         "--search": Choice(tuple(STRATEGIES)),
         "--method": Choice(tuple(BALANCERS)),
@@ -242,6 +240,9 @@ FLAGS: dict[str, Spec] = {
     "--annotations": Parsed(parse_annotations, "annotation names (comma list) or all"),
     # execution and search switches
     "--phase": Choice(("decode", "prefill")),
+    # calibrate/devices.py's DEVICES (its fits pull in pandas, which no other command needs;
+    # tests/test_inputs.py checks the two agree)
+    "--device": Choice(("cpu", "cuda")),
     "--dtype": Choice(("fp32", "bf16")),
     "--dbo": Parsed(parse_on_off, "on or off", max_len=8),
     "--graph": Parsed(parse_on_off, "on or off", max_len=8),

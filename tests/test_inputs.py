@@ -150,3 +150,21 @@ def test_any_value_of_any_numeric_or_list_flag_is_a_value_or_one_line(case, valu
         assert err.count("\n") == 1 and err.startswith("epsim: error: "), err
     else:
         assert capsys.readouterr().err == ""
+
+
+def test_the_device_choices_are_the_calibration_recipes():
+    from epsim.calibrate.devices import DEVICES
+
+    assert spec_for("--device").values == tuple(DEVICES)
+
+
+def test_building_the_parser_does_not_load_pandas():
+    # every command's parser is built on each call; pandas (the calibration fits') is for
+    # calibrate alone
+    import subprocess
+    import sys
+
+    code = ("import sys; from epsim.cli import build_parser; build_parser(); "
+            "from epsim.inputs import _lazy_flags; _lazy_flags(); print('pandas' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

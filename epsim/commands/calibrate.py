@@ -9,7 +9,6 @@ import argparse
 import sys
 import time
 
-from epsim.calibrate.devices import DEVICES
 from epsim.calibrate.exchange_fits import DEFAULT_EXCHANGE_FIT
 from epsim.model.errors import EpsimError
 
@@ -55,6 +54,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import importlib.util
+
+    # here, not at the top: the recipes' fits import pandas, which the parser of every other
+    # command would otherwise load (about 0.5 s and 100 MB)
+    from epsim.calibrate.devices import DEVICES
 
     if args.from_trace and args.from_bench:
         raise EpsimError("--from-trace and --from-bench are two fits: give one")
