@@ -53,6 +53,18 @@ def test_least_loaded_takes_the_fewest_outstanding_ties_to_the_lowest_index():
     assert r.outstanding.tolist() == [2, 2, 1]
 
 
+def test_a_dp_rank_dispatcher_reads_its_owner_s_load():
+    # within an instance the same policies pick a dp rank by what each rank holds now
+    held = [3, 1, 1, 0]
+    least = make_router("least_loaded", 4, lambda r: held[r])
+    assert least.route() == 3
+    held[3] = 5
+    assert [least.route(), least.route()] == [1, 1]  # ties to the lowest rank
+    robin = make_router("round_robin", 3, lambda r: held[r])
+    assert [robin.route() for _ in range(4)] == [0, 1, 2, 0]  # whatever the load
+    assert least.outstanding.tolist() == [0, 0, 0, 0]  # the owner counts, not the router
+
+
 def test_unknown_router_is_one_line():
     with pytest.raises(EpsimError, match="router must be one of round_robin, least_loaded"):
         make_router("random", 2)

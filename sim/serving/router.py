@@ -43,8 +43,8 @@ class Router:
     """One policy over ``instances`` instances (or one instance's dp ranks). Subclasses set
     ``name`` and implement :meth:`pick`.
 
-    outstanding: ``[instances]`` requests routed to each and not yet done there. Example:
-        ``[3, 2]``.
+    outstanding: ``[instances]`` requests routed to each and not yet done there (kept only
+        without ``load``). Example: ``[3, 2]``.
     load: where given, each target's load as its owner counts it (``load(k)``: a dp rank's
         queued and running requests), read by the load-aware policies in place of
         ``outstanding``. Example: ``lambda r: queues.pending(r)``.
@@ -65,9 +65,11 @@ class Router:
         raise NotImplementedError
 
     def route(self) -> int:
-        """Send one request: pick its instance and count it there."""
+        """Send one request: pick its instance and count it there (a router given ``load``
+        keeps no count: its owner knows the load)."""
         k = self.pick()
-        self.outstanding[k] += 1
+        if self.load is None:
+            self.outstanding[k] += 1
         self.advance()
         return k
 
