@@ -14,13 +14,18 @@ def test_step_json_has_the_documented_keys(epsim):
     assert set(out["breakdown_ms"]) >= {"attention", "moe_experts", "dispatch", "combine",
                                         "dense", "other", "launch"}
     assert abs(sum(out["breakdown_ms"].values()) - out["step_ms"]) < 1e-6 * out["step_ms"]
-    assert out["plan"]["dbo"] and out["plan"]["graph"] and out["plan"]["kv_dtype"] == "fp8"
+    # a step has no engine: one microbatch unless --dbo (vLLM and SGLang run without it)
+    assert not out["plan"]["dbo"] and out["plan"]["graph"] and out["plan"]["kv_dtype"] == "fp8"
+    dbo = json.loads(epsim(*ARGS, "--dbo", "--json").stdout)
+    assert dbo["plan"]["dbo"] and dbo["step_ms"] != out["step_ms"]
+    both = epsim(*ARGS, "--dbo", "--no-dbo")
+    assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1
 
 
 def test_step_trace_is_chrome_trace_json(epsim, tmp_path):
     path = tmp_path / "trace.json"
     r = epsim(*ARGS[:-4], "--batch", "16", "--context", "512", "--trace", str(path),
-              "--mode", "exact")
+              "--mode", "exact", "--dbo")
     assert r.returncode == 0, r.stderr
     assert "trace" in r.stdout and "step" in r.stdout
     trace = json.loads(path.read_text())

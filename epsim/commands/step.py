@@ -46,7 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="decode: cached tokens per sequence (the new one included); "
                    "prefill: prompt length")
     add_flag(p, "--phase", default="decode", help="the step's phase (default decode)")
-    p.add_argument("--no-dbo", action="store_true", help="one microbatch (no dual-batch overlap)")
+    dbo = p.add_mutually_exclusive_group()
+    dbo.add_argument("--dbo", action="store_true",
+                     help="two microbatches (dual-batch overlap); a step has no engine, so the "
+                     "default is one microbatch, as vLLM and SGLang run without --dbo / TBO")
+    dbo.add_argument("--no-dbo", action="store_true",
+                     help="one microbatch (the default; kept so commands can state it)")
     p.add_argument("--no-eplb", action="store_true",
                    help="contiguous expert placement instead of the balanced one")
     p.add_argument("--no-graph", action="store_true",
@@ -84,7 +89,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     plan = make_plan(model, nodes=args.nodes,
                      gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
                      dp=args.dp, tp=args.tp, ep=args.ep,
-                     microbatches=1 if args.no_dbo else 2, kv_dtype=args.kv_dtype,
+                     microbatches=2 if args.dbo else 1, kv_dtype=args.kv_dtype,
                      graph_mode=not args.no_graph, mem_fraction=args.mem_fraction,
                      redundant_experts=args.redundant_experts, mtp=args.mtp)
     plan = with_implied_fusions(plan, model, profile.plan_options)
