@@ -157,6 +157,9 @@ H800_HBM_BYTES = 85899345920.0
 H800_HBM_BANDWIDTH = 3.35e12
 H800_NVLINK_PER_DIRECTION = 200e9
 H800_NIC_PER_GPU = 50e9
+#: HBM peak bytes/s of the aiconfigurator GPUs (the h100 / h200 profiles' hbm_bandwidth: NVIDIA
+#: H100 SXM and H200 data sheets), the bound no measured kernel can beat reading its weights
+HBM_PEAK = {"h100_sxm": 3.35e12, "h200_sxm": 4.8e12}
 #: DeepGEMM's best dense FP8 GEMM on H800 (README @ DEEPGEMM_COMMIT: M 4096, N 7168, K 16384)
 DEEPGEMM_BEST_DENSE_TFLOPS = 1520.0
 
@@ -394,12 +397,15 @@ class Transfer:
 
 def _table(op: str, dtype: str, features: list[str], points: list[list], *, unit: str = "us",
            source: str | None = None, quant: str | None = None, scope: str | None = None,
-           note: str | None = None, mode: str | None = None) -> dict[str, Any]:
+           note: str | None = None, mode: str | None = None,
+           layout: str | None = None) -> dict[str, Any]:
     t: dict[str, Any] = {"op": op, "dtype": dtype}
     if scope is not None:
         t["scope"] = scope
     if mode is not None:
         t["mode"] = mode
+    if layout is not None:
+        t["layout"] = layout
     if quant is not None:
         t["quant"] = quant
     t["unit"] = unit
@@ -565,6 +571,121 @@ def mi355x_sets(src: Path) -> dict[str, Any]:
         "tables": tables}}}
 
 
+#: aiconfigurator's wide-EP MoE tables (SGLang 0.5.10): {exchange mode: (file, op_name, what)}
+WIDEEP_MOE = {
+    "low_latency": ("moe/sglang/0.5.10/wideep_generation_moe_perf.parquet", "moe_generation",
+                    "decode: DeepEP low-latency layout, DeepGEMM masked grouped GEMM "
+                    "(m_grouped_fp8_gemm_nt_masked) timed in a CUDA graph"),
+    "normal": ("moe/sglang/0.5.10/wideep_context_moe_perf.parquet", "moe_context",
+               "prefill: DeepEP normal layout, DeepGEMM contiguous grouped GEMM "
+               "(m_grouped_fp8_gemm_nt_contiguous) timed eagerly with CUDA events"),
+}
+#: the collector that wrote them: the last version of the wide-EP MoE collector before the
+#: tables' commit (PR #963, cb4d907c, "sglang 0.5.10 perf data"); it was folded into the v2
+#: collector at 1d12d321 and is absent at AIC_COMMIT
+WIDEEP_COLLECTOR = ("collector/sglang/collect_wideep_deepep_moe.py @ cb4d907c (PR #963, the "
+                    "commit that added these tables)")
+#: FP8 bytes of one DeepSeek-V3 routed expert's weights (gate, up, down)
+EXPERT_WEIGHT_BYTES = 3 * HIDDEN * MOE_INTER
+
+
+def _wideep_note(mode: str, dropped: int, peak: float) -> str:
+    rel, op_name, what = WIDEEP_MOE[mode]
+    note = (f"{rel.rsplit('/', 1)[-1]} ({op_name}, kernel_source deepepmoe, fp8_block, SGLang "
+            f"0.5.10): {what}. DeepSeek-V3 (hidden 7168, inter 2048, 256 experts, topk 8), "
+            "distribution 'uniform' rows only (the power_law_* rows are the collector's own "
+            "skewed draws: epsim's routing supplies the imbalance). The collector "
+            f"({WIDEEP_COLLECTOR}) loads 256 / ep experts on one GPU and feeds them "
+            "num_token tokens per rank, each local expert getting num_token x 8 x ep / 256 "
+            "rows; it logs num_tokens = num_token x ep. So tokens = num_tokens / ep (the "
+            "rank's batch before dispatch), experts = 256 / ep; time = column latency (ms), "
+            "the expert GEMMs alone (no dispatch / combine)")
+    if dropped:
+        note += (f". REFUSED {dropped} row(s) whose time is below what reading the active "
+                 "experts' FP8 weights takes at the GPU's HBM peak (active experts x 7168 x 2048 "
+                 f"x 3 bytes / latency > {peak / 1e12:g} TB/s: physically impossible; all at ep "
+                 "<= 8 and few tokens)")
+    return note
+
+
+def wideep_moe_table(src: Path, gpu: str, mode: str, peak_bytes_s: float
+                     ) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``(table, source id, source)`` of one aiconfigurator wide-EP MoE table: the fused MoE as
+    SGLang's DeepEP deployment runs it in exchange ``mode`` (EP layout)."""
+    rel, op_name, _ = WIDEEP_MOE[mode]
+    d = _parquet(src, gpu, rel)
+    d = d[(d.hidden_size == HIDDEN) & (d.inter_size == MOE_INTER) & (d.topk == TOP_K)
+          & (d.num_experts == EXPERTS) & (d.moe_dtype == "fp8_block") & (d.moe_tp_size == 1)
+          & (d.distribution == "uniform")].sort_values(["moe_ep_size", "num_tokens"])
+    if set(d.op_name) != {op_name} or set(d.kernel_source) != {"deepepmoe"}:
+        raise SystemExit(f"{gpu}: unexpected wide-EP MoE rows in {rel}")
+    if d.duplicated(["num_tokens", "moe_ep_size"]).any():
+        raise SystemExit(f"{gpu}: duplicate wide-EP MoE rows in {rel}")
+    points, dropped = [], 0
+    for r in d.itertuples():
+        ep, per_rank = int(r.moe_ep_size), int(r.num_tokens) / int(r.moe_ep_size)
+        local = EXPERTS // ep
+        # the collector's uniform rows: every local expert gets tokens once the group's pairs
+        # cover them, else per_rank x 8 experts get one row each
+        active = local if per_rank * TOP_K * ep >= EXPERTS else min(local, per_rank * TOP_K)
+        if active * EXPERT_WEIGHT_BYTES / (float(r.latency) * 1e-3) > peak_bytes_s:
+            dropped += 1
+            continue
+        points.append([_int(per_rank), local, TOP_K, HIDDEN, MOE_INTER, float(r.latency)])
+    sid = f"aic-wideep-moe-{'decode' if mode == 'low_latency' else 'prefill'}"
+    note = _wideep_note(mode, dropped, peak_bytes_s)
+    kernel = "masked" if mode == "low_latency" else "contiguous"
+    table = _table("grouped_gemm", "fp8", FMOE_FEATURES, points, unit="ms", source=sid,
+                   quant="per_1x128", mode=mode, layout="ep",
+                   note=f"SGLang wide EP ({'decode' if mode == 'low_latency' else 'prefill'}): "
+                        f"DeepEP {mode.replace('_', '-')} + DeepGEMM {kernel} grouped GEMM, "
+                        f"uniform routing, EP {int(d.moe_ep_size.min())}-"
+                        f"{int(d.moe_ep_size.max())}")
+    return table, sid, _aic(gpu, rel, note)
+
+
+def tp_moe_table(src: Path, gpu: str, rel_moe: str, meta: str
+                 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``(table, source id, source)`` of the Triton fused MoE's TP rows (moe_ep_size 1): the
+    MoE of a TP-only plan (every rank all 256 experts, inter / tp)."""
+    e = _parquet(src, gpu, rel_moe)
+    e = e[(e.hidden_size == HIDDEN) & (e.inter_size == MOE_INTER) & (e.topk == TOP_K)
+          & (e.num_experts == EXPERTS) & (e.moe_dtype == "fp8_block") & (e.moe_ep_size == 1)
+          & (e.distribution == "balanced")].sort_values(["moe_tp_size", "num_tokens"])
+    if set(e.kernel_source) != {"sglang_fused_moe_triton"} or e.duplicated(
+            ["num_tokens", "moe_tp_size"]).any():
+        raise SystemExit(f"{gpu}: unexpected TP MoE rows")
+    points = [[int(r.num_tokens), EXPERTS, TOP_K, HIDDEN, MOE_INTER // int(r.moe_tp_size),
+               float(r.latency)] for r in e.itertuples()]
+    sid = "aic-moe-tp"
+    note = (f"moe_perf: fused-MoE latency (ms), {meta} 0.5.14, sglang_fused_moe_triton "
+            "fp8_block, DeepSeek-V3 (hidden 7168, inter 2048, 256 experts, topk 8), moe_ep_size "
+            "1, moe_tp_size 1-16, distribution 'balanced'. collector/sglang/collect_moe.py "
+            "run_moe_torch: local_inter_size = inter_size / moe_tp_size, all 256 experts local, "
+            "num_tokens rows entering the kernel (every TP rank sees every token). So tokens = "
+            "num_tokens, experts 256, inter = 2048 / tp")
+    table = _table("grouped_gemm", "fp8", FMOE_FEATURES, points, unit="ms", source=sid,
+                   quant="per_1x128", layout="tp",
+                   note="SGLang Triton fused MoE, TP-only (every rank a 1/tp slice of every "
+                        f"expert), TP {int(e.moe_tp_size.min())}-{int(e.moe_tp_size.max())}")
+    return table, sid, _aic(gpu, rel_moe, note)
+
+
+def triton_ep_set(e, label: str) -> dict[str, Any]:
+    """Set ``sglang-triton``: SGLang's EP without DeepEP, the Triton fused MoE's EP rows."""
+    table = _table("grouped_gemm", "fp8", FMOE_FEATURES, [
+        [_int(int(r.num_tokens) / int(r.moe_ep_size)), EXPERTS // int(r.moe_ep_size), TOP_K,
+         HIDDEN, MOE_INTER, float(r.latency)] for r in e.itertuples()],
+        unit="ms", source="aic-moe", quant="per_1x128", layout="ep",
+        note="SGLang's Triton fused MoE (not the DeepGEMM kernels DeepEP deployments run), "
+             "balanced routing, EP 8-256")
+    return {"description": f"SGLang 0.5.14 on {label} with EP served by the Triton fused MoE "
+                           "(SGLang's EP without --moe-a2a-backend deepep): the sglang set but "
+                           "for the EP fused MoE, aiconfigurator's moe_perf EP rows. Their "
+                           "rows at ep >= 16 imply 1-2 % of the FP8 peak",
+            "relative_to": "sglang", "tables": [table]}
+
+
 def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
     """h100 / h200: set ``sglang`` from aiconfigurator's SGLang 0.5.14 databases."""
     shapes = deepseek_v3_shapes()
@@ -584,8 +705,10 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                         "256 experts, topk 8), moe_tp 1, distribution 'balanced'. num_tokens is "
                         "the EP group's batch; rank 0's 256/ep experts are timed on the tokens "
                         "routed to them (collector/sglang/collect_moe.py build_rank0_workloads), "
-                        "so tokens = num_tokens / ep, experts = 256 / ep. Not used: "
-                        "power_law_1.01 / power_law_1.2 rows, tp > 1, ep < 8"),
+                        "so tokens = num_tokens / ep, experts = 256 / ep: the EP rows (ep >= 8) "
+                        "of set sglang-triton (the TP rows, moe_ep_size 1, are source "
+                        "aic-moe-tp). Not used: power_law_1.01 / power_law_1.2 rows, tp > 1 "
+                        "with ep > 1, 1 < ep < 8"),
         "aic-mla": _aic(gpu, rel_mla, f"generation_mla_perf: one MLA decode attention call (ms), "
                         f"{meta} 0.5.14 (flash_attention backend, page size 1), DeepSeek geometry "
                         "(kv_lora 512, rope 64); num_heads = local heads; context = step + 1 (the "
@@ -621,12 +744,14 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
     if set(e.kernel_source) != {"sglang_fused_moe_triton"}:
         raise SystemExit(f"{gpu}: unexpected MoE kernels {set(e.kernel_source)}")
     e = e.sort_values(["moe_ep_size", "num_tokens"])
-    tables.append(_table("grouped_gemm", "fp8", FMOE_FEATURES, [
-        [_int(int(r.num_tokens) / int(r.moe_ep_size)), EXPERTS // int(r.moe_ep_size), TOP_K,
-         HIDDEN, MOE_INTER, float(r.latency)] for r in e.itertuples()],
-        unit="ms", source="aic-moe", quant="per_1x128",
-        note="SGLang's Triton fused MoE (not the DeepGEMM masked kernel DeepEP decode uses), "
-             "balanced routing, EP 8-256"))
+    # the fused MoE each deployment runs: TP-only the Triton kernel's TP rows, wide-EP decode
+    # (low-latency exchange) the masked and prefill (normal exchange) the contiguous grouped GEMM
+    peak = HBM_PEAK[gpu]
+    for table, sid, source in (tp_moe_table(src, gpu, rel_moe, meta),
+                               wideep_moe_table(src, gpu, "low_latency", peak),
+                               wideep_moe_table(src, gpu, "normal", peak)):
+        tables.append(table)
+        sources[sid] = source
     a = _parquet(src, gpu, rel_mla)
     for dtype, key in (("bf16", "bfloat16"), ("fp8", "fp8")):
         d = a[a.kv_cache_dtype == key]
@@ -666,10 +791,14 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
         note="NCCL all_reduce in one node (2, 4, 8 GPUs), fp16 buffers of 512 B - 1 GiB"))
     return {"default": "sglang", "sources": sources, "sets": {"sglang": {
         "description": f"SGLang 0.5.14 on {label} as aiconfigurator measured it: DeepGEMM FP8 and "
-                       "BF16 GEMMs, the Triton fused MoE, MLA decode (flash_attention backend; "
-                       "its FP8-KV rows are ~4x slower than BF16-KV, kept as measured), DeepEP "
-                       "low-latency dispatch/combine in one node, NCCL all-reduce",
-        "tables": tables}}}
+                       "BF16 GEMMs; the fused MoE each deployment runs (TP-only: the Triton "
+                       "fused MoE's TP rows; EP: SGLang 0.5.10's DeepEP wide-EP kernels, the "
+                       "masked grouped GEMM under the low-latency exchange (decode), the "
+                       "contiguous one under the normal exchange (prefill)); MLA decode "
+                       "(flash_attention backend; its FP8-KV rows are ~4x slower than BF16-KV, "
+                       "kept as measured), DeepEP low-latency dispatch/combine in one node, NCCL "
+                       "all-reduce",
+        "tables": tables}, "sglang-triton": triton_ep_set(e, label)}}
 
 
 def h800_sets(src: Path) -> dict[str, Any]:

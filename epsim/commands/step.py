@@ -208,6 +208,9 @@ def print_kernel_sources(sources: dict[str, Any]) -> None:
         methods = ", ".join(f"{m} x{n}" for m, n in info.get("methods", {}).items())
         formats = ", ".join(info.get("dtypes", {}))
         print(f"  {kind}: {info.get('method')} ({methods}); computes in {formats}")
+        for t in info.get("tables", []):
+            note = f": {t['note']}" if t.get("note") else ""
+            print(f"      table {t['table']} (deployment {t['deployment']}, {t['ops']} ops){note}")
         for p in info.get("points", [])[:4]:
             feats = ", ".join(f"{k} {v:g}" for k, v in p["features"].items())
             print(f"      point {feats}: {p['time']:g} {p['unit']} [{p['source']}]")

@@ -18,7 +18,9 @@ Glossary:
                   time). When the graph runs the shared expert inside the fused kernel
                   (``Fusion.shared_expert_in_moe``: dims ``shared_experts``, ``shared_pairs``)
                   ``experts`` and ``top_k`` are one more per shared expert (aiter's 33 experts,
-                  top-9), and each rank's own tokens join its routed pairs;
+                  top-9), and each rank's own tokens join its routed pairs. Its table is the
+                  deployment's (``DEPLOYED``): the one naming the step's exchange mode and the
+                  plan's MoE layout (``moe_layout``), ``kernel_sets``' selectors;
                 * ``attention_decode``: ``batch`` (sequences), ``context``, ``heads``,
                   ``query_tokens``, ``qk_dim`` / ``v_dim`` (MLA: 576 / 512);
                 * ``dispatch`` / ``combine``: ``tokens`` per rank, ``ranks``, ``hidden``. Under
@@ -52,10 +54,22 @@ import numpy as np
 
 from epsim.model.dtypes import COMPUTE_DTYPE
 from epsim.model.opgraph import Op
-from epsim.sim.hardware.kernel_sets import FEATURES
+from epsim.model.plan import ParallelPlan
+from epsim.sim.hardware.kernel_sets import FEATURES, LAYOUT_KINDS
 from epsim.sim.hardware.profile import HardwareProfile
 
 from . import roofline
+
+#: kinds whose table a step picks by its deployment (exchange mode and MoE layout) besides the
+#: collectives' own exchange mode: the fused MoE, whose kernel follows both
+DEPLOYED = LAYOUT_KINDS
+
+
+def moe_layout(plan: ParallelPlan) -> str:
+    """The plan's MoE layout as kernel tables name it (``kernel_tables.LAYOUTS``): ``"ep"``
+    under expert parallelism, else ``"tp"`` (every rank holds a slice of every expert)."""
+    return "ep" if plan.expert_parallel else "tp"
+
 
 #: ``(op, top_k) -> {feature: value}``, None where no table can describe the op
 FeaturesFn = Callable[[Op, int | None], dict[str, float] | None]
