@@ -346,7 +346,7 @@ def test_one_costing_entry_per_op_kind():
     assert {k for k, c in KIND_COSTING.items() if c.exchange} == {"dispatch", "combine"}
     # kinds costed alike share one entry; an unknown kind is costed as a streaming op
     assert KIND_COSTING["dispatch"] is KIND_COSTING["combine"]
-    assert KIND_COSTING["lm_head"] is KIND_COSTING["attention_prefill"]
+    assert KIND_COSTING["lm_head"] is op_kinds._COMPUTE
     assert KIND_COSTING["norm"] is KIND_COSTING["sample"] is costing("no-such-kind")
     # every source key is a figure of the shipped profile (a KeyError names one that is not),
     # and the profile cites it

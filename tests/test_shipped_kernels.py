@@ -62,7 +62,8 @@ def test_every_shipped_profile_loads_with_its_kernel_sets():
         p = load_profile(name)
         assert p.kernels is not None and p.kernel_set == sets[0] == p.kernels.default
         assert p.kernel_sets == (*sets, "none")
-        assert (PROFILES / f"{name}.json").stat().st_size < 400 * 1024
+        # the wheel carries every profile: keep each under half a megabyte
+        assert (PROFILES / f"{name}.json").stat().st_size < 512 * 1024
         text = (PROFILES / f"{name}.json").read_text()
         assert "/work/" not in text and "kernel-sources" not in text  # no local paths
     assert load_profile("mi300x").plan_options == {"shared_expert_in_moe": True}

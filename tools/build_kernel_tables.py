@@ -391,6 +391,106 @@ class Transfer:
 
 
 # --------------------------------------------------------------------------------------------
+# Prefill attention (aiter's MHA forward on MI300X, aiconfigurator's context MLA on H100/H200)
+# --------------------------------------------------------------------------------------------
+
+#: ``FEATURES["attention_prefill"]`` as the tables list them (every point is a fresh causal
+#: prefill: context = tokens)
+PREFILL_FEATURES = ["qk_dim", "v_dim", "heads", "context", "batch", "tokens"]
+AITER_MHA_README = "op_tests/cpp/mha/README.md"
+AITER_MHA_COMMIT = "0403bcdfd0b507e0459012b82e00785a818f774a"
+#: ROCm/aiter op_tests/cpp/mha/README.md @ AITER_MHA_COMMIT (added by PR #1270), "the asm kernel
+#: performance of the attention forwards": BF16, BSHD, batch mode, head dim 128 (q, k and v),
+#: causal rows, column FWD(TFLOPS) MI300X: ``(batch, q heads, seqlen_q = seqlen_kv, TFLOP/s)``
+#: for kv_nheads 8 (the README's kv_nheads 4 rows differ by a few per cent; not used)
+AITER_MHA_FWD_MI300X_CAUSAL = (
+    (1, 32, 1024, 130.62), (1, 32, 2048, 255.105), (1, 32, 4096, 467.805),
+    (1, 32, 8192, 522.68), (1, 32, 10240, 440.12),
+    (4, 32, 1024, 334.005), (4, 32, 2048, 419.435), (4, 32, 4096, 486.73),
+    (4, 32, 8192, 547.09), (4, 32, 10240, 527.705),
+    (8, 32, 1024, 311.385), (8, 32, 2048, 412.99), (8, 32, 4096, 513.1),
+    (8, 32, 8192, 537.36), (8, 32, 10240, 556.045),
+    (1, 64, 1024, 228.54), (1, 64, 2048, 392.425), (1, 64, 4096, 474.385),
+    (1, 64, 8192, 518.29), (1, 64, 10240, 510.895), (1, 64, 16384, 541.55),
+    (4, 64, 1024, 326.51), (4, 64, 2048, 425.735), (4, 64, 4096, 513.79),
+    (4, 64, 8192, 540.515), (4, 64, 10240, 557.475),
+    (8, 64, 1024, 321.865), (8, 64, 2048, 452.03), (8, 64, 4096, 509.255),
+    (8, 64, 8192, 550.67), (8, 64, 10240, 547.05),
+)
+_AITER_MHA_NOTE = (
+    "README 'the asm kernel performance of the attention forwards' (PR #1270): aiter's fwd_v3 "
+    "assembly kernel, BF16, head dim 128 / 128, GQA kv_nheads 8, causal, MI300X column. Time "
+    "DERIVED from the published TFLOPS by the benchmark's own FLOP count (benchmark_mha_fwd.cpp: "
+    "nhead x 2 x unmasked area x (hdim_q + hdim_v), causal area s (s + 1) / 2): t = batch x heads "
+    "x 2 x s (s + 1) / 2 x 256 / TFLOPS. DeepSeek's MHA prefill (head dim 192 / 128, kv heads = "
+    "q heads) runs aiter's CK kernel on MI300X (the same README: the 192 / 128 asm kernel is "
+    "MI350/355 only) and no MI300X figure for it is published: the cost model transfers these "
+    "points to the op's widths by the roofline ratio (an assumption: the 192 / 128 kernel "
+    "reaches the 128 / 128 kernel's rate)")
+
+
+def aiter_mha_prefill(applied_to: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({source id: source}, table)``: aiter's MI300X MHA forward figures as an
+    ``attention_prefill`` table (``applied_to``: another GPU of the same 304-CU die)."""
+    note = _AITER_MHA_NOTE
+    if applied_to:
+        note += (f". Measured on MI300X, applied unchanged to {applied_to} (same 304-CU "
+                 "compute; long causal prefill is compute-bound)")
+    src = {"repository": AITER_REPO, "path": AITER_MHA_README, "commit": AITER_MHA_COMMIT,
+           "pr": 1270, "note": note}
+    points = []
+    for b, h, s, tflops in AITER_MHA_FWD_MI300X_CAUSAL:
+        flop = b * h * 2.0 * s * (s + 1) / 2.0 * (128 + 128)
+        points.append([128, 128, h, s, b, s, round(flop / (tflops * 1e12) * 1e6, 4)])
+    table = _table("attention_prefill", "bf16", PREFILL_FEATURES, points,
+                   source="aiter-mha-fwd-mi300x",
+                   note="aiter MHA forward (asm v3, head dim 128, causal) on MI300X, derived "
+                        "from the README's TFLOP/s; DeepSeek's 192 / 128 heads transfer by the "
+                        "roofline ratio")
+    return {"aiter-mha-fwd-mi300x": src}, table
+
+
+def aic_context_mla(src: Path, gpu: str, label: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({source id: source}, table)``: aiconfigurator's SGLang 0.5.14 context-MLA rows (BF16
+    KV cache) as an ``attention_prefill`` table at the kernel's own widths, 576 / 512."""
+    rel = "mla/sglang/0.5.14/context_mla_perf.parquet"
+    note = (f"context_mla_perf: one prefill attention call (ms), measured by aiconfigurator's "
+            f"collector on {label} through SGLang 0.5.14 (collector/sglang/collect_mla.py: "
+            "RadixAttention forward alone, no q / kv up-projections, no o_proj; the fa3 "
+            "FlashAttentionBackend of Hopper, page size 1). num_heads = local query heads, "
+            "batch_size sequences of isl new tokens each, no cached prefix. On Hopper the "
+            "collector feeds the ABSORBED MLA kernel: queries (heads x 512 latent + 64 RoPE) "
+            "against one latent KV head (576 / 512, flash_attn_with_kvcache with qv), not the "
+            "MHA over 192 / 128 per-head K and V that SGLang runs for a fresh prefill "
+            "(deepseek_v2.py _handle_attention_backend: MHA_ONE_SHOT / MHA_CHUNKED_KV). The "
+            "table keeps the kernel's widths; the cost model transfers to the op's widths by "
+            "the roofline ratio. BF16 KV cache rows only (the MHA path computes on BF16 K / V), "
+            "local heads 8-128 (DeepSeek's 128 heads under attention TP 1-16)")
+    a = _parquet(src, gpu, rel)
+    # local heads >= 8: DeepSeek's 128 heads under attention TP <= 16 (keeps the profile small)
+    a = a[(a.kv_cache_dtype == "bfloat16") & (a.num_heads >= 8)]
+    if set(a.kernel_source) != {"flash_attention"} or set(a.step) != {0}:
+        raise SystemExit(f"{gpu}: unexpected context MLA rows")
+    grouped = a.groupby(["num_heads", "batch_size", "isl"], sort=True)["latency"]
+    sizes, means = grouped.size(), grouped.mean()
+    sources = {"aic-context-mla": _aic(gpu, rel, note)}
+    points = []
+    for (h, b, isl), ms in means.items():
+        points.append([KV_LORA + ROPE, KV_LORA, int(h), int(isl), int(b), int(isl), float(ms),
+                       *([] if sizes[(h, b, isl)] == 1 else ["aic-context-mla-mean"])])
+    if (sizes > 1).any():
+        sources["aic-context-mla-mean"] = _aic(
+            gpu, rel, note + ". DERIVED: the table holds these (num_heads, batch_size, isl) "
+            "twice (two collections); the point is the mean of the two latencies")
+    table = _table("attention_prefill", "bf16", PREFILL_FEATURES, points, unit="ms",
+                   source="aic-context-mla",
+                   note="SGLang MLA prefill attention (fa3, absorbed 576 / 512 kernel), BF16 "
+                        "KV cache; DeepSeek's MHA prefill (192 / 128) transfers by the roofline "
+                        "ratio")
+    return sources, table
+
+
+# --------------------------------------------------------------------------------------------
 # Kernel sets per profile
 # --------------------------------------------------------------------------------------------
 
@@ -518,11 +618,16 @@ def amd_sets(src: Path, profiles: dict[str, dict[str, Any]], name: str) -> dict[
         _table("gemm", "fp8", GEMM_FEATURES, gemm_points, quant="per_1x128", note=gemm_note),
         *_mori_tables("MI300X + CX7", "mori-mi300x"),
     ]
+    prefill_sources, prefill = aiter_mha_prefill("MI325X" if name == "mi325x" else "")
+    sources.update(prefill_sources)
+    tables.append(prefill)
     gpu = name.upper()
     sets: dict[str, Any] = {"aiter": {
         "description": f"aiter on {gpu}: fused MoE (32 local experts + the shared expert, top-8 "
                        "+ 1) and FP8 block-scale GEMMs from aiter's tuned CSVs, MORI-EP "
-                       "intra-node and internode low-latency dispatch/combine; decode attention and everything else on "
+                       "intra-node and internode low-latency dispatch/combine, aiter's MHA "
+                       "forward for prefill attention (head dim 128, transferred to the op's "
+                       "widths); decode attention and everything else on "
                        "the roofline (no nhead-128 MLA decode table is published for this GPU)",
         "plan_options": {"shared_expert_in_moe": True},
         "tables": tables}}
@@ -774,6 +879,9 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                 gpu, rel_mla, sources["aic-mla"]["note"] + ". DERIVED: the table holds every "
                 "(num_heads, batch_size, step) twice (two collections); the point is the mean "
                 "of the two latencies")
+    prefill_sources, prefill = aic_context_mla(src, gpu, label)
+    sources.update(prefill_sources)
+    tables.append(prefill)
     ll = _parquet(src, gpu, rel_ll)
     ll = ll[(ll.hidden_size == HIDDEN) & (ll.num_topk == TOP_K) & (ll.num_experts == EXPERTS)
             & (ll.node_num == 1)].sort_values("num_token")
@@ -796,8 +904,9 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                        "masked grouped GEMM under the low-latency exchange (decode), the "
                        "contiguous one under the normal exchange (prefill)); MLA decode "
                        "(flash_attention backend; its FP8-KV rows are ~4x slower than BF16-KV, "
-                       "kept as measured), DeepEP low-latency dispatch/combine in one node, NCCL "
-                       "all-reduce",
+                       "kept as measured), context MLA for prefill attention (the absorbed "
+                       "576 / 512 kernel, transferred to the op's MHA widths), DeepEP "
+                       "low-latency dispatch/combine in one node, NCCL all-reduce",
         "tables": tables}, "sglang-triton": triton_ep_set(e, label)}}
 
 

@@ -218,4 +218,8 @@ def print_kernel_sources(sources: dict[str, Any]) -> None:
             print(f"      source {sid}: {_source_text(src)}")
         for o in info.get("outside", [])[:3]:
             feats = ", ".join(f"{k} {v:g}" for k, v in o["features"].items())
-            print(f"      outside every table ({o['method']}, {o['count']} ops): {feats}")
+            # a transfer (another shape, or a table measured at other head widths) names its
+            # scaling: the nearest point's time times this roofline ratio
+            ratio = (f"; nearest point x {o['roofline_ratio']:.4g} (roofline ratio)"
+                     if "roofline_ratio" in o else "")
+            print(f"      outside every table ({o['method']}, {o['count']} ops): {feats}{ratio}")

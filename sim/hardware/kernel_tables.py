@@ -34,6 +34,12 @@ FEATURES: dict[str, tuple[tuple[str, float | None], ...]] = {
                      ("tokens", None)),
     "attention_decode": (("qk_dim", 576.0), ("v_dim", 512.0), ("heads", None),
                          ("query_tokens", 1.0), ("batch", None), ("context", None)),
+    # prefill attention: every table lists the head widths (a table measured at other widths
+    # than the op's times it by its nearest point scaled by the roofline ratio: a transfer,
+    # marked extrapolated); ``tokens`` = new tokens per sequence, ``context`` = the cached
+    # prefix plus them (a fresh prefill: context = tokens)
+    "attention_prefill": (("qk_dim", None), ("v_dim", None), ("heads", None), ("context", None),
+                          ("batch", None), ("tokens", None)),
     "dispatch": (("hidden", None), ("ranks", None), ("tokens", None)),
     "combine": (("hidden", None), ("ranks", None), ("tokens", None)),
     "all_reduce": (("ranks", None), ("bytes", None)),
