@@ -1085,6 +1085,16 @@ def build(src: Path, profiles_dir: Path) -> dict[str, str]:
     for name, prof in profiles.items():
         prof = dict(prof)
         prof["kernels"] = kernels[name]
+        # the table guard (sim/hardware/table_guard.py): a point above peak stops the build,
+        # one below the floor is kept and named here
+        from epsim.model.errors import EpsimError
+        from epsim.sim.hardware.profile import profile_from_dict
+        try:
+            for flag in profile_from_dict(prof, name).kernels.flagged:
+                print(f"{name}: flagged {flag.line()}", file=sys.stderr)
+        except EpsimError as exc:
+            print(f"build_kernel_tables: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         out[f"{name}.json"] = dumps(prof) + "\n"
     return out
 

@@ -213,7 +213,10 @@ def print_kernel_sources(sources: dict[str, Any]) -> None:
             print(f"      table {t['table']} (deployment {t['deployment']}, {t['ops']} ops){note}")
         for p in info.get("points", [])[:4]:
             feats = ", ".join(f"{k} {v:g}" for k, v in p["features"].items())
-            print(f"      point {feats}: {p['time']:g} {p['unit']} [{p['source']}]")
+            eff = (f", {p['implied_efficiency']:.1%} of the {p['bound']} roof"
+                   + (" (below the table guard's floor)" if p["below_floor"] else "")
+                   if "implied_efficiency" in p else "")
+            print(f"      point {feats}: {p['time']:g} {p['unit']} [{p['source']}]{eff}")
         for sid, src in info.get("sources", {}).items():
             print(f"      source {sid}: {_source_text(src)}")
         for o in info.get("outside", [])[:3]:

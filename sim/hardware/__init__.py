@@ -9,6 +9,8 @@
     kernel_sets.py    the profile's ``kernels`` section: tables grouped into kernel sets (aiter,
                       the NVIDIA stack, ...), the fusions each implies
     a2a.py            how an engine's EP dispatch/combine move tokens (low latency or normal)
+    table_guard.py    each kernel-table point's implied efficiency against the device's peaks:
+                      above peak refused, below a floor flagged
 
 Uses ``epsim.model`` only.
 """

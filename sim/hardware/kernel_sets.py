@@ -67,6 +67,7 @@ from epsim.model.errors import EpsimError
 from epsim.model.opgraph import OP_KINDS
 from epsim.model.plan import Fusion
 
+from . import table_guard
 from .kernel_tables import (
     COLLECTIVE_TABLES,
     EXACT,
@@ -167,11 +168,14 @@ class KernelSet:
 
 @dataclass(frozen=True)
 class KernelSets:
-    """A profile's ``kernels`` section: its sets, the default one and the sources they cite."""
+    """A profile's ``kernels`` section: its sets, the default one, the sources they cite and
+    the points the table guard flagged (``flagged``)."""
 
     default: str
     sets: Mapping[str, KernelSet]
     sources: Mapping[str, Source]
+    #: points below the table guard's floor (``table_guard``), kept and flagged
+    flagged: tuple[table_guard.Verdict, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -383,9 +387,12 @@ def _kernel_set(name: str, obj: Any, where: str, sources: Mapping[str, Source]) 
                      dict(options))
 
 
-def parse_kernels(obj: Any, where: str = "profile") -> KernelSets:
+def parse_kernels(obj: Any, where: str = "profile", roof: table_guard.Roof | None = None
+                  ) -> KernelSets:
     """Validate a profile's ``kernels`` object (module docstring); a malformed one is an
-    :class:`EpsimError` of one line naming the key or point."""
+    :class:`EpsimError` of one line naming the key or point. ``roof``: the device's peaks, for
+    the table guard (``table_guard``: a point above peak is refused, one below the floor kept
+    and flagged); None: no guard."""
     w = f"{where}: kernels"
     if not isinstance(obj, Mapping):
         raise EpsimError(f"{w} must be an object")
@@ -417,4 +424,15 @@ def parse_kernels(obj: Any, where: str = "profile") -> KernelSets:
     if default != NONE and not _member(default, sets):
         raise EpsimError(f"{w}.default must name a set or 'none' "
                          f"({', '.join([*sets, NONE])}), got {default!r}")
-    return KernelSets(default, sets, sources)
+    flagged: tuple[table_guard.Verdict, ...] = ()
+    if roof is not None:
+        cite = {sid: _cite_text(src) for sid, src in sources.items()}
+        flagged = table_guard.refuse((t for s in sets.values() for t in s.tables.values()),
+                                     roof, cite, where)
+    return KernelSets(default, sets, sources, flagged)
+
+
+def _cite_text(src: Source) -> str:
+    """A source in a few words: its url, or repository, path and commit (or PR)."""
+    ref = src.commit or (f"PR #{src.pr}" if src.pr is not None else "")
+    return src.url or " ".join(filter(None, (src.repository, src.path, ref)))

@@ -129,6 +129,7 @@ from epsim.model.shipped import shipped_names, shipped_text
 from .a2a import AUTO, check_choice
 from .efficiency import Efficiency, number, parse_efficiency
 from .kernel_sets import NONE, KernelSet, KernelSets, parse_kernels
+from .table_guard import Roof
 
 TOPOLOGIES = ("full_mesh", "switch")
 _NUMBER_KEYS = ("compute_units", "gpus_per_node", "hbm_bytes", "hbm_bandwidth",
@@ -237,6 +238,12 @@ class HardwareProfile:
         return (json.dumps(self.raw, sort_keys=True, default=str) + "|" + self.kernel_set
                 + "|" + self.a2a_mode)
 
+    @property
+    def roof(self) -> Roof:
+        """The peaks the table guard judges kernel-table points against (``table_guard``)."""
+        return Roof(self.peak_flops, self.hbm_bandwidth, self.fabric.gpu_bandwidth,
+                    self.nic_bandwidth_per_gpu, self.fabric.topology == "switch")
+
     def require_efficiency(self) -> Efficiency:
         """The efficiency tables, or an error naming the profile that lacks them."""
         if self.efficiency is None:
@@ -291,7 +298,9 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
     missing = [k for k in _SOURCED_KEYS if not sources.get(k)]
     if missing:
         raise EpsimError(f"{where}: sources lacks an entry for {', '.join(missing)}")
-    kernels = parse_kernels(obj["kernels"], where) if "kernels" in obj else None
+    roof = Roof(peak_flops, numbers["hbm_bandwidth"], fabric.gpu_bandwidth,
+                numbers["nic_bandwidth_per_gpu"], fabric.topology == "switch")
+    kernels = parse_kernels(obj["kernels"], where, roof) if "kernels" in obj else None
     return HardwareProfile(
         name=str(obj["name"]),
         description=str(obj.get("description", "")),

@@ -24,6 +24,7 @@ from epsim.sim.hardware import a2a
 from epsim.sim.hardware.a2a import A2AMode
 from epsim.sim.hardware.kernel_sets import EXTRAPOLATED, METHODS, Table
 from epsim.sim.hardware.profile import HardwareProfile
+from epsim.sim.hardware.table_guard import point_efficiency
 
 from . import roofline
 from .op_kinds import (
@@ -263,7 +264,9 @@ def explain(entries: list[tuple[Op, dict[str, Any]]], profile: HardwareProfile
                 key = (table.where, i)
                 if key not in kind["points"]:
                     point = table.point(i)
-                    kind["points"][key] = {"table": table.where, **point}
+                    # the point's implied efficiency against the roofline (table_guard)
+                    kind["points"][key] = {"table": table.where, **point,
+                                           **(point_efficiency(table, i, profile.roof) or {})}
                     kind["sources"][point["source"]] = _cite(sources, point["source"])
         if how["method"] in ("table-extrapolated", "roofline"):
             kind["sources"].update(roofline_sources(op.kind, profile))
