@@ -55,6 +55,8 @@ from epsim.sim.scenario import Scenario, StepCache
 from epsim.sim.serving.presets import HOST_MS_PER_STEP
 from epsim.sim.workload.bench_results import BenchResult
 
+from . import plausible
+
 #: a factor needs a fitted metric it moves by at least this (d log metric / d log factor)
 SENSITIVITY_MIN = 1e-3
 #: smallest singular value of the column-normalised sensitivity matrix
@@ -295,7 +297,7 @@ def fit_bench(runs: Sequence[BenchResult], sc: Scenario, names: Sequence[str], *
               loo: bool = True) -> dict[str, Any]:
     """Fit factors ``names`` to ``runs`` replayed under deployment ``sc`` -> the report:
     ``factors``, ``start``, ``runs`` (per run the fitted metrics at the fit), ``leave_one_out``,
-    ``iterations``, ``evaluations``."""
+    ``iterations``, ``evaluations``, ``refused`` (:func:`fit_screened`)."""
     unknown = [n for n in names if n not in FACTORS]
     if unknown or not names:
         raise EpsimError(f"unknown factor {', '.join(unknown) or '(none)'}: choose from "
@@ -303,25 +305,47 @@ def fit_bench(runs: Sequence[BenchResult], sc: Scenario, names: Sequence[str], *
     if "host" in names and sc.engine is None:
         raise EpsimError("the host time per step acts under --engine only (epsim's own policy "
                          "charges none): give --engine, or drop host from --factors")
-    sim = Simulator(runs, sc, names)
-    try:
-        which = list(range(len(runs)))
-        x0 = sim.start()
-        check_identifiable(sim, which, x0)
-        theta, iterations = _fit(sim, which, x0)
-        report = {
-            "factors": dict(zip(names, np.exp(theta).tolist(), strict=True)),
-            "start": dict(zip(names, np.exp(x0).tolist(), strict=True)),
-            "runs": [{"run": r.source, "metrics": _errors(sim, theta, i)}
-                     for i, r in enumerate(runs)],
-            "iterations": iterations,
-        }
-        report["leave_one_out"] = leave_one_out(sim, x0) if loo else []
-        report["evaluations"] = sim.evaluations
-        report["profile"] = sim.profile_obj(report["factors"])
-        return report
-    finally:
-        sim.close()
+    return fit_screened(lambda active: Simulator(runs, sc, active), names, loo=loo)
+
+
+def fit_screened(make: Callable[[Sequence[str]], Simulator], names: Sequence[str], *,
+                 loo: bool = True) -> dict[str, Any]:
+    """Fit ``names`` with simulators ``make(names)``; an op factor outside the plausible range
+    (``calibrate.plausible``) is refused: it keeps its start (sourced) value and the others
+    are fitted again without it. ``refused``: ``[{"factor", "fitted", "range", "kept"}]``."""
+    active, refused, start, evaluations = list(names), [], None, 0
+    while True:
+        sim = make(active)
+        try:
+            x0 = sim.start()
+            if start is None:
+                start = dict(zip(active, np.exp(x0).tolist(), strict=True))
+            theta, iterations = x0, 0
+            if active:
+                check_identifiable(sim, list(range(len(sim.runs))), x0)
+                theta, iterations = _fit(sim, list(range(len(sim.runs))), x0)
+            fitted = dict(zip(active, np.exp(theta).tolist(), strict=True))
+            bad = plausible.refusals({n: v for n, v in fitted.items()
+                                      if FACTORS[n].key == "op_final_scale"}, start)
+            if bad:  # keep the sourced values and fit the others again
+                refused += bad
+                active = [n for n in active if n not in {r["factor"] for r in bad}]
+                evaluations += sim.evaluations
+                continue
+            report = {
+                "factors": {n: fitted.get(n, start[n]) for n in names},
+                "start": start,
+                "runs": [{"run": r.source, "metrics": _errors(sim, theta, i)}
+                         for i, r in enumerate(sim.runs)],
+                "iterations": iterations,
+                "refused": refused,
+            }
+            report["leave_one_out"] = leave_one_out(sim, x0) if loo and active else []
+            report["evaluations"] = evaluations + sim.evaluations
+            report["profile"] = sim.profile_obj(fitted)
+            return report
+        finally:
+            sim.close()
 
 
 def fitted_profile(report: Mapping[str, Any], base_name: str, files: Sequence[str],
@@ -339,7 +363,8 @@ def fitted_profile(report: Mapping[str, Any], base_name: str, files: Sequence[st
             "not a component measurement")
     sources = obj.setdefault("sources", {})
     factors = report["factors"]
-    if any(FACTORS[n].key == "op_final_scale" for n in factors):
+    refused = {r["factor"] for r in report.get("refused", [])}
+    if any(FACTORS[n].key == "op_final_scale" and n not in refused for n in factors):
         sources["efficiency.op_final_scale"] = note
     if "host" in factors:
         sources["efficiency.host_ms_per_step"] = note
@@ -348,6 +373,7 @@ def fitted_profile(report: Mapping[str, Any], base_name: str, files: Sequence[st
     obj.setdefault("calibration", {})["from_bench"] = {
         "date": date, "files": listed, "deployment": dict(deployment), "base": base_name,
         "factors": dict(factors), "start": report["start"],
+        "refused": report.get("refused", []),
         "rule": {"sensitivity_min": SENSITIVITY_MIN, "independence_min": INDEPENDENCE_MIN},
         "runs": report["runs"], "leave_one_out": report["leave_one_out"]}
     return obj

@@ -21,6 +21,7 @@ from epsim.model.errors import EpsimError
 from epsim.model.opgraph import Batch
 from epsim.sim.hardware.profile import HardwareProfile
 
+from . import plausible
 from .kernel_names import FAMILIES, KernelFamily, classify, short_name
 from .kineto import GpuKernel, KinetoTrace, Span, kernels_under
 
@@ -203,26 +204,58 @@ def fit_factors(measured: Mapping[str, float], simulated: Mapping[str, float],
 
 
 def fit_trace(dep: Deployment, measured: Mapping[str, float], raw: Mapping[str, Any],
-              note: str, rounds: int = FIT_ROUNDS) -> tuple[dict[str, Any], dict[str, float]]:
+              note: str, rounds: int = FIT_ROUNDS
+              ) -> tuple[dict[str, Any], dict[str, float], list[dict[str, Any]]]:
     """Profile ``raw`` refitted to ``measured`` under the roofline (``--kernels none``, where
-    ``op_time_scale`` acts): ``rounds`` fixed-point rounds of :func:`fit_factors`, since an op's
-    timeline duration also moves with the communication overlapping it. Returns the profile
-    object and the roofline's ``{kind: us}`` under it."""
+    ``op_time_scale`` acts): ``rounds`` rounds of :func:`_step_factors`, since an op's
+    timeline duration also moves with the communication overlapping it. A factor outside the
+    plausible range (``calibrate.plausible``) is refused: its kind keeps ``raw``'s value and
+    drops out of the later rounds (its ``fitted`` is the first estimate outside the range). Returns the profile object, the roofline's ``{kind: us}``
+    under it and the refusals (``[{"factor", "fitted", "range", "kept"}]``)."""
     from epsim.sim.hardware.profile import profile_from_dict
 
-    obj, fitted = copy.deepcopy(dict(raw)), False
+    base = dict(profile_from_dict(raw, "profile").require_efficiency().op_time_scale)
+    obj, fitted, refused = copy.deepcopy(dict(raw)), False, []
+    todo, last = dict(measured), {}
     for _ in range(rounds):
         profile = profile_from_dict(obj, "fitted profile")
         simulated = simulate_kinds(dep, kernels="none", profile=profile)
-        factors = fit_factors(measured, simulated,
-                              dict(profile.require_efficiency().op_time_scale))
-        if not factors:
+        factors = _step_factors(todo, simulated, dict(profile.require_efficiency().op_time_scale),
+                                last)
+        if not factors and not refused:
             raise EpsimError("no op kind both in the trace and in the simulated layers to fit")
-        if fitted and all(abs(simulated[k] - measured[k]) <= FIT_TOLERANCE * measured[k]
-                                  for k in factors):
-            return obj, simulated
+        bad = plausible.refusals(factors, base)
+        if bad:  # keep the sourced value; the kind drops out of the fit
+            refused += bad
+            for r in bad:
+                todo.pop(r["factor"])
+                factors.pop(r["factor"])
+            if not factors:  # every fitted kind refused: the profile as it was
+                obj = copy.deepcopy(dict(raw))
+                return obj, simulate_kinds(dep, kernels="none",
+                                           profile=profile_from_dict(obj)), refused
+        if fitted and all(abs(simulated[k] - todo[k]) <= FIT_TOLERANCE * todo[k]
+                          for k in factors):
+            return obj, simulated, refused
         obj, fitted = fit_profile(raw, factors, note), True
-    return obj, simulate_kinds(dep, kernels="none", profile=profile_from_dict(obj))
+    return obj, simulate_kinds(dep, kernels="none", profile=profile_from_dict(obj)), refused
+
+
+def _step_factors(measured: Mapping[str, float], simulated: Mapping[str, float],
+                  scale: Mapping[str, float], last: dict[str, tuple[float, float]]
+                  ) -> dict[str, float]:
+    """The next factors: :func:`fit_factors` (proportional) on a kind's first round, then the
+    secant through its last two ``(factor, simulated)`` pairs (``last``, updated): an op's
+    duration is a fixed part (launch gap, latency) plus the scaled roofline, so the proportional
+    step alone creeps towards the factor where the fixed part dominates."""
+    factors = fit_factors(measured, simulated, scale)
+    for kind in factors:
+        s, t = scale.get(kind, 1.0), simulated[kind]
+        if kind in last and last[kind][0] != s and last[kind][1] != t:
+            s0, t0 = last[kind]
+            factors[kind] = s + (measured[kind] - t) * (s - s0) / (t - t0)
+        last[kind] = (s, t)
+    return factors
 
 
 def fit_profile(raw: Mapping[str, Any], factors: Mapping[str, float], note: str

@@ -71,6 +71,7 @@ def _scenario(args: argparse.Namespace):
 
 
 def run_bench_fit(args: argparse.Namespace) -> int:
+    from epsim.calibrate import plausible
     from epsim.calibrate.bench_fit import fit_bench, fitted_profile
     from epsim.model.outputs import write_text_atomic
     from epsim.sim.workload.bench_results import read_bench_file
@@ -85,6 +86,7 @@ def run_bench_fit(args: argparse.Namespace) -> int:
     names = tuple(args.factors) if args.factors else (
         DEFAULT_FACTORS + (("host",) if sc.engine else ()))
     report = fit_bench(runs, sc, names, loo=not args.no_loo)
+    plausible.warn(report["refused"], "calibrate --from-bench")
     deployment = {"model": sc.model, "hardware": sc.hardware, "nodes": sc.nodes,
                   "gpus_per_node": sc.gpus_per_node, "dp": sc.dp, "tp": sc.tp, "ep": sc.ep,
                   "kernels": sc.kernels, "engine": sc.engine, "dbo": sc.use_dbo,
@@ -95,6 +97,7 @@ def run_bench_fit(args: argparse.Namespace) -> int:
     out = {"profile": args.out, "factors": report["factors"], "start": report["start"],
            "runs": report["runs"], "leave_one_out": report["leave_one_out"],
            "iterations": report["iterations"], "evaluations": report["evaluations"],
+           "refused": report["refused"],
            "sources": {k: v for k, v in obj["sources"].items()
                        if k in ("efficiency.op_final_scale", "efficiency.host_ms_per_step")}}
     if args.json:
@@ -106,9 +109,15 @@ def run_bench_fit(args: argparse.Namespace) -> int:
 
 def _print(out: dict[str, Any]) -> None:
     rows = [("profile", out["profile"])]
+    refused = {r["factor"]: r for r in out["refused"]}
     for name, value in out["factors"].items():
         unit = " ms" if name == "host" else "x"
-        rows.append((f"  {name}", f"{value:.4g}{unit} (from {out['start'][name]:.4g})"))
+        text = f"{value:.4g}{unit} (from {out['start'][name]:.4g})"
+        if name in refused:
+            r = refused[name]
+            text = (f"{value:.4g}{unit} kept: fitted {r['fitted']:.4g}{unit} refused, outside "
+                    f"[{r['range'][0]:g}, {r['range'][1]:g}]")
+        rows.append((f"  {name}", text))
     for run in out["runs"]:
         rows.append((f"  {run['run']}", ", ".join(
             f"{m} {v['measured']:.4g} -> {v['predicted']:.4g} ({v['error_pct']:+.2f}%)"

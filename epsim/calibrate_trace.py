@@ -144,10 +144,14 @@ def _fit(args: argparse.Namespace, trace, dep, mapping) -> dict[str, Any]:
             f"over {dep.layers} MoE layers of {dep.model} (dp {dep.dp}, ep {dep.ep}, "
             f"{dep.batch} x {dep.context} tokens, prefill) / the roofline's (--kernels none); "
             "acts under --kernels none (kernel-table points are measurements of their own)")
-    obj, roofline = tc.fit_trace(dep, mapping.kind_us(), load_profile(dep.hardware).raw, note)
+    from epsim.calibrate import plausible
+
+    obj, roofline, refused = tc.fit_trace(dep, mapping.kind_us(),
+                                          load_profile(dep.hardware).raw, note)
+    plausible.warn(refused, "calibrate --from-trace")
     write_json_atomic(obj, args.out)
-    return {"profile": args.out, "fitted": obj["efficiency"]["op_time_scale"],
-            "fitted_source": note,
+    return {"profile": args.out, "fitted": obj["efficiency"].get("op_time_scale", {}),
+            "fitted_source": note, "refused": refused,
             "refit_comparison": tc.compare(mapping.kind_us(), roofline)}
 
 
@@ -170,4 +174,7 @@ def _print(out: dict[str, Any]) -> None:
     if "profile" in out:
         rows.append(("profile", f"{out['profile']} (op_time_scale: " + ", ".join(
             f"{k} {v:.3g}" for k, v in out["fitted"].items()) + ")"))
+        for r in out["refused"]:
+            rows.append(("  refused", f"{r['factor']} {r['fitted']:.3g}x outside "
+                         f"[{r['range'][0]:g}, {r['range'][1]:g}]: kept {r['kept']:g}"))
     print_table(rows, title="epsim calibrate --from-trace")

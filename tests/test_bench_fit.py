@@ -4,6 +4,7 @@ a recovery test: runs simulated under known factors, written as vLLM files, fitt
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -166,6 +167,86 @@ def test_leave_one_out_predicts_each_run_from_the_others_or_says_why_not():
     assert "need at least 2 measurements" in rows[0]["why"]
 
 
+class Planted(bf.Simulator):
+    """TPOT = sum of each factor's share (ms) times the factor, per run; measured under
+    ``truth``; fitted over ``names`` (the others at 1)."""
+
+    def __init__(self, shares, truth, names):
+        self.names, self.shares, self.evaluations = tuple(names), shares, 0
+        self.runs = [Run(f"run{i}", MappingProxyType({"mean_tpot_ms": self._tpot(s, truth)}))
+                     for i, s in enumerate(shares)]
+
+    @staticmethod
+    def _tpot(share, f):
+        return sum(ms * f.get(name, 1.0) for name, ms in share.items())
+
+    def start(self):
+        return np.zeros(len(self.names))
+
+    def predict(self, theta, which=None):
+        f = dict(zip(self.names, np.exp(theta), strict=True))
+        idx = which if which is not None else range(len(self.runs))
+        self.evaluations += len(idx)
+        return [{"mean_tpot_ms": self._tpot(self.shares[i], f)} for i in idx]
+
+    def profile_obj(self, values):
+        return {"efficiency": {"op_final_scale": dict(values)}}
+
+    def close(self):
+        pass
+
+
+#: attention dominates every run; the MoE's small share cannot pin it down
+SHARES = [{"attention": 10.0, "grouped_gemm": 1.0}, {"attention": 5.0, "grouped_gemm": 2.0},
+          {"attention": 20.0, "grouped_gemm": 0.5}]
+
+
+def test_an_implausible_fitted_factor_is_refused_and_the_others_refitted():
+    # the runs were made with the MoE at 0.05x: a fit finds it, and it is refused
+    names = ("attention", "grouped_gemm")
+    report = bf.fit_screened(lambda active: Planted(SHARES, {"attention": 1.3,
+                                                             "grouped_gemm": 0.05}, active),
+                             names, loo=False)
+    (refused,) = report["refused"]
+    assert refused["factor"] == "grouped_gemm" and refused["range"] == [0.25, 4.0]
+    assert refused["fitted"] == pytest.approx(0.05, rel=1e-4) and refused["kept"] == 1.0
+    # the MoE keeps its sourced value; attention is refitted alone: the least-squares log fit
+    # of 1.3 a + 0.05 m = x a + m over the three runs
+    assert report["factors"]["grouped_gemm"] == 1.0
+    a = [s["attention"] for s in SHARES]
+    m = [s["grouped_gemm"] for s in SHARES]
+    x = report["factors"]["attention"]
+    resid = [math.log((x * ai + mi) / (1.3 * ai + 0.05 * mi)) for ai, mi in zip(a, m)]
+    grad = sum(r * ai / (x * ai + mi) for r, ai, mi in zip(resid, a, m))
+    assert 0.25 <= x <= 4.0 and abs(grad) < 1e-4  # a least-squares optimum (to LM tolerance)
+    assert report["profile"] == {"efficiency": {"op_final_scale": {"attention": x}}}
+
+
+def test_plausible_fits_are_kept_and_refusing_every_factor_keeps_the_base():
+    names = ("attention", "grouped_gemm")
+    truth = {"attention": 1.3, "grouped_gemm": 0.8}
+    ok = bf.fit_screened(lambda active: Planted(SHARES, truth, active), names, loo=False)
+    assert ok["refused"] == [] and ok["factors"] == pytest.approx(truth, rel=1e-5)
+    # attention 6x: refused; then the MoE alone must explain it all: refused too
+    bad = bf.fit_screened(lambda active: Planted(SHARES, {"attention": 6.0}, active),
+                          ("attention",), loo=False)
+    assert [r["factor"] for r in bad["refused"]] == ["attention"]
+    assert bad["factors"] == {"attention": 1.0} and bad["iterations"] == 0
+    assert bad["profile"] == {"efficiency": {"op_final_scale": {}}}
+
+
+def test_the_report_prints_a_refusal(capsys):
+    from epsim.calibrate_bench import _print
+
+    _print({"profile": "p.json", "factors": {"attention": 1.2, "grouped_gemm": 1.0},
+            "start": {"attention": 1.0, "grouped_gemm": 1.0}, "runs": [], "leave_one_out": [],
+            "iterations": 3, "evaluations": 9,
+            "refused": [{"factor": "grouped_gemm", "fitted": 0.02, "range": [0.25, 4.0],
+                         "kept": 1.0}]})
+    out = capsys.readouterr().out
+    assert "grouped_gemm" in out and "1x kept: fitted 0.02x refused, outside [0.25, 4]" in out
+
+
 # --------------------------------------------------------------------------------------------
 # Recovery: runs simulated under known factors, fitted back through the CLI
 # --------------------------------------------------------------------------------------------
@@ -204,6 +285,7 @@ def test_calibrate_from_bench_recovers_known_factors(epsim, tmp_path):
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["start"] == {"attention": 1.0, "grouped_gemm": 1.0, "host": 4.0}
+    assert report["refused"] == []
     for name, value in {"attention": 1.3, "grouped_gemm": 0.8, "host": 6.0}.items():
         assert abs(report["factors"][name] / value - 1) < 0.02, (name, report["factors"])
     obj = json.loads(fitted.read_text())

@@ -11,7 +11,7 @@ from epsim.calibrate import trace_calibrate as tc
 from epsim.calibrate.kernel_names import FAMILIES, classify
 from epsim.cli import main
 from epsim.model.opgraph import OP_KINDS
-from epsim.sim.hardware.profile import load_profile
+from epsim.sim.hardware.profile import load_profile, profile_from_dict
 
 # names as DeepSeek's published H800 profile records them (typed here, not read from a file)
 REAL = {
@@ -145,18 +145,69 @@ def test_cli_compares_the_deployment_the_trace_describes(tmp_path, capsys):
     assert obj["comparison"]["grouped_gemm"]["simulated_us"] > 0
 
 
+#: a kernel of _trace() by a piece of its name -> the op kind it maps to
+_KERNEL_KINDS = {"compute_attn_ws": "attention_prefill", "m_grouped_fp8": "grouped_gemm",
+                 "ln_fwd_kernel": "norm"}
+
+
+def _trace_at(capsys, tmp_path, factors):
+    """_trace() with each mapped compute kernel's time set to what the roofline (which the fit
+    scales) gives its kind under ``op_time_scale = factors``, in the deployment the CLI reads
+    from the trace: a trace whose true factors are ``factors``."""
+    dep = tc.Deployment(model="tiny-deepseek", hardware="h800", kernels=None, nodes=1,
+                        gpus_per_node=2, dp=2, ep=2, tp=1, batch=1, context=256, layers=1,
+                        rank=0)
+    truth = tc.fit_profile(load_profile("h800").raw, factors, "test: known factors")
+    simulated = tc.simulate_kinds(dep, kernels="none", profile=profile_from_dict(truth))
+    obj = _trace()
+    for ev in obj["traceEvents"]:
+        kind = next((k for piece, k in _KERNEL_KINDS.items() if piece in ev["name"]), None)
+        if ev.get("cat") == "kernel" and kind is not None:
+            ev["dur"] = simulated[kind]
+    return _write(tmp_path, obj, "scaled.json")
+
+
 def test_cli_fit_reproduces_the_measured_times_and_says_where_they_came_from(tmp_path, capsys):
     out_path = tmp_path / "fit.json"
-    status, out, _ = _run(capsys, "--from-trace", _write(tmp_path, _trace()), "--model",
-                          "tiny-deepseek", "--out", str(out_path), "--json")
+    trace = _trace_at(capsys, tmp_path, {"attention_prefill": 1.5, "grouped_gemm": 0.8,
+                                         "norm": 2.0})
+    status, out, err = _run(capsys, "--from-trace", trace, "--model", "tiny-deepseek", "--out",
+                            str(out_path), "--json")
     obj = json.loads(out)
     assert status == 0 and set(obj["fitted"]) >= {"grouped_gemm", "attention_prefill", "norm"}
+    assert obj["refused"] == [] and "warning" not in err
     for kind in ("grouped_gemm", "attention_prefill", "norm"):
         row = obj["refit_comparison"][kind]
         assert row["simulated_us"] == pytest.approx(row["measured_us"], rel=1e-3)
     profile = load_profile(str(out_path))
     assert "calibrate --from-trace" in profile.sources["efficiency.op_time_scale"]
     assert profile.require_efficiency().scale("grouped_gemm") == obj["fitted"]["grouped_gemm"]
+
+
+def test_an_implausible_trace_fit_is_refused_and_the_sourced_value_kept(tmp_path, capsys):
+    # true factors grouped_gemm 40 and norm 6: refused; attention 1.5: fitted
+    trace = _trace_at(capsys, tmp_path, {"attention_prefill": 1.5, "grouped_gemm": 40.0,
+                                         "norm": 6.0})
+    out_path = tmp_path / "fit.json"
+    status, out, err = _run(capsys, "--from-trace", trace, "--model", "tiny-deepseek", "--out",
+                            str(out_path), "--json")
+    obj = json.loads(out)
+    assert status == 0
+    refused = {r["factor"]: r for r in obj["refused"]}
+    assert set(refused) == {"grouped_gemm", "norm"}
+    # the fit stops following a kind once its estimate leaves the range (on its way to 40)
+    assert refused["grouped_gemm"]["fitted"] > 4.0
+    assert refused["norm"]["range"] == [0.25, 4.0] and refused["norm"]["kept"] == 1.0
+    assert err.count("warning: calibrate --from-trace: fitted") == 2
+    assert set(obj["fitted"]) == {"attention_prefill"}
+    scale = load_profile(str(out_path)).require_efficiency()
+    assert (scale.scale("grouped_gemm"), scale.scale("norm")) == (1.0, 1.0)
+    row = obj["refit_comparison"]["attention_prefill"]
+    assert row["simulated_us"] == pytest.approx(row["measured_us"], rel=1e-3)
+    # the text report says so too
+    status, text, _ = _run(capsys, "--from-trace", trace, "--model", "tiny-deepseek", "--out",
+                           str(out_path))
+    assert status == 0 and "refused" in text and "grouped_gemm" in text
 
 
 @pytest.mark.parametrize("argv,needle", [
