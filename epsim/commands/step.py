@@ -215,6 +215,8 @@ def print_kernel_sources(sources: dict[str, Any]) -> None:
             feats = ", ".join(f"{k} {v:g}" for k, v in p["features"].items())
             eff = (f", {p['implied_efficiency']:.1%} of the {p['bound']} roof"
                    + (" (below the table guard's floor)" if p["below_floor"] else "")
+                   + (" (above peak as the cost model counts the work)"
+                      if p["implied_efficiency"] > 1 else "")
                    if "implied_efficiency" in p else "")
             print(f"      point {feats}: {p['time']:g} {p['unit']} [{p['source']}]{eff}")
         for sid, src in info.get("sources", {}).items():

@@ -8,20 +8,27 @@ shape must do, over the point's time, is a rate; over the device's peak it is th
 
 (collectives: ``bytes / seconds`` over the fabric's per-GPU bandwidth, or the NIC's for an
 ``inter``-node table). The FLOPs and bytes are those ``model/graph_builder.py`` gives the op
-(the cost model's roofline reads the same), counted as a *lower bound* on the work so that a
-refusal is never the guard's own overcount:
+(the cost model's roofline reads the same), each operand counted once:
 
 * ``gemm`` (``m, n, k, batch``): ``2 b m n k`` FLOPs (no tile padding); bytes: weights and
   input at the table dtype's width, the output in BF16;
 * ``grouped_gemm`` (fused MoE: ``tokens, experts, top_k, hidden, inter``): ``6 pairs hidden
-  inter`` FLOPs (gate, up, down; ``pairs = tokens * top_k``); bytes: the experts a uniform
-  routing of ``pairs`` reaches (``experts * (1 - (1 - 1/experts) ** pairs)``, as the cost model's
-  ``op_kinds`` counts them; the kernel benchmarks route at random) times their three weight
-  matrices at the table dtype's width, plus each pair's input row (table dtype) and output row
-  (BF16);
+  inter`` FLOPs (gate, up, down; ``pairs = tokens * top_k``); bytes: the experts the pairs
+  reach times their three weight matrices at the table dtype's width, plus each pair's input
+  row (table dtype) and output row (BF16). How many experts the pairs reach is the one count
+  the features do not fix: as the cost model counts it (``op_kinds``: uniform routing,
+  ``experts * (1 - (1 - 1/experts) ** pairs)``; the benchmarks route at random or balanced)
+  for the implied efficiency, and at its least (every token on the same ``top_k`` experts:
+  ``min(experts, top_k, ceil(pairs))``) for the refusal;
 * ``attention_decode`` (MLA): ``2 batch query_tokens heads context (qk_dim + v_dim)`` FLOPs;
   bytes: the KV cache rows (``qk_dim`` wide, the table dtype is the cache's) and the BF16 query
   and output rows;
+* ``attention_prefill`` (``qk_dim, v_dim, heads, context, batch, tokens``): the causal count
+  ``2 heads batch (tokens p + tokens (tokens + 1) / 2) (qk_dim + v_dim)`` FLOPs (``p =
+  context - tokens`` cached; the graph's count; a kernel benchmarked without the causal mask
+  does more); bytes: each sequence's queries and outputs per head and its ``context`` keys and
+  values once, at the table dtype's width (shared by the heads, as MLA's latent form and
+  multi-query attention read them: the least any head layout reads);
 * ``all_reduce``: ``2 (ranks - 1) / ranks * bytes`` reach each GPU on a full mesh (a
   bandwidth-optimal reduce-scatter then all-gather; a one-shot one moves more); through a switch
   that reduces in the fabric (NVSwitch's NVLS, NCCL's ``NVLS`` algorithm) only the reduced
@@ -31,8 +38,11 @@ refusal is never the guard's own overcount:
   ``top_k`` and on whether rows are sent once per rank or once per expert, neither of which is a
   feature of the table, so its features give no lower bound on the bytes above zero.
 
-A point above ``1.0`` (faster than the device's peak) cannot be true: :func:`refuse` raises one
-line naming the table, the point and its source. A point below ``IMPLIED_EFFICIENCY_FLOOR`` is
+A point whose *least* work (``strict``) is above ``1.0`` of the peaks cannot be true:
+:func:`refuse` raises one line naming the table, the point and its source (for every kind but
+the fused MoE the least work is the work counted). A point above ``1.0`` only as the cost model
+counts the work (``BEYOND_MODEL``: the routing the cost model assumes would need more than the
+device's bandwidth) is kept and flagged. A point below ``IMPLIED_EFFICIENCY_FLOOR`` is
 kept and flagged, unless its work at peak is under ``FLOOR_MIN_WORK_S``: such a shape's time is
 the kernel's launch-to-finish fixed cost, so its implied efficiency says nothing about the
 measurement.
@@ -64,7 +74,7 @@ IMPLIED_EFFICIENCY_FLOOR = 0.01
 FLOOR_MIN_WORK_S = 1e-6
 #: the roofs a point is judged against
 BOUNDS = ("flops", "hbm", "fabric", "nic")
-ABOVE_PEAK, BELOW_FLOOR = "above_peak", "below_floor"
+ABOVE_PEAK, BEYOND_MODEL, BELOW_FLOOR = "above_peak", "above_peak_as_modelled", "below_floor"
 _OUT_BYTES = BYTES_PER_ELEMENT["bf16"]  # the kernels of the tables write BF16 activations
 _SKIPPED = {"dispatch": "bytes sent depend on the routing's top_k and per-rank or per-expert "
                         "copies, not features of the table",
@@ -105,7 +115,8 @@ class Verdict:
 
     table: its place (``kernels.sets.sglang.tables[2]``); point: its index; features:
     ``{name: value}``; seconds; source: its source id; efficiency: implied; bound: the roof
-    it was judged on (``BOUNDS``); verdict: ``ABOVE_PEAK`` or ``BELOW_FLOOR``.
+    it was judged on (``BOUNDS``); verdict: ``ABOVE_PEAK`` (refused), ``BEYOND_MODEL`` or
+    ``BELOW_FLOOR`` (flagged).
     """
 
     table: str
@@ -119,8 +130,9 @@ class Verdict:
 
     def line(self, cite: str = "") -> str:
         feats = ", ".join(f"{k} {v:g}" for k, v in self.features.items())
-        what = "above the device's peak" if self.verdict == ABOVE_PEAK else (
-            f"below the {IMPLIED_EFFICIENCY_FLOOR:.0%} floor")
+        what = {ABOVE_PEAK: "above the device's peak even at the least work its shape can do",
+                BEYOND_MODEL: "above the device's peak as the cost model counts the work",
+                BELOW_FLOOR: f"below the {IMPLIED_EFFICIENCY_FLOOR:.0%} floor"}[self.verdict]
         src = f"source {self.source}" + (f" ({cite})" if cite else "")
         return (f"{self.table}.points[{self.point}] ({feats}: {self.seconds * 1e6:.4g} us) "
                 f"implies {self.efficiency:.1%} of the {self.bound} roof, {what}; {src}")
@@ -134,11 +146,11 @@ def _elem(dtype: str) -> float:
     return BYTES_PER_ELEMENT.get(dtype, BYTES_PER_ELEMENT["bf16"])
 
 
-def work(table: Table, switch_reduces: bool = False
+def work(table: Table, switch_reduces: bool = False, strict: bool = False
          ) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """``(flops, bytes, bytes roof)`` per point: the lower bound on the work at each point's
-    shape (module docstring); the bytes roof is ``"hbm"``, ``"fabric"`` or ``"nic"``. None for a
-    kind the guard does not judge."""
+    """``(flops, bytes, bytes roof)`` per point: the work at each point's shape (module
+    docstring; ``strict``: the least it can be); the bytes roof is ``"hbm"``, ``"fabric"`` or
+    ``"nic"``. None for a kind the guard does not judge."""
     op, w = table.op, _elem(table.dtype)
     if op == "gemm":
         m, n, k, b = (_col(table, c) for c in ("m", "n", "k", "batch"))
@@ -147,8 +159,11 @@ def work(table: Table, switch_reduces: bool = False
         tokens, experts, top_k, h, i = (_col(table, c) for c in
                                         ("tokens", "experts", "top_k", "hidden", "inter"))
         pairs = tokens * top_k
-        active = np.where(experts > 1, experts * (1.0 - (1.0 - 1.0 / experts) ** pairs),
-                          np.minimum(pairs, 1.0))
+        if strict:  # every token on the same top_k experts
+            active = np.minimum(np.minimum(experts, top_k), np.maximum(np.ceil(pairs), 1.0))
+        else:
+            active = np.where(experts > 1, experts * (1.0 - (1.0 - 1.0 / experts) ** pairs),
+                              np.minimum(pairs, 1.0))
         moved = active * 3.0 * h * i * w + pairs * h * (w + _OUT_BYTES)
         return 6.0 * pairs * h * i, moved, "hbm"
     if op == "attention_decode":
@@ -156,6 +171,12 @@ def work(table: Table, switch_reduces: bool = False
                                                       "query_tokens", "qk_dim", "v_dim"))
         moved = b * c * qk * w + b * q * h * (qk + v) * _OUT_BYTES
         return 2.0 * b * q * h * c * (qk + v), moved, "hbm"
+    if op == "attention_prefill":
+        qk, v, h, c, b, t = (_col(table, n) for n in ("qk_dim", "v_dim", "heads", "context",
+                                                      "batch", "tokens"))
+        cached = np.maximum(c - t, 0.0)
+        flops = 2.0 * h * b * (t * cached + t * (t + 1.0) / 2.0) * (qk + v)
+        return flops, b * (h * t + c) * (qk + v) * w, "hbm"
     if op in ("all_reduce", "all_gather"):
         ranks, size = _col(table, "ranks"), _col(table, "bytes")
         twice = op == "all_reduce" and not (switch_reduces and table.scope == "intra")
@@ -169,10 +190,11 @@ def skipped(op: str) -> str:
     return _SKIPPED.get(op, "")
 
 
-def implied(table: Table, roof: Roof) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
-    """``(implied efficiency, seconds of the work at peak, the roof that binds)`` per point;
-    None for a kind the guard does not judge."""
-    got = work(table, roof.switch_reduces)
+def implied(table: Table, roof: Roof, strict: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """``(implied efficiency, seconds of the work at peak, the roof that binds)`` per point
+    (``strict``: of the least work); None for a kind the guard does not judge."""
+    got = work(table, roof.switch_reduces, strict)
     if got is None:
         return None
     flops, moved, where = got
@@ -188,17 +210,22 @@ def implied(table: Table, roof: Roof) -> tuple[np.ndarray, np.ndarray, list[str]
 
 
 def judge(table: Table, roof: Roof) -> list[Verdict]:
-    """The points of ``table`` above peak or (with enough work to matter) below the floor."""
+    """The points of ``table`` above peak (at their least work: ``ABOVE_PEAK``; as the cost
+    model counts it: ``BEYOND_MODEL``) or, with enough work to matter, below the floor."""
     got = implied(table, roof)
     if got is None:
         return []
     eff, ideal, bound = got
+    least = implied(table, roof, strict=True)[0]
     out = []
     for i in np.flatnonzero((eff > 1.0) | ((eff < IMPLIED_EFFICIENCY_FLOOR)
                                            & (ideal >= FLOOR_MIN_WORK_S))).tolist():
-        feats = {n: v for n, v in table.point(i)["features"].items()}
-        out.append(Verdict(table.where, i, feats, float(table.seconds[i]), table.sources[i],
-                           float(eff[i]), bound[i], ABOVE_PEAK if eff[i] > 1.0 else BELOW_FLOOR))
+        verdict = BELOW_FLOOR if eff[i] <= 1.0 else (
+            ABOVE_PEAK if least[i] > 1.0 else BEYOND_MODEL)
+        value = least[i] if verdict == ABOVE_PEAK else eff[i]
+        out.append(Verdict(table.where, i, dict(table.point(i)["features"]),
+                           float(table.seconds[i]), table.sources[i], float(value), bound[i],
+                           verdict))
     return out
 
 
