@@ -565,6 +565,29 @@ def mi355x_sets(src: Path) -> dict[str, Any]:
         "tables": tables}}}
 
 
+REL_CAR = "comm/sglang/0.5.14/custom_allreduce_perf.parquet"
+#: SGLang's custom all-reduce: used below this many bytes on NVLink (NCCL at and above)
+CAR_MAX_BYTES = 8192 * 1024
+SGLANG_CAR = ("sgl-project/sglang python/sglang/srt/distributed/device_communicators/"
+              "custom_all_reduce.py @ 004e6561cb8ae26d62166c15782955f99f058274: "
+              "should_custom_ar returns inp_size < max_size")
+
+
+def _all_reduce_points(src: Path, gpu: str) -> list[list]:
+    """The all-reduce SGLang runs on one node: its custom all-reduce (graph rows, source
+    ``aic-car``) for messages under ``CAR_MAX_BYTES``, NCCL (``aic-nccl``) from there on."""
+    car = _parquet(src, gpu, REL_CAR)
+    car = car[car.backend == "sglang_graph"].sort_values(["num_gpus", "message_size"])
+    nc = _parquet(src, gpu, "comm/nccl/2.29.2/nccl_perf.parquet")
+    nc = nc[(nc.op_name == "all_reduce") & (nc.nccl_dtype == "half")].sort_values(
+        ["num_gpus", "message_size"])
+    points = [[int(r.num_gpus), 2 * int(r.message_size), float(r.latency), "aic-car"]
+              for r in car.itertuples() if 2 * int(r.message_size) < CAR_MAX_BYTES]
+    points += [[int(r.num_gpus), 2 * int(r.message_size), float(r.latency)]
+               for r in nc.itertuples() if 2 * int(r.message_size) >= CAR_MAX_BYTES]
+    return sorted(points, key=lambda p: (p[0], p[1]))
+
+
 def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
     """h100 / h200: set ``sglang`` from aiconfigurator's SGLang 0.5.14 databases."""
     shapes = deepseek_v3_shapes()
@@ -594,6 +617,12 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                               f"dispatch / combine (us, *_avg_t_us), {meta} 0.5.12, one node (EP8), "
                               "hidden 7168, top-8, 256 experts, FP8 dispatch / BF16 combine, by "
                               "tokens per rank"),
+        "aic-car": _aic(gpu, REL_CAR, f"custom_allreduce_perf: SGLang's custom all-reduce "
+                        f"latency (ms), {meta} 0.5.14, the SGLang_CustomAllReduce_graph rows "
+                        "(replayed in a CUDA graph, as the collector's provenance says: "
+                        "used_cuda_graph); message_size is in elements (bf16), bytes = 2 x "
+                        "message_size. SGLang runs it for messages under CustomAllreduce's "
+                        f"_MAX_CAR_SIZE = 8192 * 1024 bytes ({SGLANG_CAR})"),
         "aic-nccl": _aic(gpu, rel_nccl, f"nccl_perf: NCCL 2.29.2 all_reduce latency (ms), {meta}'s "
                          "nccl-tests runs; nccl_dtype 'half' rows: message_size is in elements "
                          "(collector/network/collect_nccl.py), bytes = 2 x message_size; fp16 "
@@ -657,13 +686,10 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
             [int(r.num_token), 8, HIDDEN, float(getattr(r, f"{kind}_avg_t_us"))]
             for r in ll.itertuples()], scope="intra", source="aic-deepep-ll",
             note="DeepEP low-latency kernels in one node (EP8)"))
-    nc = _parquet(src, gpu, rel_nccl)
-    nc = nc[(nc.op_name == "all_reduce") & (nc.nccl_dtype == "half")].sort_values(
-        ["num_gpus", "message_size"])
-    tables.append(_table("all_reduce", "bf16", ["ranks", "bytes"], [
-        [int(r.num_gpus), 2 * int(r.message_size), float(r.latency)] for r in nc.itertuples()],
-        unit="ms", scope="intra", source="aic-nccl",
-        note="NCCL all_reduce in one node (2, 4, 8 GPUs), fp16 buffers of 512 B - 1 GiB"))
+    tables.append(_table("all_reduce", "bf16", ["ranks", "bytes"], _all_reduce_points(src, gpu),
+                         unit="ms", scope="intra", source="aic-nccl",
+                         note="SGLang's custom all-reduce (CUDA-graph rows) below its 8 MiB "
+                              "limit, NCCL at and above it; one node, 2, 4, 8 GPUs"))
     return {"default": "sglang", "sources": sources, "sets": {"sglang": {
         "description": f"SGLang 0.5.14 on {label} as aiconfigurator measured it: DeepGEMM FP8 and "
                        "BF16 GEMMs, the Triton fused MoE, MLA decode (flash_attention backend; "
