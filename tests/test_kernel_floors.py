@@ -128,3 +128,17 @@ def test_explain_lists_the_inventory():
     assert inv["ops"]["attn.q_b"]["kernels"] == ["act_quant_fp8", "gemm_fp8"]
     assert inv["kernels_per_step"] == sum(len(e["kernels"]) * e["count"]
                                           for e in inv["ops"].values())
+
+
+def test_routed_fused_moe_keeps_its_kernels_floors():
+    # under EP the fused MoE is re-timed from the sampled routing: it still costs its 4 aiter
+    # kernels (sort, quantise, two stages) at the planted 1 ms floor each (the main kernel's
+    # floor holds its graph gap)
+    floor = 1e-3
+    prof = planted("aiter", kernel_floor_s=floor)
+    plan = make_plan(TINY, dp=2, ep=2, gpus_per_node=2, microbatches=1)
+    r = simulate_step(TINY, plan, Batch.decode(4, 16), prof, synthetic="uniform", trace=True)
+    moe = [e for e in r.events if e.kind == "grouped_gemm" and e.stream == "compute"]
+    assert moe and len(kernels_of("aiter", "grouped_gemm", "moe.experts")) == 4
+    for e in moe:
+        assert e.dur_us == pytest.approx(4 * floor * 1e6)

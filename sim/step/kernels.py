@@ -34,12 +34,15 @@ def kernel_count(op: Op, profile: HardwareProfile) -> int:
     return len(kernels_of(profile.kernel_set, op.kind, op.name))
 
 
-def floored(seconds: float, kernels: int, floor_s: float, node_s: float) -> float:
+def floored(seconds: Any, kernels: int, floor_s: float, node_s: float) -> Any:
     """A compute op's time on its stream, the graph-node gap aside (module docstring): the
     main kernel at least ``floor_s`` (measured launch to launch, so it holds the gap ``node_s``
-    the caller adds), each other kernel ``floor_s``; ``kernels == 0``: fused, unchanged."""
+    the caller adds), each other kernel ``floor_s``; ``kernels == 0``: fused, unchanged.
+    ``seconds``: a number or an array (the routed fused MoE's per rank)."""
     if kernels == 0 or floor_s <= 0.0:
         return seconds
+    if isinstance(seconds, np.ndarray):
+        return np.maximum(seconds, floor_s - node_s) + (kernels - 1) * floor_s
     return max(seconds, floor_s - node_s) + (kernels - 1) * floor_s
 
 
