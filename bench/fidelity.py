@@ -37,7 +37,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CHECKS = REPO / "bench" / "data" / "published_checks.json"
 BANDS = REPO / "epsim" / "data" / "error_bands.json"
-sys.path.insert(0, str(REPO))  # the stamp's profile hash, as the installed package computes it
 
 
 def run_command(argv: list[str]) -> dict:
@@ -122,7 +121,9 @@ def main() -> int:
     commands = {c["name"]: c["command"] for c in checks}
     unique = {tuple(v) for v in commands.values()}
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        by_cmd = dict(zip(unique, pool.map(run_command, [list(u) for u in unique])))
+        ordered = sorted(unique)
+        by_cmd = dict(zip(ordered, pool.map(run_command, [list(u) for u in ordered]),
+                          strict=True))
     results = {name: by_cmd[tuple(cmd)] for name, cmd in commands.items()}
     rows = evaluate(checks, results)
     scored = [r for r in rows if "error" in r]

@@ -191,8 +191,8 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False,
     add_a2a_arg(o)
     if not search:
         o.add_argument("--dbo", action="store_true",
-                       help="two microbatches (dual-batch overlap): the default without --engine "
-                       "and under --engine split; vllm and sglang run without it unless given")
+                       help="two microbatches (dual-batch overlap): the default only under "
+                       "--engine split; vllm and sglang run without it unless given")
     o.add_argument("--no-dbo", action="store_true", help="one microbatch (no dual-batch overlap)")
     o.add_argument("--no-eplb", action="store_true", help="contiguous expert placement")
     o.add_argument("--no-graph", action="store_true", help="eager launches (no graph replay)")
@@ -204,7 +204,7 @@ def add_execution_args(parser: argparse.ArgumentParser, *, lists: bool = False,
              help="prefill on P nodes, decode on D nodes (KV shipped over the NIC)")
     add_flag(o, "--chunked-prefill-size", default=None, lists=search,
              help="prompt tokens one rank prefills per step (default: the engine's; "
-             f"{EPSIM_CHUNKED_PREFILL} without --engine)" + (" (comma list)" if search else ""))
+             f"{EPSIM_CHUNKED_PREFILL} under --engine prefill_first)" + (" (comma list)" if search else ""))
     add_flag(o, "--dp-balance", default=sc.dp_balance,
              help=f"how requests are spread over dp ranks (default {sc.dp_balance})")
     add_flag(o, "--mem-fraction", default=sc.mem_fraction,
@@ -236,8 +236,9 @@ def add_engine_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> 
     add_flag(g, "--engine", default=None,
              help="schedule as this engine does, with its defaults: vllm (V1: decode first, "
              "prompt chunks in the same step), sglang (prefill first, reservation and "
-             "retraction), split (separate prefill and decode queues); default: epsim's "
-             "prefill_first")
+             "retraction), split (separate prefill and decode queues), prefill_first (epsim's "
+             "own: prefill first, no caps, no host time); default: the hardware vendor's "
+             "engine, vllm on AMD and sglang on NVIDIA")
     add_flag(g, "--max-num-seqs", default=None, metavar="N", lists=lists,
              help="requests one dp rank runs at most (vLLM max_num_seqs; SGLang "
              "max_running_requests / dp)" + (" (comma list)" if lists else ""))
@@ -249,8 +250,8 @@ def add_engine_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> 
              "run eagerly")
     add_flag(g, "--host-ms-per-step", default=None, metavar="MS",
              help="the engine's host time per step (scheduling, inputs, sampling), overlapped "
-             "with the GPU as both engines do (default: 4 under --engine, an assumption; 0 "
-             "without)")
+             "with the GPU as both engines do (default: 4 under vllm, sglang and split, an "
+             "assumption; 0 under prefill_first)")
 
 
 def add_scenario_args(parser: argparse.ArgumentParser, *, lists: bool = False,
@@ -316,8 +317,8 @@ def _instances_from_args(v: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _dbo_from_args(v: Mapping[str, Any]) -> bool | None:
-    """``--dbo`` on, ``--no-dbo`` off, neither: the engine's default (``None``; on without an
-    engine). Under tune and plan ``--dbo`` is the list the search tries, set per point."""
+    """``--dbo`` on, ``--no-dbo`` off, neither: the engine's default (``None``). Under tune
+    and plan ``--dbo`` is the list the search tries, set per point."""
     on = v.get("dbo") is True
     if on and v["no_dbo"]:
         raise EpsimError("--dbo and --no-dbo contradict each other")
@@ -325,7 +326,7 @@ def _dbo_from_args(v: Mapping[str, Any]) -> bool | None:
         return True
     if v["no_dbo"]:
         return False
-    return None if v.get("engine") else True
+    return None
 
 
 def emit_json(obj: Mapping[str, Any]) -> None:

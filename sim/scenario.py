@@ -39,9 +39,11 @@ from epsim.sim.serving.metrics import (
     compute_metrics,
 )
 from epsim.sim.serving.presets import (
+    DBO_NEEDS_EP,
     Deployment,
     EngineOverrides,
     EngineSettings,
+    default_engine,
     engine_dbo_default,
     engine_settings,
 )
@@ -91,8 +93,10 @@ class Scenario:
         experts + R; the replicas are chosen by the balancer from ``loads``). Example: 32.
     mtp / mtp_acceptance: MTP speculative decoding: draft tokens per decode step (0: off; both
         sides' plans run the draft module) and each draft's acceptance probability.
-    engine: an engine preset (``"vllm"``, ``"sglang"``, ``"split"``: ``sim/serving/presets.py``)
-        or ``None`` (epsim's own ``prefill_first``); ``dbo`` ``None`` takes the engine's default.
+    engine: an engine preset (``"vllm"``, ``"sglang"``, ``"split"``, or epsim's own
+        ``"prefill_first"``: ``sim/serving/presets.py``) or ``None``: the hardware vendor's
+        engine (``presets.default_engine``: vLLM on AMD, SGLang on NVIDIA); ``dbo`` ``None``
+        takes the engine's default (off in vLLM and SGLang).
     max_num_seqs / max_num_batched_tokens / cuda_graph_max_bs / host_ms_per_step: explicit
         values in place of the engine's (``None``: the engine's).
     goodput: vLLM's ``--goodput`` SLOs, ``(("ttft", ms), ...)`` (``metrics.goodput_slos``);
@@ -113,7 +117,7 @@ class Scenario:
     dp: int | None = None
     tp: int | None = None
     ep: int | None = None
-    dbo: bool | None = True
+    dbo: bool | None = None
     eplb: bool = True
     graph: bool = True
     kv_dtype: str = "fp8"
@@ -181,6 +185,8 @@ def _decode_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
     """The decode (or co-located) side: the scenario's own dp/tp/ep."""
     plan = make_plan(model, nodes=nodes, gpus_per_node=gpn, dp=sc.dp, tp=sc.tp, ep=sc.ep,
                      **_plan_options(sc))
+    if plan.microbatches > 1 and plan.ep == 1:
+        raise EpsimError(DBO_NEEDS_EP)
     return with_implied_fusions(plan, model, profile.plan_options)
 
 
@@ -360,7 +366,7 @@ def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
         chunked_prefill_size=sc.chunked_prefill_size, cuda_graph_max_bs=sc.cuda_graph_max_bs,
         dbo=sc.dbo, host_ms_per_step=sc.host_ms_per_step if sc.host_ms_per_step is not None
         else _fitted_host_ms(profile))
-    return engine_settings(sc.engine, deployment, overrides)
+    return engine_settings(sc.engine or default_engine(profile.vendor), deployment, overrides)
 
 
 def _fitted_host_ms(profile: HardwareProfile) -> float | None:

@@ -185,13 +185,13 @@ def test_a_table_mode_must_be_known_and_on_an_exchange():
 
     a2a_table = {"op": "dispatch", "dtype": "fp8", "unit": "us", "source": "s", "scope": "inter",
                  "features": ["tokens", "ranks", "hidden"], "points": [[128, 16, 7168, 76.0]]}
-    assert parse_kernels(kernels({**a2a_table, "mode": "low_latency"})).sets["t"].tables[
-        ("dispatch", "fp8", "inter")].mode == "low_latency"
+    assert parse_kernels(kernels({**a2a_table, "mode": "low_latency"})).sets["t"].table(
+        "dispatch", "fp8", "inter", "low_latency").mode == "low_latency"
     with pytest.raises(EpsimError, match="mode must be one of low_latency, normal"):
         parse_kernels(kernels({**a2a_table, "mode": "fast"}))
     gemm = {"op": "gemm", "dtype": "fp8", "unit": "us", "source": "s", "mode": "normal",
             "features": ["m", "n", "k"], "points": [[1, 2, 3, 4.0]]}
-    with pytest.raises(EpsimError, match="dispatch / combine tables only"):
+    with pytest.raises(EpsimError, match="tables of combine, dispatch, grouped_gemm only"):
         parse_kernels(kernels(gemm))
 
 

@@ -15,6 +15,7 @@ from epsim.sim.serving.presets import (
     HOST_MS_PER_STEP,
     Deployment,
     EngineOverrides,
+    default_engine,
     engine_dbo_default,
     engine_settings,
     sglang_max_running,
@@ -65,15 +66,26 @@ def test_sglang_defaults_by_device_memory_and_dp_attention():
     assert engine_settings("sglang", on(80, dp=1, tp=8)).chunked_prefill_size == 8192
 
 
-def test_split_is_vllm_with_the_reports_dbo_and_without_an_engine_it_is_today():
+def test_split_is_vllm_with_the_reports_dbo_and_prefill_first_is_epsims_own():
     s = engine_settings("split", R1_MI300X)
     assert (s.scheduler, s.dbo, s.max_running_per_rank) == ("split", True, 1024)
-    e = engine_settings(None, R1_MI300X)
+    e = engine_settings("prefill_first", R1_MI300X)
     assert (e.scheduler, e.chunked_prefill_size, e.max_running_per_rank) == (
         "prefill_first", EPSIM_CHUNKED_PREFILL, None)
-    assert (e.cuda_graph_max_bs, e.host_ms_per_step, e.dbo) == (None, 0.0, True)
-    assert [engine_dbo_default(n) for n in (None, "vllm", "sglang", "split")] == [
-        True, False, False, True]
+    assert (e.cuda_graph_max_bs, e.host_ms_per_step, e.dbo) == (None, 0.0, False)
+    # only the reference report's split engine turns DBO on by default
+    assert [engine_dbo_default(n) for n in (None, "vllm", "sglang", "split", "prefill_first")
+            ] == [False, False, False, True, False]
+    # --engine prefill_first keeps its own policy whatever caps are given
+    e = engine_settings("prefill_first", R1_MI300X, EngineOverrides(max_num_seqs=100, dbo=True))
+    assert (e.max_running_per_rank, e.dbo) == (None, True)
+    with pytest.raises(EpsimError, match="unknown engine None"):
+        engine_settings(None, R1_MI300X)
+
+
+def test_the_default_engine_is_the_hardware_vendors():
+    assert default_engine("amd") == "vllm" and default_engine("nvidia") == "sglang"
+    assert default_engine("cpu") == "vllm"
 
 
 def test_explicit_flags_override_a_preset():

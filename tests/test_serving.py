@@ -137,7 +137,9 @@ def test_throughput_rises_with_concurrency_until_kv_saturates_and_itl_rises():
 def test_bf16_kv_halves_the_concurrency_that_fits():
     # DeepSeek-R1 on 8x MI300X, DP8/EP8: the real memory accounting sizes the cache
     def fits(kv):
+        # epsim's own policy: no engine cap on running requests, the cache alone sizes them
         sc = Scenario(model="deepseek-r1", hardware="mi300x", kv_dtype=kv,
+                      engine="prefill_first",
                       workload=WorkloadSpec(num_prompts=12000, isl=2000, osl=100,
                                             max_concurrency=12000))
         r = run_scenario(sc, StepCache(affine_factory()))

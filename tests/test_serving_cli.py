@@ -150,7 +150,7 @@ def test_sweep_csv_has_every_json_key_at_full_precision(epsim, tmp_path):
         assert float(cells["median_itl_ms"]) == row["median_itl_ms"]
         assert round(row["median_itl_ms"], 2) != row["median_itl_ms"]  # so rounding would show
         assert float(cells["step_breakdown_ms.attention"]) == row["step_breakdown_ms"]["attention"]
-        assert cells["dbo"] == "true" and cells["disagg"] == "" and cells["model"] == "deepseek-r1"
+        assert cells["dbo"] == "false" and cells["disagg"] == "" and cells["model"] == "deepseek-r1"
 
 
 def test_plan_names_the_context_limit_not_the_slo(epsim):

@@ -157,6 +157,9 @@ H800_HBM_BYTES = 85899345920.0
 H800_HBM_BANDWIDTH = 3.35e12
 H800_NVLINK_PER_DIRECTION = 200e9
 H800_NIC_PER_GPU = 50e9
+#: HBM peak bytes/s of the aiconfigurator GPUs (the h100 / h200 profiles' hbm_bandwidth: NVIDIA
+#: H100 SXM and H200 data sheets), the bound no measured kernel can beat reading its weights
+HBM_PEAK = {"h100_sxm": 3.35e12, "h200_sxm": 4.8e12}
 #: DeepGEMM's best dense FP8 GEMM on H800 (README @ DEEPGEMM_COMMIT: M 4096, N 7168, K 16384)
 DEEPGEMM_BEST_DENSE_TFLOPS = 1520.0
 
@@ -388,18 +391,121 @@ class Transfer:
 
 
 # --------------------------------------------------------------------------------------------
+# Prefill attention (aiter's MHA forward on MI300X, aiconfigurator's context MLA on H100/H200)
+# --------------------------------------------------------------------------------------------
+
+#: ``FEATURES["attention_prefill"]`` as the tables list them (every point is a fresh causal
+#: prefill: context = tokens)
+PREFILL_FEATURES = ["qk_dim", "v_dim", "heads", "context", "batch", "tokens"]
+AITER_MHA_README = "op_tests/cpp/mha/README.md"
+AITER_MHA_COMMIT = "0403bcdfd0b507e0459012b82e00785a818f774a"
+#: ROCm/aiter op_tests/cpp/mha/README.md @ AITER_MHA_COMMIT (added by PR #1270), "the asm kernel
+#: performance of the attention forwards": BF16, BSHD, batch mode, head dim 128 (q, k and v),
+#: causal rows, column FWD(TFLOPS) MI300X: ``(batch, q heads, seqlen_q = seqlen_kv, TFLOP/s)``
+#: for kv_nheads 8 (the README's kv_nheads 4 rows differ by a few per cent; not used)
+AITER_MHA_FWD_MI300X_CAUSAL = (
+    (1, 32, 1024, 130.62), (1, 32, 2048, 255.105), (1, 32, 4096, 467.805),
+    (1, 32, 8192, 522.68), (1, 32, 10240, 440.12),
+    (4, 32, 1024, 334.005), (4, 32, 2048, 419.435), (4, 32, 4096, 486.73),
+    (4, 32, 8192, 547.09), (4, 32, 10240, 527.705),
+    (8, 32, 1024, 311.385), (8, 32, 2048, 412.99), (8, 32, 4096, 513.1),
+    (8, 32, 8192, 537.36), (8, 32, 10240, 556.045),
+    (1, 64, 1024, 228.54), (1, 64, 2048, 392.425), (1, 64, 4096, 474.385),
+    (1, 64, 8192, 518.29), (1, 64, 10240, 510.895), (1, 64, 16384, 541.55),
+    (4, 64, 1024, 326.51), (4, 64, 2048, 425.735), (4, 64, 4096, 513.79),
+    (4, 64, 8192, 540.515), (4, 64, 10240, 557.475),
+    (8, 64, 1024, 321.865), (8, 64, 2048, 452.03), (8, 64, 4096, 509.255),
+    (8, 64, 8192, 550.67), (8, 64, 10240, 547.05),
+)
+_AITER_MHA_NOTE = (
+    "README 'the asm kernel performance of the attention forwards' (PR #1270): aiter's fwd_v3 "
+    "assembly kernel, BF16, head dim 128 / 128, GQA kv_nheads 8, causal, MI300X column. Time "
+    "DERIVED from the published TFLOPS by the benchmark's own FLOP count (benchmark_mha_fwd.cpp: "
+    "nhead x 2 x unmasked area x (hdim_q + hdim_v), causal area s (s + 1) / 2): t = batch x heads "
+    "x 2 x s (s + 1) / 2 x 256 / TFLOPS. DeepSeek's MHA prefill (head dim 192 / 128, kv heads = "
+    "q heads) runs aiter's CK kernel on MI300X (the same README: the 192 / 128 asm kernel is "
+    "MI350/355 only) and no MI300X figure for it is published: the cost model transfers these "
+    "points to the op's widths by the roofline ratio (an assumption: the 192 / 128 kernel "
+    "reaches the 128 / 128 kernel's rate)")
+
+
+def aiter_mha_prefill(applied_to: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({source id: source}, table)``: aiter's MI300X MHA forward figures as an
+    ``attention_prefill`` table (``applied_to``: another GPU of the same 304-CU die)."""
+    note = _AITER_MHA_NOTE
+    if applied_to:
+        note += (f". Measured on MI300X, applied unchanged to {applied_to} (same 304-CU "
+                 "compute; long causal prefill is compute-bound)")
+    src = {"repository": AITER_REPO, "path": AITER_MHA_README, "commit": AITER_MHA_COMMIT,
+           "pr": 1270, "note": note}
+    points = []
+    for b, h, s, tflops in AITER_MHA_FWD_MI300X_CAUSAL:
+        flop = b * h * 2.0 * s * (s + 1) / 2.0 * (128 + 128)
+        points.append([128, 128, h, s, b, s, round(flop / (tflops * 1e12) * 1e6, 4)])
+    table = _table("attention_prefill", "bf16", PREFILL_FEATURES, points,
+                   source="aiter-mha-fwd-mi300x",
+                   note="aiter MHA forward (asm v3, head dim 128, causal) on MI300X, derived "
+                        "from the README's TFLOP/s; DeepSeek's 192 / 128 heads transfer by the "
+                        "roofline ratio")
+    return {"aiter-mha-fwd-mi300x": src}, table
+
+
+def aic_context_mla(src: Path, gpu: str, label: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({source id: source}, table)``: aiconfigurator's SGLang 0.5.14 context-MLA rows (BF16
+    KV cache) as an ``attention_prefill`` table at the kernel's own widths, 576 / 512."""
+    rel = "mla/sglang/0.5.14/context_mla_perf.parquet"
+    note = (f"context_mla_perf: one prefill attention call (ms), measured by aiconfigurator's "
+            f"collector on {label} through SGLang 0.5.14 (collector/sglang/collect_mla.py: "
+            "RadixAttention forward alone, no q / kv up-projections, no o_proj; the fa3 "
+            "FlashAttentionBackend of Hopper, page size 1). num_heads = local query heads, "
+            "batch_size sequences of isl new tokens each, no cached prefix. On Hopper the "
+            "collector feeds the ABSORBED MLA kernel: queries (heads x 512 latent + 64 RoPE) "
+            "against one latent KV head (576 / 512, flash_attn_with_kvcache with qv), not the "
+            "MHA over 192 / 128 per-head K and V that SGLang runs for a fresh prefill "
+            "(deepseek_v2.py _handle_attention_backend: MHA_ONE_SHOT / MHA_CHUNKED_KV). The "
+            "table keeps the kernel's widths; the cost model transfers to the op's widths by "
+            "the roofline ratio. BF16 KV cache rows only (the MHA path computes on BF16 K / V), "
+            "local heads 8-128 (DeepSeek's 128 heads under attention TP 1-16)")
+    a = _parquet(src, gpu, rel)
+    # local heads >= 8: DeepSeek's 128 heads under attention TP <= 16 (keeps the profile small)
+    a = a[(a.kv_cache_dtype == "bfloat16") & (a.num_heads >= 8)]
+    if set(a.kernel_source) != {"flash_attention"} or set(a.step) != {0}:
+        raise SystemExit(f"{gpu}: unexpected context MLA rows")
+    grouped = a.groupby(["num_heads", "batch_size", "isl"], sort=True)["latency"]
+    sizes, means = grouped.size(), grouped.mean()
+    sources = {"aic-context-mla": _aic(gpu, rel, note)}
+    points = []
+    for (h, b, isl), ms in means.items():
+        points.append([KV_LORA + ROPE, KV_LORA, int(h), int(isl), int(b), int(isl), float(ms),
+                       *([] if sizes[(h, b, isl)] == 1 else ["aic-context-mla-mean"])])
+    if (sizes > 1).any():
+        sources["aic-context-mla-mean"] = _aic(
+            gpu, rel, note + ". DERIVED: the table holds these (num_heads, batch_size, isl) "
+            "twice (two collections); the point is the mean of the two latencies")
+    table = _table("attention_prefill", "bf16", PREFILL_FEATURES, points, unit="ms",
+                   source="aic-context-mla",
+                   note="SGLang MLA prefill attention (fa3, absorbed 576 / 512 kernel), BF16 "
+                        "KV cache; DeepSeek's MHA prefill (192 / 128) transfers by the roofline "
+                        "ratio")
+    return sources, table
+
+
+# --------------------------------------------------------------------------------------------
 # Kernel sets per profile
 # --------------------------------------------------------------------------------------------
 
 
 def _table(op: str, dtype: str, features: list[str], points: list[list], *, unit: str = "us",
            source: str | None = None, quant: str | None = None, scope: str | None = None,
-           note: str | None = None, mode: str | None = None) -> dict[str, Any]:
+           note: str | None = None, mode: str | None = None,
+           layout: str | None = None) -> dict[str, Any]:
     t: dict[str, Any] = {"op": op, "dtype": dtype}
     if scope is not None:
         t["scope"] = scope
     if mode is not None:
         t["mode"] = mode
+    if layout is not None:
+        t["layout"] = layout
     if quant is not None:
         t["quant"] = quant
     t["unit"] = unit
@@ -512,11 +618,16 @@ def amd_sets(src: Path, profiles: dict[str, dict[str, Any]], name: str) -> dict[
         _table("gemm", "fp8", GEMM_FEATURES, gemm_points, quant="per_1x128", note=gemm_note),
         *_mori_tables("MI300X + CX7", "mori-mi300x"),
     ]
+    prefill_sources, prefill = aiter_mha_prefill("MI325X" if name == "mi325x" else "")
+    sources.update(prefill_sources)
+    tables.append(prefill)
     gpu = name.upper()
     sets: dict[str, Any] = {"aiter": {
         "description": f"aiter on {gpu}: fused MoE (32 local experts + the shared expert, top-8 "
                        "+ 1) and FP8 block-scale GEMMs from aiter's tuned CSVs, MORI-EP "
-                       "intra-node and internode low-latency dispatch/combine; decode attention and everything else on "
+                       "intra-node and internode low-latency dispatch/combine, aiter's MHA "
+                       "forward for prefill attention (head dim 128, transferred to the op's "
+                       "widths); decode attention and everything else on "
                        "the roofline (no nhead-128 MLA decode table is published for this GPU)",
         "plan_options": {"shared_expert_in_moe": True},
         "tables": tables}}
@@ -588,6 +699,121 @@ def _all_reduce_points(src: Path, gpu: str) -> list[list]:
     return sorted(points, key=lambda p: (p[0], p[1]))
 
 
+#: aiconfigurator's wide-EP MoE tables (SGLang 0.5.10): {exchange mode: (file, op_name, what)}
+WIDEEP_MOE = {
+    "low_latency": ("moe/sglang/0.5.10/wideep_generation_moe_perf.parquet", "moe_generation",
+                    "decode: DeepEP low-latency layout, DeepGEMM masked grouped GEMM "
+                    "(m_grouped_fp8_gemm_nt_masked) timed in a CUDA graph"),
+    "normal": ("moe/sglang/0.5.10/wideep_context_moe_perf.parquet", "moe_context",
+               "prefill: DeepEP normal layout, DeepGEMM contiguous grouped GEMM "
+               "(m_grouped_fp8_gemm_nt_contiguous) timed eagerly with CUDA events"),
+}
+#: the collector that wrote them: the last version of the wide-EP MoE collector before the
+#: tables' commit (PR #963, cb4d907c, "sglang 0.5.10 perf data"); it was folded into the v2
+#: collector at 1d12d321 and is absent at AIC_COMMIT
+WIDEEP_COLLECTOR = ("collector/sglang/collect_wideep_deepep_moe.py @ cb4d907c (PR #963, the "
+                    "commit that added these tables)")
+#: FP8 bytes of one DeepSeek-V3 routed expert's weights (gate, up, down)
+EXPERT_WEIGHT_BYTES = 3 * HIDDEN * MOE_INTER
+
+
+def _wideep_note(mode: str, dropped: int, peak: float) -> str:
+    rel, op_name, what = WIDEEP_MOE[mode]
+    note = (f"{rel.rsplit('/', 1)[-1]} ({op_name}, kernel_source deepepmoe, fp8_block, SGLang "
+            f"0.5.10): {what}. DeepSeek-V3 (hidden 7168, inter 2048, 256 experts, topk 8), "
+            "distribution 'uniform' rows only (the power_law_* rows are the collector's own "
+            "skewed draws: epsim's routing supplies the imbalance). The collector "
+            f"({WIDEEP_COLLECTOR}) loads 256 / ep experts on one GPU and feeds them "
+            "num_token tokens per rank, each local expert getting num_token x 8 x ep / 256 "
+            "rows; it logs num_tokens = num_token x ep. So tokens = num_tokens / ep (the "
+            "rank's batch before dispatch), experts = 256 / ep; time = column latency (ms), "
+            "the expert GEMMs alone (no dispatch / combine)")
+    if dropped:
+        note += (f". REFUSED {dropped} row(s) whose time is below what reading the active "
+                 "experts' FP8 weights takes at the GPU's HBM peak (active experts x 7168 x 2048 "
+                 f"x 3 bytes / latency > {peak / 1e12:g} TB/s: physically impossible; all at ep "
+                 "<= 8 and few tokens)")
+    return note
+
+
+def wideep_moe_table(src: Path, gpu: str, mode: str, peak_bytes_s: float
+                     ) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``(table, source id, source)`` of one aiconfigurator wide-EP MoE table: the fused MoE as
+    SGLang's DeepEP deployment runs it in exchange ``mode`` (EP layout)."""
+    rel, op_name, _ = WIDEEP_MOE[mode]
+    d = _parquet(src, gpu, rel)
+    d = d[(d.hidden_size == HIDDEN) & (d.inter_size == MOE_INTER) & (d.topk == TOP_K)
+          & (d.num_experts == EXPERTS) & (d.moe_dtype == "fp8_block") & (d.moe_tp_size == 1)
+          & (d.distribution == "uniform")].sort_values(["moe_ep_size", "num_tokens"])
+    if set(d.op_name) != {op_name} or set(d.kernel_source) != {"deepepmoe"}:
+        raise SystemExit(f"{gpu}: unexpected wide-EP MoE rows in {rel}")
+    if d.duplicated(["num_tokens", "moe_ep_size"]).any():
+        raise SystemExit(f"{gpu}: duplicate wide-EP MoE rows in {rel}")
+    points, dropped = [], 0
+    for r in d.itertuples():
+        ep, per_rank = int(r.moe_ep_size), int(r.num_tokens) / int(r.moe_ep_size)
+        local = EXPERTS // ep
+        # the collector's uniform rows: every local expert gets tokens once the group's pairs
+        # cover them, else per_rank x 8 experts get one row each
+        active = local if per_rank * TOP_K * ep >= EXPERTS else min(local, per_rank * TOP_K)
+        if active * EXPERT_WEIGHT_BYTES / (float(r.latency) * 1e-3) > peak_bytes_s:
+            dropped += 1
+            continue
+        points.append([_int(per_rank), local, TOP_K, HIDDEN, MOE_INTER, float(r.latency)])
+    sid = f"aic-wideep-moe-{'decode' if mode == 'low_latency' else 'prefill'}"
+    note = _wideep_note(mode, dropped, peak_bytes_s)
+    kernel = "masked" if mode == "low_latency" else "contiguous"
+    table = _table("grouped_gemm", "fp8", FMOE_FEATURES, points, unit="ms", source=sid,
+                   quant="per_1x128", mode=mode, layout="ep",
+                   note=f"SGLang wide EP ({'decode' if mode == 'low_latency' else 'prefill'}): "
+                        f"DeepEP {mode.replace('_', '-')} + DeepGEMM {kernel} grouped GEMM, "
+                        f"uniform routing, EP {int(d.moe_ep_size.min())}-"
+                        f"{int(d.moe_ep_size.max())}")
+    return table, sid, _aic(gpu, rel, note)
+
+
+def tp_moe_table(src: Path, gpu: str, rel_moe: str, meta: str
+                 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``(table, source id, source)`` of the Triton fused MoE's TP rows (moe_ep_size 1): the
+    MoE of a TP-only plan (every rank all 256 experts, inter / tp)."""
+    e = _parquet(src, gpu, rel_moe)
+    e = e[(e.hidden_size == HIDDEN) & (e.inter_size == MOE_INTER) & (e.topk == TOP_K)
+          & (e.num_experts == EXPERTS) & (e.moe_dtype == "fp8_block") & (e.moe_ep_size == 1)
+          & (e.distribution == "balanced")].sort_values(["moe_tp_size", "num_tokens"])
+    if set(e.kernel_source) != {"sglang_fused_moe_triton"} or e.duplicated(
+            ["num_tokens", "moe_tp_size"]).any():
+        raise SystemExit(f"{gpu}: unexpected TP MoE rows")
+    points = [[int(r.num_tokens), EXPERTS, TOP_K, HIDDEN, MOE_INTER // int(r.moe_tp_size),
+               float(r.latency)] for r in e.itertuples()]
+    sid = "aic-moe-tp"
+    note = (f"moe_perf: fused-MoE latency (ms), {meta} 0.5.14, sglang_fused_moe_triton "
+            "fp8_block, DeepSeek-V3 (hidden 7168, inter 2048, 256 experts, topk 8), moe_ep_size "
+            "1, moe_tp_size 1-16, distribution 'balanced'. collector/sglang/collect_moe.py "
+            "run_moe_torch: local_inter_size = inter_size / moe_tp_size, all 256 experts local, "
+            "num_tokens rows entering the kernel (every TP rank sees every token). So tokens = "
+            "num_tokens, experts 256, inter = 2048 / tp")
+    table = _table("grouped_gemm", "fp8", FMOE_FEATURES, points, unit="ms", source=sid,
+                   quant="per_1x128", layout="tp",
+                   note="SGLang Triton fused MoE, TP-only (every rank a 1/tp slice of every "
+                        f"expert), TP {int(e.moe_tp_size.min())}-{int(e.moe_tp_size.max())}")
+    return table, sid, _aic(gpu, rel_moe, note)
+
+
+def triton_ep_set(e, label: str) -> dict[str, Any]:
+    """Set ``sglang-triton``: SGLang's EP without DeepEP, the Triton fused MoE's EP rows."""
+    table = _table("grouped_gemm", "fp8", FMOE_FEATURES, [
+        [_int(int(r.num_tokens) / int(r.moe_ep_size)), EXPERTS // int(r.moe_ep_size), TOP_K,
+         HIDDEN, MOE_INTER, float(r.latency)] for r in e.itertuples()],
+        unit="ms", source="aic-moe", quant="per_1x128", layout="ep",
+        note="SGLang's Triton fused MoE (not the DeepGEMM kernels DeepEP deployments run), "
+             "balanced routing, EP 8-256")
+    return {"description": f"SGLang 0.5.14 on {label} with EP served by the Triton fused MoE "
+                           "(SGLang's EP without --moe-a2a-backend deepep): the sglang set but "
+                           "for the EP fused MoE, aiconfigurator's moe_perf EP rows. Their "
+                           "rows at ep >= 16 imply 1-2 % of the FP8 peak",
+            "relative_to": "sglang", "tables": [table]}
+
+
 def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
     """h100 / h200: set ``sglang`` from aiconfigurator's SGLang 0.5.14 databases."""
     shapes = deepseek_v3_shapes()
@@ -607,8 +833,10 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                         "256 experts, topk 8), moe_tp 1, distribution 'balanced'. num_tokens is "
                         "the EP group's batch; rank 0's 256/ep experts are timed on the tokens "
                         "routed to them (collector/sglang/collect_moe.py build_rank0_workloads), "
-                        "so tokens = num_tokens / ep, experts = 256 / ep. Not used: "
-                        "power_law_1.01 / power_law_1.2 rows, tp > 1, ep < 8"),
+                        "so tokens = num_tokens / ep, experts = 256 / ep: the EP rows (ep >= 8) "
+                        "of set sglang-triton (the TP rows, moe_ep_size 1, are source "
+                        "aic-moe-tp). Not used: power_law_1.01 / power_law_1.2 rows, tp > 1 "
+                        "with ep > 1, 1 < ep < 8"),
         "aic-mla": _aic(gpu, rel_mla, f"generation_mla_perf: one MLA decode attention call (ms), "
                         f"{meta} 0.5.14 (flash_attention backend, page size 1), DeepSeek geometry "
                         "(kv_lora 512, rope 64); num_heads = local heads; context = step + 1 (the "
@@ -650,12 +878,14 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
     if set(e.kernel_source) != {"sglang_fused_moe_triton"}:
         raise SystemExit(f"{gpu}: unexpected MoE kernels {set(e.kernel_source)}")
     e = e.sort_values(["moe_ep_size", "num_tokens"])
-    tables.append(_table("grouped_gemm", "fp8", FMOE_FEATURES, [
-        [_int(int(r.num_tokens) / int(r.moe_ep_size)), EXPERTS // int(r.moe_ep_size), TOP_K,
-         HIDDEN, MOE_INTER, float(r.latency)] for r in e.itertuples()],
-        unit="ms", source="aic-moe", quant="per_1x128",
-        note="SGLang's Triton fused MoE (not the DeepGEMM masked kernel DeepEP decode uses), "
-             "balanced routing, EP 8-256"))
+    # the fused MoE each deployment runs: TP-only the Triton kernel's TP rows, wide-EP decode
+    # (low-latency exchange) the masked and prefill (normal exchange) the contiguous grouped GEMM
+    peak = HBM_PEAK[gpu]
+    for table, sid, source in (tp_moe_table(src, gpu, rel_moe, meta),
+                               wideep_moe_table(src, gpu, "low_latency", peak),
+                               wideep_moe_table(src, gpu, "normal", peak)):
+        tables.append(table)
+        sources[sid] = source
     a = _parquet(src, gpu, rel_mla)
     for dtype, key in (("bf16", "bfloat16"), ("fp8", "fp8")):
         d = a[a.kv_cache_dtype == key]
@@ -678,6 +908,9 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                 gpu, rel_mla, sources["aic-mla"]["note"] + ". DERIVED: the table holds every "
                 "(num_heads, batch_size, step) twice (two collections); the point is the mean "
                 "of the two latencies")
+    prefill_sources, prefill = aic_context_mla(src, gpu, label)
+    sources.update(prefill_sources)
+    tables.append(prefill)
     ll = _parquet(src, gpu, rel_ll)
     ll = ll[(ll.hidden_size == HIDDEN) & (ll.num_topk == TOP_K) & (ll.num_experts == EXPERTS)
             & (ll.node_num == 1)].sort_values("num_token")
@@ -692,10 +925,15 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                               "limit, NCCL at and above it; one node, 2, 4, 8 GPUs"))
     return {"default": "sglang", "sources": sources, "sets": {"sglang": {
         "description": f"SGLang 0.5.14 on {label} as aiconfigurator measured it: DeepGEMM FP8 and "
-                       "BF16 GEMMs, the Triton fused MoE, MLA decode (flash_attention backend; "
-                       "its FP8-KV rows are ~4x slower than BF16-KV, kept as measured), DeepEP "
+                       "BF16 GEMMs; the fused MoE each deployment runs (TP-only: the Triton "
+                       "fused MoE's TP rows; EP: SGLang 0.5.10's DeepEP wide-EP kernels, the "
+                       "masked grouped GEMM under the low-latency exchange (decode), the "
+                       "contiguous one under the normal exchange (prefill)); MLA decode "
+                       "(flash_attention backend; its FP8-KV rows are ~4x slower than BF16-KV, "
+                       "kept as measured), context MLA for prefill attention (the absorbed "
+                       "576 / 512 kernel, transferred to the op's MHA widths), DeepEP "
                        "low-latency dispatch/combine in one node, NCCL all-reduce",
-        "tables": tables}}}
+        "tables": tables}, "sglang-triton": triton_ep_set(e, label)}}
 
 
 def h800_sets(src: Path) -> dict[str, Any]:

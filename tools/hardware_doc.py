@@ -155,7 +155,8 @@ def kernels_table(profiles: list[HardwareProfile]) -> list[str]:
             for table in kset.tables.values():
                 cited = "; ".join(f"{sid}: {_cite(ks.sources[sid])}"
                                   for sid in sorted(set(table.sources)))
-                scope = f"{table.scope} ({table.mode})" if table.mode else table.scope
+                # the deployment the table measured (exchange mode, MoE layout), if it names one
+                scope = f"{table.scope} ({table.deployment})" if table.deployment else table.scope
                 lines.append(f"| {p.name} | {mark} | {table.op} | {table.dtype} | "
                              f"{scope} | {len(table.seconds)} | {_ranges(table)} | "
                              f"{cited} |")

@@ -26,6 +26,7 @@ from ..search_args import (
     search_options_from_args,
     search_space_from_args,
 )
+from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         raise EpsimError(f"no configuration of {', '.join(hardware)} meets the SLO {slo}")
     if args.json:
         emit_json({"slo": str(slo), "target_output_throughput": args.target_output_throughput,
-                   "plans": [c.as_dict() for c in plans],
+                   "plans": [_stamped(c.as_dict()) for c in plans],
+                   "error_band": _stamped(plans[0].as_dict())["error_band"],
                    "diagnostics": search_diagnostics(executor, choose(args.search, space.size()),
                                                      time.perf_counter() - t0)})
         return 0
@@ -100,4 +102,13 @@ def run(args: argparse.Namespace) -> int:
             if c.usd_per_million_output_tokens is not None else "-",
         })
     print_columns(rows, list(rows[0]))
+    print(f"error band (first plan): {band_text(_stamped(plans[0].as_dict())['error_band'])}")
     return 0
+
+
+def _stamped(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan with the error band of its unit's regime."""
+    u = plan["unit"]
+    disagg = bool(plan.get("prefill_nodes_per_unit"))
+    return stamp(plan, regime_of(ep=u["ep"], disaggregated=disagg), SERVING_HEADLINE,
+                 figures=u)

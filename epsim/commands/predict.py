@@ -23,6 +23,7 @@ from ..common import (
     scenario_from_args,
 )
 from ..inputs import add_flag
+from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
 
 # --------------------------------------------------------------------------------------------
 # Output
@@ -80,6 +81,7 @@ def print_result(r: Mapping[str, Any]) -> None:
               "step_sim_calls", "sim_wall_s"):
         print(line.format(f"{k}:", _fmt(r[k])))
     print(line.format("step_breakdown_ms:", _fmt(r["step_breakdown_ms"])))
+    print(line.format("error band:", band_text(r["error_band"])))
     print("=" * 60)
     if r.get("instances"):
         print_instances(r)
@@ -134,6 +136,8 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
                               details=bool(args.trace or args.save_detailed), progress=bar)
     finally:
         bar.close()
+    stamp(result, regime_of(ep=result["ep"], disaggregated=bool(result["disagg"])),
+          SERVING_HEADLINE)
     if args.trace:
         write_serving_trace(runs[0], args.trace,
                             {"model": result["model"], "hardware": result["hardware"]})

@@ -14,6 +14,7 @@ from epsim.model.mtp import expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
 from epsim.sim.hardware.profile import load_profile
+from epsim.sim.serving.presets import DBO_NEEDS_EP
 from epsim.sim.step.simulate import MODES, simulate_step
 
 from ..common import (
@@ -29,6 +30,7 @@ from ..common import (
     print_table,
 )
 from ..inputs import add_flag
+from ..stamp import STEP_HEADLINE, band_text, regime_of, stamp
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -92,6 +94,8 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                      microbatches=2 if args.dbo else 1, kv_dtype=args.kv_dtype,
                      graph_mode=not args.no_graph, mem_fraction=args.mem_fraction,
                      redundant_experts=args.redundant_experts, mtp=args.mtp)
+    if plan.microbatches > 1 and plan.ep == 1:
+        raise EpsimError(DBO_NEEDS_EP)
     plan = with_implied_fusions(plan, model, profile.plan_options)
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
@@ -131,6 +135,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         **result.to_json(),
         "sim_wall_s": wall,
     }
+    stamp(out, regime_of(ep=plan.ep, phase=batch.phase), STEP_HEADLINE)
     if args.trace:
         write_chrome_trace(result.events, args.trace,
                            metadata={k: out[k] for k in ("model", "hardware", "plan", "batch")})
@@ -172,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append((f"  {kind}", f"{ms:8.3f} ms"))
     if "trace" in out:
         rows.append(("trace", out["trace"]))
+    rows.append(("error band", band_text(out["error_band"])))
     print_table(rows)
     if "kernel_inventory" in out:
         print_inventory(out["kernel_inventory"])
@@ -217,6 +223,9 @@ def print_kernel_sources(sources: dict[str, Any]) -> None:
         methods = ", ".join(f"{m} x{n}" for m, n in info.get("methods", {}).items())
         formats = ", ".join(info.get("dtypes", {}))
         print(f"  {kind}: {info.get('method')} ({methods}); computes in {formats}")
+        for t in info.get("tables", []):
+            note = f": {t['note']}" if t.get("note") else ""
+            print(f"      table {t['table']} (deployment {t['deployment']}, {t['ops']} ops){note}")
         for p in info.get("points", [])[:4]:
             feats = ", ".join(f"{k} {v:g}" for k, v in p["features"].items())
             print(f"      point {feats}: {p['time']:g} {p['unit']} [{p['source']}]")
@@ -224,4 +233,8 @@ def print_kernel_sources(sources: dict[str, Any]) -> None:
             print(f"      source {sid}: {_source_text(src)}")
         for o in info.get("outside", [])[:3]:
             feats = ", ".join(f"{k} {v:g}" for k, v in o["features"].items())
-            print(f"      outside every table ({o['method']}, {o['count']} ops): {feats}")
+            # a transfer (another shape, or a table measured at other head widths) names its
+            # scaling: the nearest point's time times this roofline ratio
+            ratio = (f"; nearest point x {o['roofline_ratio']:.4g} (roofline ratio)"
+                     if "roofline_ratio" in o else "")
+            print(f"      outside every table ({o['method']}, {o['count']} ops): {feats}{ratio}")

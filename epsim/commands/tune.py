@@ -22,6 +22,7 @@ from ..search_args import (
     search_options_from_args,
     search_space_from_args,
 )
+from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,8 +40,13 @@ COLS = ("concurrency", "dp", "tp", "ep", "dbo", "graph", "kv_dtype", "output_thr
 
 
 def summary(res: TuneResult, slo: str) -> dict[str, Any]:
-    return {"slo": slo, "objective": res.objective, "search": res.strategy, "best": res.best,
-            "frontier": res.frontier, "points": res.points, "skipped": res.skipped}
+    out = {"slo": slo, "objective": res.objective, "search": res.strategy, "best": res.best,
+           "frontier": res.frontier, "points": res.points, "skipped": res.skipped}
+    if res.best is not None:  # the band of the answer: the best point's regime
+        b = res.best
+        stamp(out, regime_of(ep=b["ep"], disaggregated=bool(b.get("disagg"))),
+              SERVING_HEADLINE, figures=b)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
               f"DBO {'on' if b['dbo'] else 'off'}, graph {'on' if b['graph'] else 'off'}, "
               f"KV {b['kv_dtype']}: {b[res.objective]:,.1f} tok/s "
               + ", ".join(f"{k} {b[k]:.1f}" for k, _, _ in slo.terms))
+        print(f"error band: {band_text(summary(res, str(slo))['error_band'])}")
         print("frontier (throughput vs " + res.latency + "):")
     print_columns(res.frontier, cols)
     return 0

@@ -116,6 +116,11 @@ INVENTORIES: dict[str, Inventory] = {
 }
 
 
+#: SGLang's EP served by the Triton fused MoE: the sglang set's kernels
+INVENTORIES["sglang-triton"] = Inventory("sglang-triton", "SGLang (CUDA), Triton fused MoE",
+                                         _SGLANG, INVENTORIES["sglang"].kernels)
+
+
 def kernels_of(kernel_set: str, kind: str, name: str) -> tuple[str, ...]:
     """The kernels ``kernel_set``'s engine launches for the op ``name`` of ``kind``: the op's
     name first, then its kind; one kernel named for its kind where the set (or the op) is not

@@ -25,9 +25,26 @@ A point is its feature values in the table's ``features`` order, then its time i
 optionally its source id (else the table's ``source``). ``FEATURES`` lists each op kind's
 features; those with a default may be omitted (the table was measured at the default; for the
 ``SELECTORS`` it then describes only ops at that default). ``scope``
-(collectives only) is ``intra`` (default) or ``inter``-node; ``mode`` (dispatch / combine only,
-optional) the EP exchange mode its kernels run in (``sim.hardware.a2a``: ``low_latency`` or ``normal``): a
-step in the other mode does not use it (absent: every mode does); ``quant`` is informational.
+(collectives only) is ``intra`` (default) or ``inter``-node; ``quant`` is informational.
+
+Deployment selectors: which kernel an op kind runs depends on how the plan is deployed, and a
+table may say which deployment it measured (absent: every one):
+
+* ``mode`` (``MODE_KINDS``: dispatch / combine, and the fused MoE ``grouped_gemm``): the EP
+  exchange mode of the step (``sim.hardware.a2a``: ``low_latency`` or ``normal``). The exchange
+  decides the MoE kernel too: DeepEP's low-latency mode hands DeepGEMM's *masked* grouped GEMM
+  its tokens (decode), the normal mode the *contiguous* one (prefill);
+* ``layout`` (``LAYOUT_KINDS``: ``grouped_gemm``): the plan's MoE layout (``LAYOUTS``: ``ep``,
+  experts spread over the EP group; ``tp``, TP-only, every rank a 1/tp slice of every expert).
+
+Several tables of one (op, dtype, scope) may coexist in a set when their selectors differ; a step
+uses the most specific one it matches: the one naming most of the step's selectors (both, then
+either, then an untagged one); a selector the step does not give (``op_time`` without a step)
+excludes nothing and counts for nothing; ties go to the table listed first. Example (h100's ``sglang``): wide-EP
+decode (``layout ep``, ``mode low_latency``) reads the masked grouped-GEMM table, wide-EP
+prefill (``ep``, ``normal``) the contiguous one, a TP-only plan (``tp``) the Triton fused MoE's
+TP rows. ``--explain`` names the table chosen (``kernel_sources[kind]["tables"]``).
+
 A set with ``relative_to`` times each op kind as that set does, divided by ``speedup[kind]``
 (kinds without a factor: as the base); its own tables take precedence. ``plan_options`` are not
 inherited.
@@ -56,18 +73,23 @@ from .kernel_tables import (
     EXTRAPOLATED,
     FEATURES,
     INTERPOLATED,
+    LAYOUT_KINDS,
+    LAYOUTS,
     METHODS,
+    MODE_KINDS,
     SCOPES,
     SELECTORS,
+    TABLE_MODES,
     UNITS,
     How,
     Table,
     lookup,
 )
 
-__all__ = ["COLLECTIVE_TABLES", "EXACT", "EXTRAPOLATED", "FEATURES", "INTERPOLATED", "METHODS",
-           "NONE", "PLAN_OPTIONS", "SCOPES", "SELECTORS", "UNITS", "How", "KernelSet",
-           "KernelSets", "Source", "Table", "lookup", "parse_kernels"]
+__all__ = ["COLLECTIVE_TABLES", "EXACT", "EXTRAPOLATED", "FEATURES", "INTERPOLATED", "LAYOUTS",
+           "LAYOUT_KINDS", "METHODS", "MODE_KINDS", "NONE", "PLAN_OPTIONS", "SCOPES", "SELECTORS",
+           "TABLE_MODES", "UNITS", "How", "KernelSet", "KernelSets", "Source", "Table",
+           "TableKey", "lookup", "parse_kernels"]
 
 #: the reserved set name: no tables, the roofline only
 NONE = "none"
@@ -75,9 +97,10 @@ NONE = "none"
 PLAN_OPTIONS: dict[str, type] = {f.name: bool for f in fields(Fusion)}
 _HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
 _TABLE_KEYS = {"op", "dtype", "unit", "features", "points", "source", "scope", "quant", "note",
-               "mode"}
-#: the exchange modes a dispatch / combine table may name (``sim.hardware.a2a.A2A_MODES``)
-TABLE_MODES = ("low_latency", "normal")
+               "mode", "layout"}
+#: a table's place in its set: ``(op, dtype, scope, mode, layout)`` (``""``: no selector).
+#: Example: ``("grouped_gemm", "fp8", "intra", "low_latency", "ep")``
+TableKey = tuple[str, str, str, str, str]
 _SET_KEYS = {"description", "plan_options", "tables", "relative_to", "speedup"}
 _SOURCE_KEYS = {"repository", "path", "commit", "pr", "url", "note", "title"}
 
@@ -108,7 +131,8 @@ class Source:
 class KernelSet:
     """One kernel library's timings.
 
-    name: e.g. ``"aiter"``. tables: ``{(op kind, dtype, scope): Table}``.
+    name: e.g. ``"aiter"``. tables: ``{(op kind, dtype, scope, mode, layout): Table}``
+        (``TableKey``; ``""`` where the table names no mode / layout).
     relative_to: the set this one scales (``"none"``: the roofline), or None.
     speedup: ``{op kind: (factor, source id)}``: this set's time is the base's over ``factor``.
     plan_options: fusions the library implies. Example: ``{"shared_expert_in_moe": True}``.
@@ -116,10 +140,29 @@ class KernelSet:
 
     name: str
     description: str
-    tables: Mapping[tuple[str, str, str], Table]
+    tables: Mapping[TableKey, Table]
     relative_to: str | None = None
     speedup: Mapping[str, tuple[float, str]] = field(default_factory=dict)
     plan_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def table(self, op: str, dtype: str, scope: str = "intra", mode: str = "",
+              layout: str = "") -> Table | None:
+        """The set's own table of exactly these selectors (None: none)."""
+        return self.tables.get((op, dtype, scope, mode, layout))
+
+    def pick(self, op: str, dtype: str, scope: str, mode: str = "", layout: str = ""
+             ) -> Table | None:
+        """The set's own table a step in exchange ``mode`` with MoE ``layout`` uses for
+        ``op`` in ``dtype`` and ``scope`` (module docstring: the most specific match)."""
+        best, rank = None, -1
+        for (o, d, sc, m, lay), t in self.tables.items():
+            if (o, d, sc) != (op, dtype, scope) or not t.matches(mode, layout):
+                continue
+            # selectors the step gives and the table names alike: the more, the more specific
+            specific = (bool(m) and m == mode) + (bool(lay) and lay == layout)
+            if specific > rank:
+                best, rank = t, specific
+        return best
 
 
 @dataclass(frozen=True)
@@ -144,17 +187,17 @@ class KernelSets:
                              f"{', '.join(self.names)}")
         return self.sets[name]
 
-    def resolve(self, name: str, kind: str, dtype: str, scope: str, mode: str = ""
+    def resolve(self, name: str, kind: str, dtype: str, scope: str, mode: str = "",
+                layout: str = ""
                 ) -> tuple[Table | None, float, tuple[tuple[str, float, str], ...]]:
         """The table set ``name`` times ``kind`` with, the factor on its (or the roofline's)
         time, and the scalings applied: ``((set, factor, source id), ...)``. ``mode``: the EP
-        exchange mode of the step (a table measured in another mode does not apply)."""
+        exchange mode of the step, ``layout``: its MoE layout (a table measured in another
+        deployment does not apply; ``KernelSet.pick``)."""
         factor, chain = 1.0, []
         current = self.get(name)
         while current is not None:
-            table = current.tables.get((kind, dtype, scope))
-            if table is not None and mode and table.mode and table.mode != mode:
-                table = None
+            table = current.pick(kind, dtype, scope, mode, layout)
             if table is not None:
                 return table, factor, tuple(chain)
             if current.relative_to is None:
@@ -232,9 +275,13 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
     if not _member(scope, SCOPES):
         raise EpsimError(f"{where}.scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     mode = obj.get("mode", "")
-    if "mode" in obj and (kind not in ("dispatch", "combine") or not _member(mode, TABLE_MODES)):
-        raise EpsimError(f"{where}.mode must be one of {', '.join(TABLE_MODES)} (dispatch / "
-                         f"combine tables only), got {mode!r}")
+    if "mode" in obj and (kind not in MODE_KINDS or not _member(mode, TABLE_MODES)):
+        raise EpsimError(f"{where}.mode must be one of {', '.join(TABLE_MODES)} (tables of "
+                         f"{', '.join(sorted(MODE_KINDS))} only), got {mode!r}")
+    layout = obj.get("layout", "")
+    if "layout" in obj and (kind not in LAYOUT_KINDS or not _member(layout, LAYOUTS)):
+        raise EpsimError(f"{where}.layout must be one of {', '.join(LAYOUTS)} (tables of "
+                         f"{', '.join(sorted(LAYOUT_KINDS))} only), got {layout!r}")
     spec = dict(FEATURES[kind])
     given = obj.get("features")
     if not isinstance(given, list) or not given:
@@ -282,23 +329,24 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
     return Table(kind, dtype, scope, str(obj.get("quant", "")), tuple(order),
                  np.array(rows, dtype=np.float64), seconds,
                  tuple(point_sources), f"kernels.sets.{set_name}.{where.rsplit('.', 1)[-1]}",
-                 unit, tuple(secs), tuple(given), mode)
+                 unit, tuple(secs), tuple(given), mode, layout, str(obj.get("note", "")))
 
 
 def _kernel_set(name: str, obj: Any, where: str, sources: Mapping[str, Source]) -> KernelSet:
     if not isinstance(obj, Mapping):
         raise EpsimError(f"{where} must be an object")
     _unknown(obj, _SET_KEYS, where)
-    tables: dict[tuple[str, str, str], Table] = {}
+    tables: dict[TableKey, Table] = {}
     raw_tables = obj.get("tables", [])
     if not isinstance(raw_tables, list):
         raise EpsimError(f"{where}.tables must be a list")
     for i, t in enumerate(raw_tables):
         table = _table(t, f"{where}.tables[{i}]", sources, name)
-        key = (table.op, table.dtype, table.scope)
+        key = (table.op, table.dtype, table.scope, table.mode, table.layout)
         if key in tables:
+            named = f" ({table.deployment})" if table.deployment else ""
             raise EpsimError(f"{where}.tables[{i}] repeats a {table.op} {table.dtype} "
-                             f"{table.scope} table")
+                             f"{table.scope}{named} table")
         tables[key] = table
     relative_to = obj.get("relative_to")
     if relative_to is not None and (not isinstance(relative_to, str) or not relative_to):

@@ -34,6 +34,12 @@ FEATURES: dict[str, tuple[tuple[str, float | None], ...]] = {
                      ("tokens", None)),
     "attention_decode": (("qk_dim", 576.0), ("v_dim", 512.0), ("heads", None),
                          ("query_tokens", 1.0), ("batch", None), ("context", None)),
+    # prefill attention: every table lists the head widths (a table measured at other widths
+    # than the op's times it by its nearest point scaled by the roofline ratio: a transfer,
+    # marked extrapolated); ``tokens`` = new tokens per sequence, ``context`` = the cached
+    # prefix plus them (a fresh prefill: context = tokens)
+    "attention_prefill": (("qk_dim", None), ("v_dim", None), ("heads", None), ("context", None),
+                          ("batch", None), ("tokens", None)),
     "dispatch": (("hidden", None), ("ranks", None), ("tokens", None)),
     "combine": (("hidden", None), ("ranks", None), ("tokens", None)),
     "all_reduce": (("ranks", None), ("bytes", None)),
@@ -47,6 +53,20 @@ SELECTORS: dict[str, frozenset[str]] = {"gemm": frozenset({"batch"}),
                                         "attention_decode": frozenset({"qk_dim", "v_dim"})}
 COLLECTIVE_TABLES = frozenset({"dispatch", "combine", "all_reduce", "all_gather"})
 SCOPES = ("intra", "inter")
+#: the EP exchange modes a table may name (``sim.hardware.a2a.A2A_MODES``), and the kinds whose
+#: tables may: the exchanges, and the fused MoE, whose kernel follows the exchange's layout
+#: (DeepEP low-latency hands DeepGEMM's masked grouped GEMM its tokens, the normal exchange the
+#: contiguous one)
+TABLE_MODES = ("low_latency", "normal")
+MODE_KINDS = frozenset({"dispatch", "combine", "grouped_gemm"})
+#: how the plan lays the MoE experts out, which a fused-MoE table may name: ``ep`` (each rank
+#: holds whole experts of its own, tokens exchanged) or ``tp`` (TP-only: every rank holds a
+#: 1 / tp slice of every expert's inter dim and sees every token)
+LAYOUTS: dict[str, str] = {
+    "ep": "expert parallel: each rank runs its own whole experts on the tokens routed to them",
+    "tp": "TP-only MoE: every rank runs a 1/tp slice of every expert on all of its tokens",
+}
+LAYOUT_KINDS = frozenset({"grouped_gemm"})
 #: power of ten from a unit to seconds; 671.55 us becomes the double nearest 671.55e-6 (decimal
 #: arithmetic on the published digits, not a float product)
 UNITS = {"s": 0, "ms": -3, "us": -6}
@@ -69,8 +89,12 @@ class Table:
     unit / published: the times as the source gives them. Example: ``"us"``, ``[671.55, ...]``.
     listed: the features the table lists (the others sit at their defaults).
     where: the table's place in the profile, for messages. Example ``"kernels.sets.aiter.tables[0]"``.
-    mode: collectives: the EP exchange mode the kernels measured run in (``sim.hardware.a2a``:
-        ``"low_latency"`` / ``"normal"``); ``""``: any mode (it times every mode's exchanges).
+    mode: the EP exchange mode the measured kernels ran in (``sim.hardware.a2a``:
+        ``"low_latency"`` / ``"normal"``; ``MODE_KINDS`` only: an exchange, or the fused MoE
+        behind it); ``""``: any mode.
+    layout: the MoE layout it measured (``LAYOUTS``: ``"ep"`` / ``"tp"``; ``LAYOUT_KINDS``
+        only); ``""``: any.
+    note: what the table measured, as the profile says (``--explain`` prints it).
     """
 
     op: str
@@ -86,12 +110,26 @@ class Table:
     published: tuple[float, ...] = ()
     listed: tuple[str, ...] = ()
     mode: str = ""
+    layout: str = ""
+    note: str = ""
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._cache["log_x"] = np.log(self.x)
         self._cache["log_t"] = np.log(self.seconds)
         self._cache["exact"] = {tuple(row): i for i, row in enumerate(self.x.tolist())}
+
+    @property
+    def deployment(self) -> str:
+        """The selectors the table names, for messages. Example: ``"ep, low_latency"``; ``""``:
+        none (it times every deployment of its kind)."""
+        return ", ".join(filter(None, (self.layout, self.mode)))
+
+    def matches(self, mode: str, layout: str) -> bool:
+        """Whether a step in exchange ``mode`` with MoE ``layout`` may use the table (a selector
+        the step does not give, ``""``, excludes nothing)."""
+        return (not mode or not self.mode or self.mode == mode) and \
+            (not layout or not self.layout or self.layout == layout)
 
     def __len__(self) -> int:
         return len(self.seconds)

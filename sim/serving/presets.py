@@ -10,8 +10,9 @@ deployment (SGLang divides its chunk over the DP-attention ranks), so a preset i
 the hardware profile's HBM, the plan and the KV capacity: :func:`engine_settings`. Every figure
 is per dp rank, as both engines run one scheduler per DP rank (vLLM's engine core per DP rank;
 SGLang's scheduler per attention-DP worker). Explicit flags override a preset
-(:class:`EngineOverrides`). Without ``--engine`` the settings are epsim's own policy,
-``prefill_first``, with today's figures (:func:`epsim_settings`).
+(:class:`EngineOverrides`). Without ``--engine`` a deployment runs its hardware vendor's engine
+(:func:`default_engine`: vLLM on AMD, SGLang on NVIDIA); epsim's own policy stays a named option,
+``--engine prefill_first`` (:func:`epsim_settings`).
 
 The engine's host time per step is an assumption, not a measurement of these releases: 4 ms,
 the GPU idle time per decode step vLLM's multi-step RFC measured (vllm-project/vllm#6854, 2024:
@@ -36,8 +37,10 @@ SGLANG = "SGLang 0.5.23"
 GIB = 2**30
 MIB = 2**20
 
-#: epsim's own chunk per rank (the default without --engine)
+#: epsim's own chunk per rank (``--engine prefill_first``)
 EPSIM_CHUNKED_PREFILL = 8192
+#: epsim's own policy, a named option beside the engines (``--engine prefill_first``)
+PREFILL_FIRST = "prefill_first"
 #: the assumed host time per step (vllm-project/vllm#6854), milliseconds
 HOST_MS_PER_STEP = 4.0
 HOST_SOURCE = ("assumption: vllm-project/vllm#6854 measured about 4 ms of GPU idle per decode "
@@ -79,7 +82,7 @@ class EngineSettings:
     def step_policy(self, graph: bool) -> StepPolicy:
         """How each step runs (``graph``: the plan's graph mode, ``--no-graph`` off)."""
         return StepPolicy(graph=graph, dbo=self.dbo, graph_max_bs=self.cuda_graph_max_bs,
-                          prefill_eager=self.engine is not None,
+                          prefill_eager=self.engine != PREFILL_FIRST,
                           eager_if_any_prefill=self.eager_if_any_prefill,
                           dbo_min_decode_tokens=self.dbo_min_decode_tokens,
                           dbo_min_prefill_tokens=self.dbo_min_prefill_tokens,
@@ -245,38 +248,59 @@ def sglang_settings(d: Deployment) -> EngineSettings:
 # The registry and the overrides
 # --------------------------------------------------------------------------------------------
 
-ENGINES: dict[str, Callable[[Deployment], EngineSettings]] = {
-    "vllm": vllm_settings, "sglang": sglang_settings, "split": split_settings,
-}
-
-
-def epsim_settings(chunked_prefill_size: int | None = None) -> EngineSettings:
-    """epsim's own policy (no ``--engine``): prefill first, 8192-token chunks, no caps, every
-    step as the plan says, no host time."""
-    return EngineSettings(engine=None, scheduler="prefill_first",
-                          chunked_prefill_size=chunked_prefill_size or EPSIM_CHUNKED_PREFILL,
+def epsim_settings(d: Deployment | None = None) -> EngineSettings:
+    """epsim's own policy (``--engine prefill_first``): prefill first, 8192-token chunks, no
+    caps, every step as the plan says, no host time."""
+    return EngineSettings(engine=PREFILL_FIRST, scheduler="prefill_first",
+                          chunked_prefill_size=EPSIM_CHUNKED_PREFILL, dbo=False,
                           sources={"scheduler": "epsim's own policy (docs/serving.md)"})
 
 
+ENGINES: dict[str, Callable[[Deployment], EngineSettings]] = {
+    "vllm": vllm_settings, "sglang": sglang_settings, "split": split_settings,
+    PREFILL_FIRST: epsim_settings,
+}
+
+
+#: the engine a deployment runs when ``--engine`` is not given, by the hardware's vendor: the
+#: engine its vendor's published deployments use (AMD's DeepSeek deployments and the reference
+#: report run vLLM with aiter + MORI; NVIDIA's large-EP deployments and aiconfigurator's
+#: measured kernel tables are SGLang's)
+DEFAULT_ENGINE_BY_VENDOR: dict[str, str] = {"amd": "vllm", "nvidia": "sglang"}
+
+
+#: vLLM's DBO and SGLang's TBO split the batch of a DP-attention + EP deployment around its
+#: dispatch and combine (vLLM: ``--enable-dbo`` with an all2all backend; SGLang:
+#: ``--enable-two-batch-overlap`` with ``--moe-a2a-backend deepep``); neither runs on TP-only MoE
+DBO_NEEDS_EP = ("--dbo needs an expert-parallel plan (ep > 1): vLLM's DBO and SGLang's TBO "
+                "overlap the EP dispatch and combine; a TP-only plan runs one microbatch")
+
+
+def default_engine(vendor: str) -> str:
+    """The engine a deployment on ``vendor``'s hardware runs without ``--engine`` (vLLM where
+    the vendor is unknown, as for a fitted CPU profile)."""
+    return DEFAULT_ENGINE_BY_VENDOR.get(vendor, "vllm")
+
+
 def engine_dbo_default(engine: str | None) -> bool:
-    """DBO when neither ``--dbo`` nor ``--no-dbo`` is given: on without an engine (epsim's
-    default), else the engine's own."""
-    if engine is None:
-        return True
+    """DBO when neither ``--dbo`` nor ``--no-dbo`` is given: the engine's own (vLLM's
+    ``enable_dbo`` and SGLang's ``enable_two_batch_overlap`` are off by default; the reference
+    report's ``split`` engine runs it)."""
     return engine == "split"
 
 
 def engine_settings(engine: str | None, d: Deployment,
                     overrides: EngineOverrides | None = None) -> EngineSettings:
-    """The settings of ``engine`` (``None``: epsim's own) for deployment ``d``, with the
-    explicit flags of ``overrides`` in place of the preset's values."""
+    """The settings of ``engine`` for deployment ``d``, with the explicit flags of
+    ``overrides`` in place of the preset's values."""
     o = overrides or EngineOverrides()
-    if engine is None:
-        base = epsim_settings(o.chunked_prefill_size)
-        return base if o.dbo is None else replace(base, dbo=o.dbo)
     if engine not in ENGINES:
         raise EpsimError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
     s = ENGINES[engine](d)
+    if engine == PREFILL_FIRST:  # epsim's own policy has no caps to override, no host time
+        own = {k: v for k, v in (("chunked_prefill_size", o.chunked_prefill_size),
+                                 ("dbo", o.dbo)) if v is not None}
+        return replace(s, **own) if own else s
     changes: dict[str, Any] = {}
     if o.max_num_seqs is not None:
         changes["max_running_per_rank"] = o.max_num_seqs

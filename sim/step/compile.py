@@ -55,6 +55,7 @@ from .engine import CATEGORIES, Program, StepPlan, plan_steps
 from .kernels import floored, host_launch, kernel_count
 from .holds import EXCHANGES, dispatch_holds, host_holds, stragglers
 from .memo import OP_CACHE_SIZE, StepMemo, remember
+from .op_kinds import DEPLOYED, moe_layout
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,8 +172,9 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
     work = []
     seen: dict[tuple, float] = {}
     shares: dict[str, float] = {}  # per op class: the same for every op of it
+    # the MoE layout is in it: a DP plan without EP and one with EP have equal ranks and tp
     context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, captured, top_k,
-               exchange)
+               exchange, moe_layout(plan))
     for op in ops:
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         seconds = seen.get(sig)
@@ -209,7 +211,8 @@ def op_cost_key(op: Op) -> tuple:
 
 def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: bool,
                 top_k: int | None, exchange: a2a.A2AMode | None) -> float:
-    """One op's cost-model seconds (kernel tables, else the roofline)."""
+    """One op's cost-model seconds (kernel tables, else the roofline; a fused MoE's table is
+    the one deployed with the step's exchange mode and the plan's MoE layout)."""
     if op.is_collective:
         size = plan.world_size if op.dims["group"] == "ep" else plan.tp
         nodes = (np.arange(plan.world_size) // plan.gpus_per_node)[:size]
@@ -218,6 +221,8 @@ def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: 
             op, profile, partial(op_cost.nominal_collective, op, profile, nodes, captured,
                                  mode),
             nodes=nodes, captured=captured, mode=mode)
+    if op.kind in DEPLOYED:
+        return op_cost.op_time(op, profile, top_k=top_k, mode=exchange, layout=moe_layout(plan))
     return op_cost.op_time(op, profile, top_k=top_k)
 
 

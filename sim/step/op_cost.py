@@ -43,14 +43,16 @@ _DISTINCT_FROM = 256
 
 
 def _plan(op: Op, profile: HardwareProfile, top_k: int | None, nodes: np.ndarray | None,
-          mode: A2AMode | None = None):
-    """``(table or None, factor, chain, features)`` under the selected set; None: no set."""
+          mode: A2AMode | None = None, layout: str = ""):
+    """``(table or None, factor, chain, features)`` under the selected set; None: no set.
+    ``mode`` / ``layout``: the step's deployment (``kernel_sets``' selectors; None / ``""``:
+    not given)."""
     kernels = profile.kernels
     if kernels is None or profile.active_kernels is None:
         return None
     table, factor, chain = kernels.resolve(profile.kernel_set, op.kind, kernel_dtype(op),
                                            table_scope(op, nodes),
-                                           mode.name if mode is not None else "")
+                                           mode.name if mode is not None else "", layout)
     features = op_features(op, top_k) if table is not None else None
     if features is None or not table.describes(features):
         table, features = None, None
@@ -124,56 +126,60 @@ def _table_seconds_one(op: Op, profile: HardwareProfile, table: Table, fixed: tu
 
 def op_seconds(op: Op, profile: HardwareProfile, fallback: Callable[[], float], *,
                top_k: int | None = None, nodes: np.ndarray | None = None,
-               captured: bool = False, mode: A2AMode | None = None) -> float:
+               captured: bool = False, mode: A2AMode | None = None, layout: str = "") -> float:
     """``op``'s seconds under the selected kernel set; ``fallback()`` is its roofline time
-    (returned as is where no table and no speedup applies); ``mode``: an EP exchange's."""
-    secs = _seconds(op, profile, None, fallback, top_k, nodes, captured, mode)
+    (returned as is where no table and no speedup applies); ``mode``: the step's EP exchange
+    mode, ``layout``: its MoE layout (``"ep"`` / ``"tp"``), which pick the table deployed."""
+    secs = _seconds(op, profile, None, fallback, top_k, nodes, captured, mode, layout)
     return float(secs[0]) if isinstance(secs, np.ndarray) else float(secs)
 
 
-def op_time(op: Op, profile: HardwareProfile, top_k: int | None = None) -> float:
+def op_time(op: Op, profile: HardwareProfile, top_k: int | None = None, *,
+            mode: A2AMode | None = None, layout: str = "") -> float:
     """Seconds one op takes on its own (no launch cost, no interference): the selected kernel
     set's table where it has one (``top_k``: the model's, for a fused MoE op whose dims lack
-    it), else the roofline (``roofline.roofline_op_time``)."""
+    it; ``mode`` / ``layout``: the step's deployment, as :func:`op_seconds`), else the roofline
+    (``roofline.roofline_op_time``)."""
     if profile.active_kernels is not None:
         return op_seconds(op, profile, lambda: roofline.roofline_op_time(op, profile),
-                          top_k=top_k)
+                          top_k=top_k, mode=mode, layout=layout)
     return roofline.final_scaled(op, profile, roofline.roofline_op_time(op, profile))
 
 
 def answered_by_table(op: Op, profile: HardwareProfile, *, top_k: int | None = None,
-                      nodes: np.ndarray | None = None, mode: A2AMode | None = None) -> bool:
+                      nodes: np.ndarray | None = None, mode: A2AMode | None = None,
+                      layout: str = "") -> bool:
     """Whether a table of the selected set times ``op``: its routed seconds are then a function
     of the swept value alone (no fallback, whose time may read more: per-expert counts)."""
-    plan = _plan(op, profile, top_k, nodes, mode)
+    plan = _plan(op, profile, top_k, nodes, mode, layout)
     return plan is not None and plan[0] is not None
 
 
 def routed_seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray],
                    fallback: Callable[[], np.ndarray], *, top_k: int | None = None,
                    nodes: np.ndarray | None = None, captured: bool = False,
-                   mode: A2AMode | None = None) -> np.ndarray:
+                   mode: A2AMode | None = None, layout: str = "") -> np.ndarray:
     """A routed op's seconds at many values of its swept feature (``tokens``: ``swept()``, any
     shape) under the selected kernel set; ``fallback()``: the roofline's, same shape."""
-    return _seconds(op, profile, swept, fallback, top_k, nodes, captured, mode)
+    return _seconds(op, profile, swept, fallback, top_k, nodes, captured, mode, layout)
 
 
 def _seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] | None,
              fallback: Callable[[], Any], top_k: int | None, nodes: np.ndarray | None,
-             captured: bool, mode: A2AMode | None = None) -> Any:
+             captured: bool, mode: A2AMode | None = None, layout: str = "") -> Any:
     """The table's seconds at the op's own features (``swept`` None: ``[1]``) or at every value
     ``swept()`` gives its swept feature, times the set's speedups; ``fallback()`` (times them)
     where the set has no table for the op; then times the profile's fitted ``op_final_scale``
     (``roofline.final_scaled``: every timed op passes here or through ``op_time`` once)."""
     return roofline.final_scaled(op, profile, _unscaled(op, profile, swept, fallback, top_k, nodes,
-                                                    captured, mode))
+                                                    captured, mode, layout))
 
 
 def _unscaled(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] | None,
               fallback: Callable[[], Any], top_k: int | None, nodes: np.ndarray | None,
-              captured: bool, mode: A2AMode | None) -> Any:
+              captured: bool, mode: A2AMode | None, layout: str = "") -> Any:
     """:func:`_seconds` before the profile's fitted ``op_final_scale``."""
-    plan = _plan(op, profile, top_k, nodes, mode)
+    plan = _plan(op, profile, top_k, nodes, mode, layout)
     if plan is None:
         return fallback()
     table, factor, _, features = plan
@@ -193,10 +199,12 @@ def _unscaled(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] 
 
 def describe(op: Op, profile: HardwareProfile, *, tokens: float | None = None,
              top_k: int | None = None, nodes: np.ndarray | None = None,
-             captured: bool = False, mode: A2AMode | None = None) -> dict[str, Any]:
+             captured: bool = False, mode: A2AMode | None = None,
+             layout: str = "") -> dict[str, Any]:
     """How ``op`` is timed: ``{"method", "features", "table", "points", "ratio", "scaled"}``
-    (``tokens``: the swept feature's value under this step's routing)."""
-    plan = _plan(op, profile, top_k, nodes, mode)
+    (``tokens``: the swept feature's value under this step's routing; ``mode`` / ``layout``:
+    the step's deployment, which picks the table)."""
+    plan = _plan(op, profile, top_k, nodes, mode, layout)
     features = op_features(op, top_k)
     if features is not None and tokens is not None:
         features = {**features, "tokens": float(tokens)}
@@ -221,15 +229,17 @@ def describe(op: Op, profile: HardwareProfile, *, tokens: float | None = None,
 
 def explain(entries: list[tuple[Op, dict[str, Any]]], profile: HardwareProfile
             ) -> dict[str, Any]:
-    """``kernel_sources``: per op kind, the methods used (op counts), the kernel set, the points
-    used with their sources, the scalings, and the shapes outside every table with their ops."""
+    """``kernel_sources``: per op kind, the methods used (op counts), the kernel set, the tables
+    chosen (``tables``: where each sits, the deployment it measured, its note, the ops it
+    timed), the points used with their sources, the scalings, and the shapes outside every
+    table with their ops."""
     kernels = profile.kernels
     sources = kernels.sources if kernels is not None else {}
     out: dict[str, Any] = {}
     for op, how in entries:
         kind = out.setdefault(op.kind, {"kernel_set": profile.kernel_set, "methods": {},
-                                        "dtypes": {}, "points": {}, "sources": {},
-                                        "outside": {}})
+                                        "dtypes": {}, "tables": {}, "points": {},
+                                        "sources": {}, "outside": {}})
         # which number format each op of the plan computes in, and the table's quantisation
         fmt = op.dtype
         if how.get("table") is not None and how["table"].quant:
@@ -245,6 +255,10 @@ def explain(entries: list[tuple[Op, dict[str, Any]]], profile: HardwareProfile
                 kind["sources"][s["source"]] = _cite(sources, s["source"])
         table = how.get("table")
         if table is not None:
+            chosen = kind["tables"].setdefault(table.where, {
+                "table": table.where, "deployment": table.deployment or "any",
+                "mode": table.mode, "layout": table.layout, "note": table.note, "ops": 0})
+            chosen["ops"] += 1
             for i in how["points"]:
                 key = (table.where, i)
                 if key not in kind["points"]:
@@ -270,6 +284,7 @@ def explain(entries: list[tuple[Op, dict[str, Any]]], profile: HardwareProfile
             kind = out[name]
             methods = kind["methods"]
             kind["method"] = next(iter(methods)) if len(methods) == 1 else "mixed"
+            kind["tables"] = list(kind["tables"].values())
             kind["points"] = list(kind["points"].values())
             kind["outside"] = list(kind["outside"].values())
             ordered[name] = kind

@@ -18,9 +18,16 @@ Glossary:
                   time). When the graph runs the shared expert inside the fused kernel
                   (``Fusion.shared_expert_in_moe``: dims ``shared_experts``, ``shared_pairs``)
                   ``experts`` and ``top_k`` are one more per shared expert (aiter's 33 experts,
-                  top-9), and each rank's own tokens join its routed pairs;
+                  top-9), and each rank's own tokens join its routed pairs. Its table is the
+                  deployment's (``DEPLOYED``): the one naming the step's exchange mode and the
+                  plan's MoE layout (``moe_layout``), ``kernel_sets``' selectors;
                 * ``attention_decode``: ``batch`` (sequences), ``context``, ``heads``,
                   ``query_tokens``, ``qk_dim`` / ``v_dim`` (MLA: 576 / 512);
+                * ``attention_prefill``: ``batch`` (sequences), ``tokens`` (new tokens per
+                  sequence), ``context`` (the cached prefix plus them), ``heads``, ``qk_dim`` /
+                  ``v_dim`` (DeepSeek's MHA prefill: 192 / 128). A table measured at other
+                  head widths (aiconfigurator's absorbed-MLA 576 / 512, aiter's 128 / 128) times
+                  the op by its nearest point scaled by the roofline ratio (a transfer);
                 * ``dispatch`` / ``combine``: ``tokens`` per rank, ``ranks``, ``hidden``. Under
                   sampled routing ``tokens`` is the rank count that, uniformly routed, would
                   load the busiest link as much as this step's routing does. A table naming an
@@ -52,10 +59,22 @@ import numpy as np
 
 from epsim.model.dtypes import COMPUTE_DTYPE
 from epsim.model.opgraph import Op
-from epsim.sim.hardware.kernel_sets import FEATURES
+from epsim.model.plan import ParallelPlan
+from epsim.sim.hardware.kernel_sets import FEATURES, LAYOUT_KINDS
 from epsim.sim.hardware.profile import HardwareProfile
 
 from . import roofline
+
+#: kinds whose table a step picks by its deployment (exchange mode and MoE layout) besides the
+#: collectives' own exchange mode: the fused MoE, whose kernel follows both
+DEPLOYED = LAYOUT_KINDS
+
+
+def moe_layout(plan: ParallelPlan) -> str:
+    """The plan's MoE layout as kernel tables name it (``kernel_tables.LAYOUTS``): ``"ep"``
+    under expert parallelism, else ``"tp"`` (every rank holds a slice of every expert)."""
+    return "ep" if plan.expert_parallel else "tp"
+
 
 #: ``(op, top_k) -> {feature: value}``, None where no table can describe the op
 FeaturesFn = Callable[[Op, int | None], dict[str, float] | None]
@@ -134,6 +153,13 @@ def _attention_decode_features(op: Op, top_k: int | None) -> dict[str, float]:
             "v_dim": d["v_dim"]}
 
 
+def _attention_prefill_features(op: Op, top_k: int | None) -> dict[str, float]:
+    d = op.dims
+    new = d["new_tokens"]
+    return {"batch": d["seqs"], "tokens": new, "context": max(d["context"], new),
+            "heads": d["heads"], "qk_dim": d["qk_dim"], "v_dim": d["v_dim"]}
+
+
 def _exchange_features(op: Op, top_k: int | None) -> dict[str, float]:
     d = op.dims
     return {"tokens": d["tokens"], "ranks": d["group_size"], "hidden": d["hidden"]}
@@ -210,6 +236,24 @@ def _attention_decode_roofline(op: Op, profile: HardwareProfile, f: dict[str, np
     return np.maximum(flops / rate, moved / roofline.achievable_bandwidth(profile)) / occ
 
 
+def _attention_prefill_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray],
+                                inter: bool, captured: bool) -> np.ndarray:
+    """Causal attention of ``tokens`` new queries per sequence after ``context - tokens``
+    cached ones (``p``):
+    ``2 heads batch (tokens p + tokens (tokens + 1) / 2) (qk + v)`` FLOPs (the graph's
+    count); the bytes of the op per (new token, head) scaled by the head widths."""
+    d = op.dims
+    new0 = d["new_tokens"]
+    rows0 = max(d["seqs"] * new0 * d["heads"], 1e-30)
+    width0 = d["qk_dim"] + d["v_dim"]
+    b, s, h = f["batch"], f["tokens"], f["heads"]
+    p = np.maximum(f["context"] - s, 0.0)
+    width = f["qk_dim"] + f["v_dim"]
+    flops = 2.0 * h * b * (s * p + s * (s + 1.0) / 2.0) * width
+    moved = op.bytes / rows0 * b * s * h * width / width0
+    return _roof(profile, flops, moved, roofline.attention_math_dtype(op), op.kind)
+
+
 def _uniform_collective(kind: str, profile: HardwareProfile, ranks: int, per_peer: np.ndarray,
                         inter: bool, captured: bool) -> np.ndarray:
     """A collective moving ``per_peer`` bytes between every pair of ``ranks`` members."""
@@ -275,7 +319,7 @@ _EXCHANGE_KEYS = ("fabric", "nic_bandwidth_per_gpu", "efficiency.link_bandwidth_
 _COLLECTIVE_KEYS = ("fabric", "efficiency.link_bandwidth_usable",
                     "efficiency.collective_latency_s", "efficiency.collective_latency_graph_s")
 
-#: kinds only the roofline times: on the GEMM's figures (LM head, prefill attention), streaming
+#: kinds only the roofline times: on the GEMM's figures (LM head), streaming
 _COMPUTE = KindCosting(sources=_COMPUTE_KEYS)
 _STREAMING = KindCosting(sources=_STREAMING_KEYS)
 _EXCHANGE = KindCosting(sources=_EXCHANGE_KEYS, features=_exchange_features,
@@ -293,7 +337,9 @@ KIND_COSTING: dict[str, KindCosting] = {
                  "efficiency.attention_split_tokens"),
         features=_attention_decode_features, roofline_at=_attention_decode_roofline,
         table_dtype=_kv_cache_dtype),
-    "attention_prefill": _COMPUTE,
+    "attention_prefill": KindCosting(sources=_COMPUTE_KEYS,
+                                     features=_attention_prefill_features,
+                                     roofline_at=_attention_prefill_roofline),
     "norm": _STREAMING,
     "rope": _STREAMING,
     "router": _STREAMING,

@@ -232,7 +232,9 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
     captured = comp.captured
     node_s = comp.program.node_s
     ex_idx, di_idx, co_idx = comp.routed["experts"], comp.routed["dispatch"], comp.routed["combine"]
-    # fused MoE per GPU from its own experts' counts: [L, mb, gpus]
+    # fused MoE per GPU from its own experts' counts: [L, mb, gpus]; routed ops exist only
+    # under EP, so its table is the EP layout's in this step's exchange mode (decode and
+    # prefill alike: each rank's own routed pairs set its time, the imbalance included)
     per_expert = routing.slot_pairs.reshape(*routing.slot_pairs.shape[:2], gpus, -1)
     ex_op = comp.ops[ex_idx[0, 0]]
     row_tokens = comp.row_tokens  # [rows, mb]: the MoE layers' and the draft passes' own
@@ -249,18 +251,20 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
     by_value = comp.memo.get("experts_seconds")
     if by_value is None:  # worked out once per compiled batch: whether a table answers
         by_value = comp.memo["experts_seconds"] = (
-            SecondsByValue() if op_cost.answered_by_table(ex_op, profile, top_k=comp.top_k)
+            SecondsByValue() if op_cost.answered_by_table(ex_op, profile, top_k=comp.top_k,
+                                                          mode=comp.exchange, layout="ep")
             else False)
     if by_value is not False:
         # a function of the token count alone: kept per compiled batch across samples
         t_exp = by_value.get(expert_tokens(), lambda v: op_cost.routed_seconds(
-            ex_op, profile, lambda: v, lambda: _no_fallback(ex_op), top_k=comp.top_k))
+            ex_op, profile, lambda: v, lambda: _no_fallback(ex_op), top_k=comp.top_k,
+            mode=comp.exchange, layout="ep"))
     else:
         t_exp = op_cost.routed_seconds(
             ex_op, profile, expert_tokens,
             lambda: roofline.calibrated(ex_op.kind, roofline.grouped_gemm_time(ex_op, profile,
                                                                         per_expert), profile),
-            top_k=comp.top_k)
+            top_k=comp.top_k, mode=comp.exchange, layout="ep")
     nodes = np.arange(ranks) // plan.gpus_per_node
     mode = comp.exchange
     times, swept = [], {}

@@ -42,6 +42,7 @@ from .engine import CATEGORIES, Program, Timeline, run_fast
 from .exact import run_exact
 from .kernels import inventory_json
 from .memo import StepMemo, remember
+from .op_kinds import DEPLOYED, moe_layout
 from .routed import route_step
 from .routing import placed_frequencies
 
@@ -294,7 +295,8 @@ def _explain(comp: Compiled, plan: ParallelPlan, profile: HardwareProfile,
                 op, profile, tokens=tokens.get(i), top_k=comp.top_k,
                 nodes=nodes_of[:size] if op.is_collective else None,
                 captured=comp.captured,
-                mode=comp.exchange if op.kind in EXCHANGES else None)
+                mode=comp.exchange if op.kind in EXCHANGES or op.kind in DEPLOYED else None,
+                layout=moe_layout(plan) if op.kind in DEPLOYED else "")
         entries.append((op, cache[key]))
     return op_cost.explain(entries, profile)
 
