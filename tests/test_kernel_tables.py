@@ -220,7 +220,7 @@ def test_a_profile_without_kernels_is_unchanged():
     assert same.op_kinds_ms == base.op_kinds_ms and base.kernels == "none"
     plan = make_plan(R1, dp=8, ep=8)
     accept = simulate_step(R1, plan, Batch.decode(512, 2100), MI)
-    assert accept.step_ms == pytest.approx(121.72302581308695, rel=1e-12)
+    assert accept.step_ms == pytest.approx(122.46437395975384, rel=1e-12)
     # the shipped profile with its kernel set "none" is the same roofline
     shipped = simulate_step(R1, plan, Batch.decode(512, 2100), load_profile("mi300x", "none"))
     assert shipped.step_s == accept.step_s and shipped.kernels == "none"

@@ -676,6 +676,29 @@ def mi355x_sets(src: Path) -> dict[str, Any]:
         "tables": tables}}}
 
 
+REL_CAR = "comm/sglang/0.5.14/custom_allreduce_perf.parquet"
+#: SGLang's custom all-reduce: used below this many bytes on NVLink (NCCL at and above)
+CAR_MAX_BYTES = 8192 * 1024
+SGLANG_CAR = ("sgl-project/sglang python/sglang/srt/distributed/device_communicators/"
+              "custom_all_reduce.py @ 004e6561cb8ae26d62166c15782955f99f058274: "
+              "should_custom_ar returns inp_size < max_size")
+
+
+def _all_reduce_points(src: Path, gpu: str) -> list[list]:
+    """The all-reduce SGLang runs on one node: its custom all-reduce (graph rows, source
+    ``aic-car``) for messages under ``CAR_MAX_BYTES``, NCCL (``aic-nccl``) from there on."""
+    car = _parquet(src, gpu, REL_CAR)
+    car = car[car.backend == "sglang_graph"].sort_values(["num_gpus", "message_size"])
+    nc = _parquet(src, gpu, "comm/nccl/2.29.2/nccl_perf.parquet")
+    nc = nc[(nc.op_name == "all_reduce") & (nc.nccl_dtype == "half")].sort_values(
+        ["num_gpus", "message_size"])
+    points = [[int(r.num_gpus), 2 * int(r.message_size), float(r.latency), "aic-car"]
+              for r in car.itertuples() if 2 * int(r.message_size) < CAR_MAX_BYTES]
+    points += [[int(r.num_gpus), 2 * int(r.message_size), float(r.latency)]
+               for r in nc.itertuples() if 2 * int(r.message_size) >= CAR_MAX_BYTES]
+    return sorted(points, key=lambda p: (p[0], p[1]))
+
+
 #: aiconfigurator's wide-EP MoE tables (SGLang 0.5.10): {exchange mode: (file, op_name, what)}
 WIDEEP_MOE = {
     "low_latency": ("moe/sglang/0.5.10/wideep_generation_moe_perf.parquet", "moe_generation",
@@ -822,6 +845,12 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
                               f"dispatch / combine (us, *_avg_t_us), {meta} 0.5.12, one node (EP8), "
                               "hidden 7168, top-8, 256 experts, FP8 dispatch / BF16 combine, by "
                               "tokens per rank"),
+        "aic-car": _aic(gpu, REL_CAR, f"custom_allreduce_perf: SGLang's custom all-reduce "
+                        f"latency (ms), {meta} 0.5.14, the SGLang_CustomAllReduce_graph rows "
+                        "(replayed in a CUDA graph, as the collector's provenance says: "
+                        "used_cuda_graph); message_size is in elements (bf16), bytes = 2 x "
+                        "message_size. SGLang runs it for messages under CustomAllreduce's "
+                        f"_MAX_CAR_SIZE = 8192 * 1024 bytes ({SGLANG_CAR})"),
         "aic-nccl": _aic(gpu, rel_nccl, f"nccl_perf: NCCL 2.29.2 all_reduce latency (ms), {meta}'s "
                          "nccl-tests runs; nccl_dtype 'half' rows: message_size is in elements "
                          "(collector/network/collect_nccl.py), bytes = 2 x message_size; fp16 "
@@ -890,13 +919,10 @@ def nvidia_sglang_sets(src: Path, gpu: str, label: str) -> dict[str, Any]:
             [int(r.num_token), 8, HIDDEN, float(getattr(r, f"{kind}_avg_t_us"))]
             for r in ll.itertuples()], scope="intra", source="aic-deepep-ll",
             note="DeepEP low-latency kernels in one node (EP8)"))
-    nc = _parquet(src, gpu, rel_nccl)
-    nc = nc[(nc.op_name == "all_reduce") & (nc.nccl_dtype == "half")].sort_values(
-        ["num_gpus", "message_size"])
-    tables.append(_table("all_reduce", "bf16", ["ranks", "bytes"], [
-        [int(r.num_gpus), 2 * int(r.message_size), float(r.latency)] for r in nc.itertuples()],
-        unit="ms", scope="intra", source="aic-nccl",
-        note="NCCL all_reduce in one node (2, 4, 8 GPUs), fp16 buffers of 512 B - 1 GiB"))
+    tables.append(_table("all_reduce", "bf16", ["ranks", "bytes"], _all_reduce_points(src, gpu),
+                         unit="ms", scope="intra", source="aic-nccl",
+                         note="SGLang's custom all-reduce (CUDA-graph rows) below its 8 MiB "
+                              "limit, NCCL at and above it; one node, 2, 4, 8 GPUs"))
     return {"default": "sglang", "sources": sources, "sets": {"sglang": {
         "description": f"SGLang 0.5.14 on {label} as aiconfigurator measured it: DeepGEMM FP8 and "
                        "BF16 GEMMs; the fused MoE each deployment runs (TP-only: the Triton "
@@ -1033,7 +1059,8 @@ def h800_profile(h100: dict[str, Any]) -> dict[str, Any]:
         "DeepEPAll2AllManagerBase.num_sms = 20) of the 132 SMs; the DeepSeek-V3 report is quoted "
         "(secondary source: stratechery 'DeepSeek FAQ') as giving 20 of 132 SMs to communication")
     for key in ("attention_split_tokens", "collective_latency_s", "collective_latency_graph_s",
-                "graph_node_s", "gemm_tile_m", "a2a_latency_s", "graph_launch_s"):
+                "graph_node_s", "gemm_tile_m", "a2a_latency_s", "graph_launch_s",
+                "kernel_floor_s"):
         s[f"efficiency.{key}"] = "borrowed from h100 (no H800 figure): " + s[f"efficiency.{key}"]
     s["efficiency.nic_bandwidth_usable"] = (
         "deepseek-ai/DeepEP README @ 567632dd: internode normal kernels on H800 + CX7 400 Gb/s "
@@ -1068,6 +1095,56 @@ def dumps(obj: Any, indent: int = 0) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
+# --------------------------------------------------------------------------------------------
+# Kernel floors and framework dispatch (efficiency.kernel_floor_s, efficiency.framework_dispatch_s)
+# --------------------------------------------------------------------------------------------
+
+#: PyTorch's eager path of one op (Python call, dispatcher, a one-element kernel): 4.5 us
+FRAMEWORK_DISPATCH_S = 4.5e-6
+FRAMEWORK_DISPATCH_SOURCE = (
+    "https://dev-discuss.pytorch.org/t/micro-optimizations-for-the-most-micro-of-benchmarks/1836 "
+    "(PyTorch dev-discuss, J. Ansel): the eager baseline of add1(x) = x + 1 takes 4.5 us per call "
+    "on an i9-11900K (Python call + dispatcher + a one-element CPU kernel); taken as the "
+    "framework's cost of the torch op call behind each kernel of an eager engine, on every host "
+    "(assumption: the serving hosts' CPUs are of that class)")
+#: the profiles' floor: the smallest time of the GPU's measured GEMM table (a GEMM of a few KB
+#: or MB of weights: launch to finish of a kernel doing almost no work)
+_FLOOR_TABLES = {"mi300x": ("aiter", "gfx942"), "mi325x": ("aiter", "gfx942"),
+                 "mi355x": ("aiter", "gfx950"), "h100": ("aic", "h100_sxm"),
+                 "h200": ("aic", "h200_sxm")}
+
+
+def kernel_floor(src: Path, name: str) -> tuple[float, str]:
+    """``(seconds, source)``: profile ``name``'s kernel floor, the smallest point of its measured
+    GEMM table (aiter's tuned block-scale GEMMs by ``gfx``; aiconfigurator's SGLang GEMMs)."""
+    lib, tag = _FLOOR_TABLES[name]
+    if lib == "aiter":
+        with (src / "aiter" / Path(AITER_GEMM).name).open() as f:
+            rows = [r for r in csv.DictReader(f) if r["gfx"] == tag and float(r["us"]) > 0]
+        best = min(rows, key=lambda r: float(r["us"]))
+        where = (f"{AITER_REPO} {AITER_GEMM} @ {AITER_COMMIT}: the smallest {tag} point, M "
+                 f"{best['M']} N {best['N']} K {best['K']}: {best['us']} us")
+        return float(best["us"] + "e-6"), where
+    rel = "gemm/sglang/0.5.14/gemm_perf.parquet"
+    df = _parquet(src, tag, rel)
+    best = df.loc[df["latency"].idxmin()]
+    where = (f"{AIC_REPO} {AIC_DATA}/{tag}/{rel} @ {AIC_COMMIT}: the smallest point, "
+             f"{best['gemm_dtype']} m {best['m']} n {best['n']} k {best['k']}: "
+             f"{float(best['latency']) * 1e3:.3f} us")
+    return float(best["latency"]) * 1e-3, where
+
+
+def _host_and_floor(src: Path, name: str, prof: dict[str, Any]) -> None:
+    """Set ``prof``'s ``kernel_floor_s`` and ``framework_dispatch_s`` with their sources."""
+    floor, where = kernel_floor(src, name)
+    prof["efficiency"]["kernel_floor_s"] = floor
+    prof["sources"]["efficiency.kernel_floor_s"] = (
+        where + "; a kernel doing almost nothing: its launch-to-finish inside the benchmark's "
+        "timed loop is the least any kernel occupies the GPU")
+    prof["efficiency"]["framework_dispatch_s"] = FRAMEWORK_DISPATCH_S
+    prof["sources"]["efficiency.framework_dispatch_s"] = FRAMEWORK_DISPATCH_SOURCE
+
+
 def build(src: Path, profiles_dir: Path) -> dict[str, str]:
     """``{file name: new text}`` of every profile this script writes."""
     names = ("mi300x", "mi325x", "mi355x", "h100", "h200")
@@ -1079,6 +1156,8 @@ def build(src: Path, profiles_dir: Path) -> dict[str, str]:
         "h100": nvidia_sglang_sets(src, "h100_sxm", "H100 SXM"),
         "h200": nvidia_sglang_sets(src, "h200_sxm", "H200 SXM"),
     }
+    for name in names:
+        _host_and_floor(src, name, profiles[name])
     profiles["h800"] = h800_profile(profiles["h100"])
     kernels["h800"] = h800_sets(src)
     out = {}

@@ -98,6 +98,10 @@ EFFICIENCY_ROWS: tuple[tuple[str, str, float, str], ...] = (
      "the same inside a captured graph"),
     ("`graph_launch_s` (us)", "graph_launch_s", 1e6, "one graph launch"),
     ("`graph_node_s` (us)", "graph_node_s", 1e6, "GPU-side gap between two kernels"),
+    ("`kernel_floor_s` (us)", "kernel_floor_s", 1e6,
+     "least time one kernel occupies the GPU (launch to finish in a graph)"),
+    ("`framework_dispatch_s` (us)", "framework_dispatch_s", 1e6,
+     "eager: the framework's op call behind each kernel launch"),
     ("`comm_compute_slowdown`", "comm_compute_slowdown", 1.0,
      "compute lost while a comm kernel runs"),
 )

@@ -179,9 +179,24 @@ def run(args: argparse.Namespace) -> int:
         rows.append(("trace", out["trace"]))
     rows.append(("error band", band_text(out["error_band"])))
     print_table(rows)
+    if "kernel_inventory" in out:
+        print_inventory(out["kernel_inventory"])
     if "kernel_sources" in out:
         print_kernel_sources(out["kernel_sources"])
     return 0
+
+
+def print_inventory(inv: dict[str, Any]) -> None:
+    """``--explain`` without ``--json``: the kernels each op runs and what each kernel costs."""
+    print(f"kernel inventory: {inv['kernel_set']} ({inv['engine']}), "
+          f"{inv['kernels_per_step']} kernels per step"
+          + (f"; list read from {inv['source']}" if inv["source"] else ""))
+    print(f"  per kernel: floor {inv['kernel_floor_s'] * 1e6:.3f} us on the device, graph gap "
+          f"{inv['graph_node_s'] * 1e6:.3f} us; host launch {inv['kernel_launch_s'] * 1e6:.3f} us "
+          f"+ framework dispatch {inv['framework_dispatch_s'] * 1e6:.3f} us (0: captured graph)")
+    for name, entry in inv["ops"].items():
+        kernels = " + ".join(entry["kernels"]) or "(fused into a neighbour)"
+        print(f"  {name:<22} {entry['kind']:<16} x{entry['count']:<4} {kernels}")
 
 
 def _slots_text(plan: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@
     kernel_tables.py  one measured kernel table over its features, and its lookup
     kernel_sets.py    the profile's ``kernels`` section: tables grouped into kernel sets (aiter,
                       the NVIDIA stack, ...), the fusions each implies
+    kernel_inventory.py  the kernels an engine launches per op, per kernel set (data, sourced)
     a2a.py            how an engine's EP dispatch/combine move tokens (low latency or normal)
     table_guard.py    each kernel-table point's implied efficiency against the device's peaks:
                       above peak refused, below a floor flagged

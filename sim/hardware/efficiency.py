@@ -32,7 +32,7 @@ OPTIONAL_EFFICIENCY_KEYS: tuple[str, ...] = (
     "combine_latency_per_peer_s", "a2a_latency_by_group_s", "rank_compute_slowdown",
     "rank_compute_slowdown_by_kind", "comm_concurrency", "op_final_scale", "host_ms_per_step",
     "a2a_host_block_by_group_s", "exchange_straggler_fraction", "comm_compute_slowdown_by_group",
-    "rank_skew_by_group_s", "a2a_host_block_fraction",
+    "rank_skew_by_group_s", "a2a_host_block_fraction", "kernel_floor_s", "framework_dispatch_s",
 )
 #: the groups of op kinds an ``op_final_scale`` key may name (besides a kind or an op class)
 SCALE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -95,6 +95,13 @@ class Efficiency:
         node's cores: a step lasts as long as its slowest rank, the simulator's ranks run alike;
         empty unless fitted (``epsim calibrate``'s ranks sweep). Example (2 cores):
         ``{2: 1.0e-3, 4: 6.0e-3}``.
+    kernel_floor_s: the least time one kernel occupies the device inside a captured graph
+        (launch to finish of a tiny kernel, the gap to the next included); each kernel of an
+        op's inventory (``sim.hardware.kernel_inventory``) costs at least this; 0: no floor.
+        Example (MI300X, aiter's smallest tuned GEMM point): 3.2169e-6.
+    framework_dispatch_s: host seconds the framework spends per kernel outside a graph beyond
+        the driver's ``kernel_launch_s`` (PyTorch eager dispatch of the op that launches it);
+        0 unless sourced. Example: 4.5e-6.
     """
 
     gemm_flops_fraction: Mapping[str, float]
@@ -128,6 +135,8 @@ class Efficiency:
     exchange_straggler_fraction: Mapping[int, float] = field(default_factory=dict)
     comm_compute_slowdown_by_group: Mapping[int, float] = field(default_factory=dict)
     rank_skew_by_group_s: Mapping[int, float] = field(default_factory=dict)
+    kernel_floor_s: float = 0.0
+    framework_dispatch_s: float = 0.0
     a2a_host_block_fraction: Mapping[int, float] = field(default_factory=dict)
 
     def a2a_latency(self, kind: str, group_size: int) -> float:
@@ -305,7 +314,8 @@ def _optional_efficiency(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
     if unknown:
         raise EpsimError(f"{where}: efficiency.op_final_scale names no op kind, class or group: "
                          f"{', '.join(sorted(unknown))} (one of {', '.join(SCALE_KEYS)})")
-    for key in ("a2a_latency_per_peer_s", "combine_latency_per_peer_s", "host_ms_per_step"):
+    for key in ("a2a_latency_per_peer_s", "combine_latency_per_peer_s", "host_ms_per_step",
+                "kernel_floor_s", "framework_dispatch_s"):
         if key in obj:
             out[key] = _non_negative(obj[key], f"{where}: efficiency.{key}")
     if "combine_latency_s" in obj:

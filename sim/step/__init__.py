@@ -4,6 +4,8 @@
     memo.py         ``StepMemo``: what the calls of one owner share (compiled steps, samples)
     compile.py      a plan's step compiled once: the op graph's structure, each batch costed on
                     it from one layer per class
+    kernels.py      the kernel inventory's costs: each kernel's floor on the device, its
+                    launch and framework dispatch on an eager host
     op_cost.py      one op's seconds: the selected kernel set's table, else the roofline
                     (``op_time``), and how it was timed (``explain``)
     op_kinds.py     per op kind, how a table costs it (``KIND_COSTING``): features, table

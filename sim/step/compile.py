@@ -52,6 +52,7 @@ from epsim.sim.hardware.profile import HardwareProfile
 
 from . import op_cost, roofline
 from .engine import CATEGORIES, Program, StepPlan, plan_steps
+from .kernels import floored, host_launch, kernel_count
 from .holds import EXCHANGES, dispatch_holds, host_holds, stragglers
 from .memo import OP_CACHE_SIZE, StepMemo, remember
 from .op_kinds import DEPLOYED, moe_layout
@@ -187,6 +188,8 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
                                                                      top_k, exchange),
                                    OP_CACHE_SIZE)
             seen[sig] = seconds
+        if not op.is_collective:
+            seconds = floored(seconds, kernel_count(op, profile), eff.kernel_floor_s, node_s)
         seconds = seconds + node_s
         if not op.is_collective:
             kind = roofline.op_class(op)
@@ -424,7 +427,7 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         is_coll=np.array([op.is_collective for op in ops]),
         deps=tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order),
         work=np.tile(work[:, None], (1, ranks)), node_s=eff.graph_node_s, floor=floor,
-        launch_s=0.0 if captured else profile.kernel_launch_s, host_sync=host_sync,
+        launch_s=host_launch(ops, profile, captured), host_sync=host_sync,
         host_release_s=host_release_s, group_size=group_size, comm_slots=eff.comm_concurrency,
         slowdown=eff.comm_slowdown(min(ranks, plan.gpus_per_node)),
         quiet=quiet if quiet.any() else None,

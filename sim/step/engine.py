@@ -2,8 +2,10 @@
 
 Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` checks they agree):
 
-* The host issues the ops of ``OpGraph.schedule`` in order. Eager: every kernel (compute or comm)
-  costs the host ``kernel_launch_s`` and cannot start before it is issued, and after issuing an EP
+* The host issues the ops of ``OpGraph.schedule`` in order. Eager: every op (compute or comm)
+  costs the host ``Program.launch_s`` (each of its kernels' ``kernel_launch_s`` plus the
+  framework's ``framework_dispatch_s``: ``sim.hardware.kernel_inventory``) and cannot start
+  before it is issued, and after issuing an EP
   dispatch the host waits for its count exchange: until every rank of the group has reached the
   dispatch plus ``host_release_s`` (the exchange's latency), when it can read the received-token
   counts and size the expert buffers (the reason a captured graph must pad them to a static
@@ -71,7 +73,8 @@ class Program:
         collectives: start-to-end duration.
     node_s: the graph-node cost included in ``work`` of every op (0 when eager).
     floor: ``[n]`` earliest start set by the graph launch (0 when eager).
-    launch_s: eager: host seconds to launch each kernel (0 inside a captured graph).
+    launch_s: ``[n]`` eager: host seconds to issue each op: its kernels' launches and framework
+        dispatch (0 inside a captured graph); a number is taken for every op.
     host_sync: ``[n]`` bool: eager: the host waits on this collective before issuing more
         (EP dispatch: the host reads the received-token counts to size the expert buffers).
     host_release_s: ``[n]`` seconds after such a collective starts when the host resumes (the
@@ -94,7 +97,7 @@ class Program:
     work: np.ndarray
     node_s: float
     floor: np.ndarray
-    launch_s: float
+    launch_s: np.ndarray
     host_sync: np.ndarray
     host_release_s: np.ndarray
     group_size: np.ndarray
@@ -102,6 +105,16 @@ class Program:
     steps: StepPlan | None = None
     comm_slots: int = 1
     quiet: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        # one number (a test's program, a uniform launch) stands for every op's
+        launch = np.broadcast_to(np.asarray(self.launch_s, dtype=np.float64), (len(self.op_ids),))
+        object.__setattr__(self, "launch_s", np.ascontiguousarray(launch))
+
+    @property
+    def eager(self) -> bool:
+        """The host issues each op (launches or syncs): no captured graph."""
+        return bool(self.launch_s.any()) or bool(self.host_sync.any())
 
     @property
     def ranks(self) -> int:
@@ -318,7 +331,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     """The engine's semantics computed in issue order, every rank at once (module docstring):
     the walk itself is compiled (``sim.step.engine_walk.walk``), the accounting after it vectorised."""
     n, ranks = prog.work.shape
-    eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
+    eager = prog.eager
     fold = fold and not eager  # the host may hold any eager kernel: no runs
     plan = (prog.steps if prog.steps is not None and prog.steps.fold == fold
             else plan_steps(prog, fold))
@@ -341,7 +354,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
          np.asarray(prog.host_sync, dtype=np.bool_),
          np.asarray(prog.host_release_s, dtype=np.float64),
          np.zeros(n, dtype=np.bool_) if prog.quiet is None
-         else np.asarray(prog.quiet, dtype=np.bool_), float(prog.launch_s), eager,
+         else np.asarray(prog.quiet, dtype=np.bool_), prog.launch_s, eager,
          int(prog.comm_slots), float(prog.slowdown), _LAUNCH,
          start, end, held, held_cat, gaps, gap_cat, busy_all, work_steps, stream, comm_free)
     cats = prog.categories

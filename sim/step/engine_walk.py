@@ -81,7 +81,7 @@ def walk(coll, first, last, group, cat, ops_ptr, ops_idx, waits_ptr, waits_idx, 
         i0 = first[st]
         for r in range(ranks):
             if eager:
-                host[r] = host[r] + launch_s
+                host[r] = host[r] + launch_s[i0]
                 f[r] = host[r] if host[r] > floor[i0] else floor[i0]
             else:
                 f[r] = floor[i0]

@@ -55,7 +55,7 @@ class _ExactRun:
         self.barriers: dict[tuple[int, int], _Barrier] = {}
         self.compute_ops = [i for i in range(n) if not prog.is_coll[i]]
         self.coll_ops = [i for i in range(n) if prog.is_coll[i]]
-        self.eager = prog.launch_s > 0.0 or bool(prog.host_sync.any())
+        self.eager = prog.eager
         self.issued = ([[env.event() for _ in range(ranks)] for _ in range(n)] if self.eager
                        else None)
         self.begun = [[env.event() for _ in range(ranks)] for _ in range(n)]
@@ -74,8 +74,8 @@ class _ExactRun:
         """Eager: the host launches every op in issue order and waits on the syncs."""
         prog, env = self.prog, self.env
         for i in range(self.n):
-            if prog.launch_s > 0.0:
-                yield env.timeout(prog.launch_s)
+            if prog.launch_s[i] > 0.0:
+                yield env.timeout(prog.launch_s[i])
             if prog.floor[i] > env.now:
                 yield env.timeout(prog.floor[i] - env.now)
             self.issue[i, rank] = env.now

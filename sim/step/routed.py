@@ -41,6 +41,7 @@ from epsim.sim.hardware.profile import HardwareProfile
 from . import op_cost, op_kinds, roofline
 from .compile import Compiled, op_cost_key
 from .engine import Program
+from .kernels import floored, kernel_count
 from .memo import NOMINAL_KEPT, ROUTED_KEPT, SAMPLES_KEPT, StepMemo, remember
 from .routing import (
     RoutingSample,
@@ -294,7 +295,10 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
     if explain:
         swept["experts"] = expert_tokens()
     out = _RoutedTimes(weakref.ref(sampled.placement), weakref.ref(comp.graph),
-                       (t_exp + node_s) * comp.share,
+                       (floored(np.asarray(t_exp, dtype=np.float64),
+                                kernel_count(ex_op, profile),
+                                profile.require_efficiency().kernel_floor_s, node_s)
+                        + node_s) * comp.share,
                        np.asarray(times[0], dtype=np.float64),
                        np.asarray(times[1], dtype=np.float64), sampled.imbalance)
     for a in (out.experts, out.dispatch, out.combine):

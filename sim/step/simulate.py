@@ -40,6 +40,7 @@ from . import op_cost
 from .compile import EXCHANGES, Compiled, compile_step
 from .engine import CATEGORIES, Program, Timeline, run_fast
 from .exact import run_exact
+from .kernels import inventory_json
 from .memo import StepMemo, remember
 from .op_kinds import DEPLOYED, moe_layout
 from .routed import route_step
@@ -79,6 +80,8 @@ class StepResult:
     kernels: the kernel set the profile had selected (``"none"``: the roofline alone).
     kernel_sources: with ``explain=True``, per op kind how its ops on the critical rank were
         timed (``epsim.sim.step.op_cost.explain``), else None.
+    kernel_inventory: with ``explain=True``, the kernels each op runs, the kernel floor and
+        the host's per-kernel launch and dispatch (``sim.step.kernels.inventory_json``).
     draft_ms: the critical rank's MTP draft-module ops by the cost model (as ``op_kinds_ms``;
         0 without MTP).
     a2a_mode: the mode the EP dispatch/combine ran in (``epsim.sim.hardware.a2a``: ``"low_latency"``
@@ -101,6 +104,9 @@ class StepResult:
     op_kinds_ms: dict[str, float] = field(default_factory=dict)
     kernels: str = "none"
     kernel_sources: dict[str, Any] | None = field(default=None, repr=False)
+    #: with ``explain=True``: the kernels run per op and their floor and host costs
+    #: (``sim.step.kernels.inventory_json``)
+    kernel_inventory: dict[str, Any] | None = field(default=None, repr=False)
     draft_ms: float = 0.0
     a2a_mode: str = "normal"
 
@@ -129,6 +135,8 @@ class StepResult:
             "a2a_mode": self.a2a_mode,
             **({"kernel_sources": self.kernel_sources} if self.kernel_sources is not None
                else {}),
+            **({"kernel_inventory": self.kernel_inventory}
+               if self.kernel_inventory is not None else {}),
         }
 
 
@@ -258,7 +266,8 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
                      skew)
     if explain:
         result = replace(result, kernel_sources=_explain(comp, plan, profile, swept,
-                                                         result.critical_rank))
+                                                         result.critical_rank),
+                         kernel_inventory=inventory_json(comp.ops, profile, comp.captured))
     return result
 
 
