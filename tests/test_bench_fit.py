@@ -216,8 +216,8 @@ def test_an_implausible_fitted_factor_is_refused_and_the_others_refitted():
     a = [s["attention"] for s in SHARES]
     m = [s["grouped_gemm"] for s in SHARES]
     x = report["factors"]["attention"]
-    resid = [math.log((x * ai + mi) / (1.3 * ai + 0.05 * mi)) for ai, mi in zip(a, m)]
-    grad = sum(r * ai / (x * ai + mi) for r, ai, mi in zip(resid, a, m))
+    resid = [math.log((x * ai + mi) / (1.3 * ai + 0.05 * mi)) for ai, mi in zip(a, m, strict=True)]
+    grad = sum(r * ai / (x * ai + mi) for r, ai, mi in zip(resid, a, m, strict=True))
     assert 0.25 <= x <= 4.0 and abs(grad) < 1e-4  # a least-squares optimum (to LM tolerance)
     assert report["profile"] == {"efficiency": {"op_final_scale": {"attention": x}}}
 

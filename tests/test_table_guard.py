@@ -85,7 +85,6 @@ def test_grouped_gemm_and_attention_by_hand():
     att = {"op": "attention_decode", "dtype": "bf16", "unit": "us", "source": "bench",
            "features": ["batch", "context", "heads"], "points": [[2, 1000, 16, 4.747264]]}
     ks = parse_kernels(kernels(moe, att), roof=ROOF)
-    s = ks.sets["s"].tables
     assert table_guard.implied(table(ks, "grouped_gemm"), ROOF)[0][0] == \
         pytest.approx(0.5)
     eff, _, bound = table_guard.implied(table(ks, "attention_decode"), ROOF)

@@ -52,8 +52,8 @@ from epsim.sim.hardware.profile import HardwareProfile
 
 from . import op_cost, roofline
 from .engine import CATEGORIES, Program, StepPlan, plan_steps
-from .kernels import floored, host_launch, kernel_count
 from .holds import EXCHANGES, dispatch_holds, host_holds, stragglers
+from .kernels import floored, host_launch, kernel_count
 from .memo import OP_CACHE_SIZE, StepMemo, remember
 from .op_kinds import DEPLOYED, moe_layout
 
