@@ -188,7 +188,8 @@ def test_mi355x_tables():
                                                   ("dispatch", "fp8", "intra"),
                                                   ("combine", "bf16", "intra"),
                                                   ("dispatch", "fp8", "inter"),
-                                                  ("combine", "bf16", "inter")}
+                                                  ("combine", "bf16", "inter"),
+                                                  ("all_reduce", "bf16", "intra")}
     gemm = _table("mi355x", "gemm", "fp8")
     assert gemm.x[:, -1].max() <= 32768
     # the DP-attention shapes MI300X lacks: q_b 24576 x 1536, o_proj 7168 x 16384

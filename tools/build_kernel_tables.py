@@ -621,13 +621,16 @@ def amd_sets(src: Path, profiles: dict[str, dict[str, Any]], name: str) -> dict[
     prefill_sources, prefill = aiter_mha_prefill("MI325X" if name == "mi325x" else "")
     sources.update(prefill_sources)
     tables.append(prefill)
+    ar_sources, ar = amd_all_reduce(name)
+    sources.update(ar_sources)
+    tables.append(ar)
     gpu = name.upper()
     sets: dict[str, Any] = {"aiter": {
         "description": f"aiter on {gpu}: fused MoE (32 local experts + the shared expert, top-8 "
                        "+ 1) and FP8 block-scale GEMMs from aiter's tuned CSVs, MORI-EP "
                        "intra-node and internode low-latency dispatch/combine, aiter's MHA "
                        "forward for prefill attention (head dim 128, transferred to the op's "
-                       "widths); decode attention and everything else on "
+                       "widths), vLLM's custom all-reduce; decode attention and everything else on "
                        "the roofline (no nhead-128 MLA decode table is published for this GPU)",
         "plan_options": {"shared_expert_in_moe": True},
         "tables": tables}}
@@ -668,9 +671,13 @@ def mi355x_sets(src: Path) -> dict[str, Any]:
                note="aiter FP8 block-scale GEMM on gfx950 at DeepSeek-V3 shapes"),
         *_mori_tables("MI355X + AINIC", "mori-mi355x"),
     ]
+    ar_sources, ar = amd_all_reduce("mi355x")
+    sources.update(ar_sources)
+    tables.append(ar)
     return {"default": "aiter", "sources": sources, "sets": {"aiter": {
         "description": "aiter on MI355X: FP8 block-scale GEMMs (gfx950 rows of aiter's DeepSeek-V3 "
-                       "CSV) and MORI-EP intra-node and internode low-latency dispatch/combine. No fused-MoE table: aiter's "
+                       "CSV), MORI-EP intra-node and internode low-latency dispatch/combine, vLLM's custom "
+                       "all-reduce (8 GPUs). No fused-MoE table: aiter's "
                        "gfx950 DeepSeek fused-MoE rows are MoE-TP shapes only (257 experts, inter "
                        "256/512), no EP8 (33-expert) row, so the fused MoE stays on the roofline",
         "tables": tables}}}
@@ -697,6 +704,59 @@ def _all_reduce_points(src: Path, gpu: str) -> list[list]:
     points += [[int(r.num_gpus), 2 * int(r.message_size), float(r.latency)]
                for r in nc.itertuples() if 2 * int(r.message_size) >= CAR_MAX_BYTES]
     return sorted(points, key=lambda p: (p[0], p[1]))
+
+
+#: vLLM on ROCm runs its custom all-reduce below this many bytes (RCCL at and above); quick
+#: reduce is off unless VLLM_ROCM_QUICK_REDUCE_QUANTIZATION is set (default "NONE")
+VLLM_CAR_MAX_BYTES = 8192 * 1024
+VLLM_CAR = ("vllm-project/vllm vllm/distributed/device_communicators/custom_all_reduce.py @ "
+            "00d618aab60448acdf3fac3e9c4e2e22d0c6c753: CustomAllreduce(max_size=8192 * 1024), the "
+            "CUDA-only CUSTOM_ALL_REDUCE_MAX_SIZES clamp skipped on ROCm; should_custom_ar returns "
+            "inp_size < max_size on fully connected GPUs (the xGMI mesh); vllm/envs.py: "
+            "VLLM_ROCM_QUICK_REDUCE_QUANTIZATION defaults to NONE (quick reduce off)")
+#: vLLM PR #19744 (MI300X, kernel test, TP=4): the 'baseline' column, vLLM's all-reduce before
+#: quick reduce, its custom all-reduce at these sizes (the PR: "vllm keeps using custom
+#: allreduce for small inputs"); {message bytes: us}; 8 MB and up left out (RCCL runs there)
+VLLM_CAR_MI300X_TP4_US = {2 * 1024: 7.18, 16 * 1024: 7.26, 32 * 1024: 7.58, 256 * 1024: 14.39,
+                          512 * 1024: 14.65, 1024 ** 2: 22.91, 2 * 1024 ** 2: 36.64,
+                          4 * 1024 ** 2: 63.86}
+#: vLLM PR #39080 (MI355X, TP8, bf16, hidden 3072): the 'vllm/us' column, vLLM's shipped custom
+#: all-reduce before the PR's change; {tokens: us}, bytes = tokens x 3072 x 2
+VLLM_CAR_MI355X_TP8_US = {4: 6.3, 8: 6.7, 16: 7.6, 32: 10.0, 64: 13.1, 128: 16.0, 256: 24.2}
+
+
+def amd_all_reduce(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(sources, table)``: the all-reduce vLLM runs on one AMD node, its custom all-reduce
+    (below ``VLLM_CAR_MAX_BYTES``) as its PRs measured it. MI300X / MI325X: 4 GPUs only (no
+    8-GPU table of vLLM's custom all-reduce on MI300X is transcribed), so an 8-GPU lookup is
+    the nearest 4-GPU point scaled by the roofline (marked extrapolated); MI355X: 8 GPUs."""
+    if name == "mi355x":
+        sid = "vllm-car-mi355x"
+        points = [[8, tokens * 3072 * 2, us] for tokens, us in VLLM_CAR_MI355X_TP8_US.items()]
+        src = {"url": "https://github.com/vllm-project/vllm/pull/39080", "note": (
+            "vLLM PR #39080 ('[ROCM] Optimize all-reduce performances', closed unmerged), table "
+            "'TP8 (bf16, dim=3072)' on MI355X: the 'vllm/us' column, vLLM's custom all-reduce "
+            "as shipped before the PR, tokens 4-256 (24 KiB - 1.5 MiB), bytes = tokens x 3072 "
+            f"x 2. vLLM runs it below 8 MiB ({VLLM_CAR})")}
+        note = "vLLM's custom all-reduce on MI355X, 8 GPUs, 24 KiB - 1.5 MiB"
+    else:
+        sid = "vllm-car-mi300x" + ("-to-mi325x" if name == "mi325x" else "")
+        points = [[4, b, us] for b, us in VLLM_CAR_MI300X_TP4_US.items() if b < VLLM_CAR_MAX_BYTES]
+        applied = (" Applied to MI325X unchanged (same gfx942 die and xGMI links: an "
+                   "assumption)" if name == "mi325x" else "")
+        src = {"url": "https://github.com/vllm-project/vllm/pull/19744", "note": (
+            "vLLM PR #19744 ('[Feature][Rocm] add quick all reduce for rocm', merged), kernel "
+            "test on MI300X, table 'TP=4': the 'baseline' column (us), vLLM's all-reduce "
+            "without quick reduce, i.e. its custom all-reduce at these sizes (the PR: 'vllm "
+            "keeps using custom allreduce for small inputs'), 2 KB - 4 MB (KB = 1024 bytes); "
+            f"8 MB and up left out (RCCL runs there: {VLLM_CAR}). No 8-GPU table is "
+            "transcribed: an 8-GPU all-reduce is the nearest 4-GPU point scaled by the "
+            "roofline ratio (extrapolated)." + applied)}
+        note = "vLLM's custom all-reduce on MI300X, 4 GPUs, 2 KB - 4 MB"
+    table = _table("all_reduce", "bf16", ["ranks", "bytes"], points, scope="intra", source=sid,
+                   note=note + "; outside it the nearest point scaled by the roofline "
+                        "(extrapolated)")
+    return {sid: src}, table
 
 
 #: aiconfigurator's wide-EP MoE tables (SGLang 0.5.10): {exchange mode: (file, op_name, what)}
@@ -1032,7 +1092,8 @@ def h800_profile(h100: dict[str, Any]) -> dict[str, Any]:
                                   "to a CX7 InfiniBand 400 Gb/s RDMA network card (~50 GB/s "
                                   f"maximum bandwidth)'; {_AIC_H800}: inter_node_bw 50e9")
     s["cache_bytes"] = "borrowed from h100: 50 MB L2 (same GH100 die)"
-    s["kernel_launch_s"] = "borrowed from h100 (CUDA launch overhead, about 4 us)"
+    s["kernel_launch_s"] = ("borrowed from h100 (CUDA launch overhead, about 4 us; an "
+                            "assumption there: no primary launch microbenchmark cited)")
     e = prof["efficiency"]
     e["gemm_flops_fraction"] = dict(e["gemm_flops_fraction"])
     e["gemm_flops_fraction"]["fp8"] = DEEPGEMM_BEST_DENSE_TFLOPS * 1e12 / H800_PEAK_FLOPS["fp8"]
