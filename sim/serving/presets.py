@@ -216,8 +216,10 @@ def _vllm_like(engine: str, scheduler: str, d: Deployment, dbo: bool, dbo_source
             "host_dp_sync_ms": HOST_SOURCES["vllm_dp_sync"],
             "host_overlap": f"{VLLM} vllm/config/vllm.py async_scheduling on by default "
                             "(auto: on unless a pooling model, an incompatible speculative "
-                            "method or executor; eager mode and DP keep it; default since "
-                            "vllm-project/vllm#27614, opt-in --async-scheduling before)",
+                            "method or executor, DP not among them; a vLLM 0.19.1 log with "
+                            "--enforce-eager says 'Asynchronous scheduling is enabled.'; default "
+                            "since vllm-project/vllm#27614, on in v0.16.0 server logs; opt-in "
+                            "--async-scheduling before, vllm-project/vllm#19970)",
         })
 
 
