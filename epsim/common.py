@@ -249,9 +249,13 @@ def add_engine_args(parser: argparse.ArgumentParser, *, lists: bool = False) -> 
              help="the largest decode batch per rank a captured graph replays; larger steps "
              "run eagerly")
     add_flag(g, "--host-ms-per-step", default=None, metavar="MS",
-             help="the engine's host time per step (scheduling, inputs, sampling), overlapped "
-             "with the GPU as both engines do (default: 4 under vllm, sglang and split, an "
-             "assumption; 0 under prefill_first)")
+             help="pin the engine's host time per step to a flat value (scheduling, inputs, "
+             "sampling, output processing); default: the engine's host model, by requests "
+             "per rank (docs/serving.md); 0 under prefill_first")
+    g.add_argument("--no-host-overlap", action="store_true",
+                   help="the host's work adds to each step instead of overlapping the GPU "
+                   "(vLLM before async scheduling became its default, or "
+                   "--no-async-scheduling; SGLang --disable-overlap-schedule)")
 
 
 def add_scenario_args(parser: argparse.ArgumentParser, *, lists: bool = False,
@@ -300,6 +304,7 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         engine=v["engine"], max_num_seqs=v["max_num_seqs"],
         max_num_batched_tokens=v["max_num_batched_tokens"],
         cuda_graph_max_bs=v["cuda_graph_max_bs"], host_ms_per_step=v["host_ms_per_step"],
+        host_overlap=False if v.get("no_host_overlap") else None,
         goodput=goodput_slos(v.get("goodput")),
         **_instances_from_args({**v, "disagg": v["disagg"] or vars(args).get("disagg")}),
     )

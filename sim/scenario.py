@@ -97,8 +97,10 @@ class Scenario:
         ``"prefill_first"``: ``sim/serving/presets.py``) or ``None``: the hardware vendor's
         engine (``presets.default_engine``: vLLM on AMD, SGLang on NVIDIA); ``dbo`` ``None``
         takes the engine's default (off in vLLM and SGLang).
-    max_num_seqs / max_num_batched_tokens / cuda_graph_max_bs / host_ms_per_step: explicit
-        values in place of the engine's (``None``: the engine's).
+    max_num_seqs / max_num_batched_tokens / cuda_graph_max_bs / host_ms_per_step /
+        host_overlap: explicit values in place of the engine's (``None``: the engine's;
+        ``host_overlap=False``: the host's work adds to each step, as vLLM without async
+        scheduling or SGLang with ``--disable-overlap-schedule`` run).
     goodput: vLLM's ``--goodput`` SLOs, ``(("ttft", ms), ...)`` (``metrics.goodput_slos``);
         with any, the result has ``request_goodput``.
     instance_nodes: each side (prefill and decode under ``disagg``, else ``nodes``) cut into
@@ -139,6 +141,7 @@ class Scenario:
     max_num_batched_tokens: int | None = None
     cuda_graph_max_bs: int | None = None
     host_ms_per_step: float | None = None
+    host_overlap: bool | None = None
     goodput: tuple[tuple[str, float], ...] = ()
     instance_nodes: int | None = None
     router: str = "round_robin"
@@ -365,7 +368,7 @@ def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
         max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
         chunked_prefill_size=sc.chunked_prefill_size, cuda_graph_max_bs=sc.cuda_graph_max_bs,
         dbo=sc.dbo, host_ms_per_step=sc.host_ms_per_step if sc.host_ms_per_step is not None
-        else _fitted_host_ms(profile))
+        else _fitted_host_ms(profile), host_overlap=sc.host_overlap)
     return engine_settings(sc.engine or default_engine(profile.vendor), deployment, overrides)
 
 

@@ -47,7 +47,10 @@ def test_vllm_defaults_by_device_memory():
     # capture sizes up to min(max_num_seqs * 2, 512); DBO off, thresholds 32 / 512
     assert s.cuda_graph_max_bs == 512
     assert (s.dbo, s.dbo_min_decode_tokens, s.dbo_min_prefill_tokens) == (False, 32, 512)
-    assert s.host_ms_per_step == HOST_MS_PER_STEP == 4.0 and s.host_overlap
+    # host: 0.62 ms / 32 requests per request, 0.1 ms of DP sync at dp 8, overlapped
+    assert (s.host_ms_per_step, s.host_us_per_request, s.host_dp_sync_ms) == (0.0, 19.375, 0.1)
+    assert s.host_overlap and engine_settings("sglang", R1_MI300X).host_ms_per_step == 4.0
+    assert HOST_MS_PER_STEP == 4.0
     assert engine_settings("vllm", on(48)).cuda_graph_max_bs == 512  # min(256 * 2, 512)
 
 

@@ -186,13 +186,17 @@ class Server:
             seqs = rank_counts(ids, st.rank, ranks)
         peak = max(seqs.tolist()) if len(ids) else 0
         self.peak = max(self.peak, peak)
-        dt = side.decode.wall(max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0))
         kind = "mixed" if (pre and len(ids)) else ("prefill" if pre else "decode")
         prompt = np.zeros(ranks, dtype=np.int64)
+        chunks = np.zeros(ranks, dtype=np.int64)
         prompt_total = 0
         for r, chunk in plan.prefill.items():
             prompt[r] = rank_prompt = sum(n for _, n in chunk)
+            chunks[r] = len(chunk)
             prompt_total += rank_prompt
+        # the host's work grows with each rank's requests and scheduled tokens
+        dt = side.decode.wall(max(pre.seconds if pre else 0.0, dec.seconds if dec else 0.0),
+                              seqs + chunks, seqs + prompt)
         tokens = len(ids) if counts is None else int(counts.sum())
         return StepRecord(side.name, t, dt, kind, tokens, prompt_total,
                           max_seqs, ctx, dec, side.kv.usage(), prompt, seqs, **self.counts(),

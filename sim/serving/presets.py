@@ -14,12 +14,16 @@ SGLang's scheduler per attention-DP worker). Explicit flags override a preset
 (:func:`default_engine`: vLLM on AMD, SGLang on NVIDIA); epsim's own policy stays a named option,
 ``--engine prefill_first`` (:func:`epsim_settings`).
 
-The engine's host time per step is an assumption, not a measurement of these releases: 4 ms,
-the GPU idle time per decode step vLLM's multi-step RFC measured (vllm-project/vllm#6854, 2024:
-"about 4ms of GPU bubble" per step, Llama-3-8B, vLLM V0). Both current releases overlap it with
-the GPU (vLLM's async scheduling, on by default: ``vllm/config/vllm.py``; SGLang's overlap
-scheduler, ``disable_overlap_schedule = False``: ``srt/arg_groups/fields/schedule.py``), so it
-is charged only where a step is shorter than it.
+The engine's host work per step (:data:`HOST_SOURCES`) is fixed + per request + per token, plus
+a per-step DP synchronisation when dp > 1, on the busiest rank. vLLM's per-request term is the
+one measured figure: its V1 engine loop run with a no-op model costs 0.62 ms per step at 32
+requests (tenstorrent/vllm#305), all of it put on the per-request term; its fixed and per-token
+terms are 0 and its DP synchronisation 0.1 ms, assumptions. SGLang keeps the flat 4 ms (the GPU
+idle per decode step of vllm-project/vllm#6854, vLLM V0), an assumption: no per-request
+measurement of it was found. Both current releases overlap the host with the GPU (vLLM's async
+scheduling, on by default: ``vllm/config/vllm.py``; SGLang's overlap scheduler,
+``disable_overlap_schedule = False``: ``srt/arg_groups/fields/schedule.py``), so it is charged
+only where a step is shorter than it.
 """
 
 from __future__ import annotations
@@ -41,11 +45,32 @@ MIB = 2**20
 EPSIM_CHUNKED_PREFILL = 8192
 #: epsim's own policy, a named option beside the engines (``--engine prefill_first``)
 PREFILL_FIRST = "prefill_first"
-#: the assumed host time per step (vllm-project/vllm#6854), milliseconds
+#: the assumed host time per step (vllm-project/vllm#6854), milliseconds: SGLang's flat term
 HOST_MS_PER_STEP = 4.0
 HOST_SOURCE = ("assumption: vllm-project/vllm#6854 measured about 4 ms of GPU idle per decode "
                "step (vLLM V0, Llama-3-8B); overlapped by both engines' default schedulers")
-
+#: vLLM V1's host microseconds per request in a step: its engine loop (scheduler, input
+#: preparation, output processing) with a no-op model, 0.62 ms per step at 32 requests, DP 1
+#: (tenstorrent/vllm#305, 2026-01-28, after its optimisation), divided by the 32 requests
+VLLM_HOST_US_PER_REQUEST = 0.62e3 / 32
+#: vLLM's per-step all-reduce of the DP ranks' token counts (``vllm/v1/worker/dp_utils.py``),
+#: milliseconds: "100s of microseconds" over NCCL, ~10 ms over gloo across two nodes
+#: (vllm-project/vllm#24105, which moved it to NCCL); 0.1 ms, the low end, is an assumption
+VLLM_HOST_DP_SYNC_MS = 0.1
+HOST_SOURCES = {
+    "vllm_per_request": "tenstorrent/vllm#305: vLLM V1 with a no-op model (DummyNoOpModel), "
+                        "0.62 ms host time per decode step at batch 32, DP 1; all of it put "
+                        "on the per-request term (an upper bound on that term), 0.62/32 ms",
+    "vllm_fixed": "assumption: 0 (the no-op measurement has one batch size, so its fixed "
+                  "part is not separated; all of it is on the per-request term)",
+    "per_token": "assumption: 0 (no published per-token host measurement found)",
+    "vllm_dp_sync": "assumption: 0.1 ms when dp > 1, the low end of vllm-project/vllm#24105's "
+                    "'100s of microseconds' for the NCCL all-reduce of the DP token counts",
+    "sglang": HOST_SOURCE + "; no per-request or DP-sync measurement found (0)",
+}
+#: the settings' fields of the host model, echoed with their sources
+HOST_FIELDS = ("host_ms_per_step", "host_us_per_request", "host_us_per_token", "host_dp_sync_ms",
+               "host_overlap")
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -59,7 +84,10 @@ class EngineSettings:
     dbo / dbo_min_decode_tokens / dbo_min_prefill_tokens: two microbatches, and above which
         tokens per rank.
     eager_if_any_prefill: a step with any prefill runs eagerly on every rank.
-    host_ms_per_step / host_overlap: the host's time per step and whether it overlaps the GPU.
+    host_ms_per_step / host_us_per_request / host_us_per_token / host_dp_sync_ms: the host's
+        work per step on the busiest rank, fixed + per request + per token + the DP ranks'
+        synchronisation (``--host-ms-per-step`` pins a flat value, the others 0).
+    host_overlap: whether the host overlaps the GPU (a step lasts ``max(GPU, host)``).
     mixed_chunk: SGLang's ``enable_mixed_chunk``.
     sources: field -> where the figure comes from (file and release, or "flag").
     """
@@ -75,6 +103,9 @@ class EngineSettings:
     dbo_min_prefill_tokens: int = 0
     eager_if_any_prefill: bool = False
     host_ms_per_step: float = 0.0
+    host_us_per_request: float = 0.0
+    host_us_per_token: float = 0.0
+    host_dp_sync_ms: float = 0.0
     host_overlap: bool = True
     mixed_chunk: bool = False
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -86,7 +117,11 @@ class EngineSettings:
                           eager_if_any_prefill=self.eager_if_any_prefill,
                           dbo_min_decode_tokens=self.dbo_min_decode_tokens,
                           dbo_min_prefill_tokens=self.dbo_min_prefill_tokens,
-                          host_s=self.host_ms_per_step / 1e3, host_overlap=self.host_overlap)
+                          host_s=self.host_ms_per_step / 1e3,
+                          host_per_request_s=self.host_us_per_request / 1e6,
+                          host_per_token_s=self.host_us_per_token / 1e6,
+                          host_dp_sync_s=self.host_dp_sync_ms / 1e3,
+                          host_overlap=self.host_overlap)
 
     def echo(self) -> dict[str, Any]:
         """The settings as a result reports them."""
@@ -95,7 +130,13 @@ class EngineSettings:
                 "max_num_batched_tokens": self.max_batched_tokens,
                 "chunked_prefill_size": self.chunked_prefill_size,
                 "cuda_graph_max_bs": self.cuda_graph_max_bs,
-                "host_ms_per_step": self.host_ms_per_step}
+                "host_ms_per_step": self.host_ms_per_step,
+                "host": {"fixed_ms": self.host_ms_per_step,
+                         "per_request_us": self.host_us_per_request,
+                         "per_token_us": self.host_us_per_token,
+                         "dp_sync_ms": self.host_dp_sync_ms, "overlap": self.host_overlap,
+                         "sources": {k: self.sources[k] for k in HOST_FIELDS
+                                     if k in self.sources}}}
 
 
 @dataclass(frozen=True)
@@ -108,6 +149,7 @@ class EngineOverrides:
     cuda_graph_max_bs: int | None = None
     dbo: bool | None = None
     host_ms_per_step: float | None = None
+    host_overlap: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +197,8 @@ def _vllm_like(engine: str, scheduler: str, d: Deployment, dbo: bool, dbo_source
         max_running_per_rank=seqs, max_batched_tokens=tokens,
         cuda_graph_max_bs=vllm_capture_max(seqs, tokens), dbo=dbo,
         dbo_min_decode_tokens=32, dbo_min_prefill_tokens=512, eager_if_any_prefill=True,
-        host_ms_per_step=HOST_MS_PER_STEP, host_overlap=True,
+        host_ms_per_step=0.0, host_us_per_request=VLLM_HOST_US_PER_REQUEST,
+        host_dp_sync_ms=VLLM_HOST_DP_SYNC_MS if d.dp > 1 else 0.0, host_overlap=True,
         sources={
             "scheduler": f"{VLLM} vllm/v1/core/sched/scheduler.py Scheduler.schedule",
             "max_num_batched_tokens": batch_src, "max_num_seqs": batch_src,
@@ -167,8 +210,16 @@ def _vllm_like(engine: str, scheduler: str, d: Deployment, dbo: bool, dbo_source
             "dbo": dbo_source,
             "dbo_thresholds": f"{VLLM} vllm/config/parallel.py dbo_decode_token_threshold 32, "
                               "dbo_prefill_token_threshold 512",
-            "host_ms_per_step": HOST_SOURCE,
-            "host_overlap": f"{VLLM} vllm/config/vllm.py async_scheduling on by default",
+            "host_ms_per_step": HOST_SOURCES["vllm_fixed"],
+            "host_us_per_request": HOST_SOURCES["vllm_per_request"],
+            "host_us_per_token": HOST_SOURCES["per_token"],
+            "host_dp_sync_ms": HOST_SOURCES["vllm_dp_sync"],
+            "host_overlap": f"{VLLM} vllm/config/vllm.py async_scheduling on by default "
+                            "(auto: on unless a pooling model, an incompatible speculative "
+                            "method or executor, DP not among them; a vLLM 0.19.1 log with "
+                            "--enforce-eager says 'Asynchronous scheduling is enabled.'; default "
+                            "since vllm-project/vllm#27614, on in v0.16.0 server logs; opt-in "
+                            "--async-scheduling before, vllm-project/vllm#19970)",
         })
 
 
@@ -238,7 +289,7 @@ def sglang_settings(d: Deployment) -> EngineSettings:
             "dbo": f"{SGLANG} srt/arg_groups/fields/exec_.py enable_two_batch_overlap = False",
             "mixed_chunk": f"{SGLANG} srt/arg_groups/fields/schedule.py enable_mixed_chunk = "
                            "False",
-            "host_ms_per_step": HOST_SOURCE,
+            "host_ms_per_step": HOST_SOURCES["sglang"],
             "host_overlap": f"{SGLANG} srt/arg_groups/fields/schedule.py "
                             "disable_overlap_schedule = False",
         })
@@ -313,9 +364,12 @@ def engine_settings(engine: str | None, d: Deployment,
             changes["chunked_prefill_size"] = o.max_num_batched_tokens
     for name, value in (("chunked_prefill_size", o.chunked_prefill_size),
                         ("cuda_graph_max_bs", o.cuda_graph_max_bs), ("dbo", o.dbo),
-                        ("host_ms_per_step", o.host_ms_per_step)):
+                        ("host_ms_per_step", o.host_ms_per_step),
+                        ("host_overlap", o.host_overlap)):
         if value is not None:
             changes[name] = value
+    if o.host_ms_per_step is not None:  # a flat value: the batch terms give way
+        changes.update(host_us_per_request=0.0, host_us_per_token=0.0, host_dp_sync_ms=0.0)
     flagged = {k: "flag" for k in changes}
     s = replace(s, **changes, sources={**s.sources, **flagged}) if changes else s
     if engine != "sglang" and s.max_batched_tokens < (s.max_running_per_rank or 0):

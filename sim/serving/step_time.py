@@ -234,7 +234,11 @@ class StepPolicy:
         attention decides graph replay for all ranks together).
     dbo_min_decode_tokens / dbo_min_prefill_tokens: DBO splits a rank's batch only above these
         tokens (vLLM's ``dbo_decode_token_threshold`` / ``dbo_prefill_token_threshold``).
-    host_s: the engine's host seconds per step (scheduling, input preparation, sampling).
+    host_s / host_per_request_s / host_per_token_s / host_dp_sync_s: the engine's host work per
+        step on the busiest rank (scheduling, input preparation, sampling, output processing,
+        the DP ranks' per-step synchronisation): fixed seconds, seconds per request the rank
+        runs in the step, per token it schedules, and per step when dp > 1
+        (:meth:`host_seconds`).
     host_overlap: the host prepares the next step while the GPU runs this one (vLLM's async
         scheduling, SGLang's overlap scheduler): a step lasts ``max(GPU, host)``; else the sum.
     """
@@ -247,7 +251,19 @@ class StepPolicy:
     dbo_min_decode_tokens: int = 0
     dbo_min_prefill_tokens: int = 0
     host_s: float = 0.0
+    host_per_request_s: float = 0.0
+    host_per_token_s: float = 0.0
+    host_dp_sync_s: float = 0.0
     host_overlap: bool = True
+
+    def host_seconds(self, requests: int | np.ndarray = 0, tokens: int | np.ndarray = 0
+                     ) -> float:
+        """The host's seconds for a step whose ranks run ``requests`` requests scheduling
+        ``tokens`` tokens (numbers, or arrays by rank): every rank's engine core works in
+        parallel and the ranks meet each step, so the busiest rank sets the step's host time."""
+        per_rank = (self.host_per_request_s * np.asarray(requests)
+                    + self.host_per_token_s * np.asarray(tokens))
+        return self.host_s + self.host_dp_sync_s + float(np.max(per_rank, initial=0.0))
 
 
 class EngineStepTime:
@@ -325,9 +341,11 @@ class EngineStepTime:
         return StepCost(pre.seconds + att_ms / 1e3, breakdown, pre.expert_imbalance,
                         pre.exposed_comm_ms)
 
-    def wall(self, gpu_s: float) -> float:
-        """The step's wall time given its GPU time and the host's."""
-        host = self.policy.host_s
+    def wall(self, gpu_s: float, requests: int | np.ndarray = 0,
+             tokens: int | np.ndarray = 0) -> float:
+        """The step's wall time given its GPU time and the host's (``requests`` and ``tokens``
+        of the step, by rank or of the busiest rank: :meth:`StepPolicy.host_seconds`)."""
+        host = self.policy.host_seconds(requests, tokens)
         if not host:
             return gpu_s
         return max(gpu_s, host) if self.policy.host_overlap else gpu_s + host
