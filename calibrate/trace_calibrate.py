@@ -234,8 +234,10 @@ def fit_trace(dep: Deployment, measured: Mapping[str, float], raw: Mapping[str, 
                 obj = copy.deepcopy(dict(raw))
                 return obj, simulate_kinds(dep, kernels="none",
                                            profile=profile_from_dict(obj)), refused
-        if fitted and all(abs(simulated[k] - todo[k]) <= FIT_TOLERANCE * todo[k]
-                          for k in factors):
+        # a round that refused a kind refits without it: the profile must not keep the
+        # refused kind's earlier (in-range) estimate
+        if fitted and not bad and all(abs(simulated[k] - todo[k]) <= FIT_TOLERANCE * todo[k]
+                                      for k in factors):
             return obj, simulated, refused
         obj, fitted = fit_profile(raw, factors, note), True
     return obj, simulate_kinds(dep, kernels="none", profile=profile_from_dict(obj)), refused

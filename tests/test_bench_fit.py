@@ -40,9 +40,13 @@ def perturbed(raw, scale=None, host=None):
 def test_final_scale_multiplies_each_class_under_any_kernel_set(kernels):
     model = load_model("tiny-deepseek")
     plan = make_plan(model, nodes=1, gpus_per_node=2, dp=2, ep=2, microbatches=1)
-    base = load_profile("mi300x", kernels=kernels)
+    # the scale multiplies the time the table or roofline gives, before the kernel floors
+    # (sim/step/kernels.py): with the floors at 0 the op kinds' times scale exactly
+    raw = json.loads(json.dumps(load_profile("mi300x").raw))
+    raw["efficiency"]["kernel_floor_s"] = 0.0
+    base = profile_from_dict(raw).with_kernels(kernels)
     scale = {"attention": 1.3, "grouped_gemm": 0.8, "communication": 2.0}
-    fitted = profile_from_dict(perturbed(base.raw, scale)).with_kernels(kernels)
+    fitted = profile_from_dict(perturbed(raw, scale)).with_kernels(kernels)
     batch = Batch.decode(16, 1000)
     before = simulate_step(model, plan, batch, base).op_kinds_ms
     after = simulate_step(model, plan, batch, fitted).op_kinds_ms
@@ -77,8 +81,10 @@ def test_a_fitted_host_time_acts_under_an_engine_and_a_flag_overrides_it(epsim, 
         r = epsim(*common, *extra)
         assert r.returncode == 0, r.stderr
         tpot[label] = json.loads(r.stdout)["mean_tpot_ms"]
-    # the tiny model's GPU step is far below the host time, which it overlaps: TPOT = host
-    assert tpot == pytest.approx({"shipped": 4.0, "fitted": 6.0, "flag": 5.0})
+    # the tiny model's GPU step is far below a fitted or flagged host time, which it overlaps:
+    # TPOT = host; the shipped vLLM host model (19.4 us per request + 0.1 ms DP sync) is not
+    assert tpot["fitted"] == pytest.approx(6.0) and tpot["flag"] == pytest.approx(5.0)
+    assert tpot["shipped"] < 1.0
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ latency. Shipped GPU profiles have none of these, so their times are the plain r
 Profiles fitted to measured runs (``epsim calibrate --from-bench``) carry
 ``efficiency.op_final_scale``: a factor per op class, kind or group on the op's *final* time,
 whatever timed it (a kernel table or this roofline; :func:`final_scaled`, applied once per op by
-``op_cost.op_time`` and by ``op_cost``'s timers).
+``op_cost.op_time`` and by ``op_cost``'s timers), before the kernel floors
+(``sim.step.kernels.floored``) hold it at least the device's smallest kernel time.
 
 Measured kernel tables: where the profile's selected kernel set (``HardwareProfile.kernel_set``)
 has a table for an op, ``op_time`` takes the table's time (``epsim.sim.step.op_cost``); this
