@@ -142,3 +142,19 @@ def test_routed_fused_moe_keeps_its_kernels_floors():
     assert moe and len(kernels_of("aiter", "grouped_gemm", "moe.experts")) == 4
     for e in moe:
         assert e.dur_us == pytest.approx(4 * floor * 1e6)
+
+
+def test_the_fused_moes_kernels_follow_the_deployed_grouped_gemm():
+    # SGLang on NVIDIA: DeepGEMM masked under the low-latency exchange (4 kernels), contiguous
+    # under the normal one (8), the Triton fused MoE for TP-only MoE (7)
+    masked = kernels_of("sglang", "grouped_gemm", "moe.experts", ("ep", "low_latency"))
+    contiguous = kernels_of("sglang", "grouped_gemm", "moe.experts", ("ep", "normal"))
+    triton = kernels_of("sglang", "grouped_gemm", "moe.experts", ("tp", ""))
+    assert (len(masked), len(contiguous), len(triton)) == (4, 8, 7)
+    assert masked[0] == "m_grouped_gemm_masked_gate_up" and "ep_scatter" in contiguous
+    assert kernels_of("sglang", "norm", "norm", ("ep", "low_latency")) == ("fused_add_rmsnorm",)
+    # a two-node EP16 decode step runs the low-latency exchange: its inventory says masked
+    model = load_model("deepseek-v3")
+    plan = make_plan(model, nodes=2, gpus_per_node=8, dp=16, ep=16)
+    out = simulate_step(model, plan, Batch.decode(64, 1000), load_profile("h100"), explain=True)
+    assert out.to_json()["kernel_inventory"]["ops"]["moe.experts"]["kernels"] == list(masked)

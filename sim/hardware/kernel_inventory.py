@@ -22,9 +22,9 @@ Each inventory names the model file it was read from. The kernel names are descr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["INVENTORIES", "Inventory", "kernels_of"]
+__all__ = ["INVENTORIES", "NO_DEPLOYMENT", "Inventory", "kernels_of"]
 
 #: one FP8 GEMM: the activations are quantised (per token, per 1x128 block) by their own kernel
 _FP8_GEMM = ("act_quant_fp8", "gemm_fp8")
@@ -37,12 +37,19 @@ class Inventory:
     kernel_set: the profile's kernel-set name (``"aiter"``). engine: who launches them.
     source: where the list was read (repository, path, commit).
     kernels: ``{op name or kind: (kernel, ...)}``. Example: ``{"norm": ("fused_add_rmsnorm",)}``.
+    deployed: per ``(MoE layout, exchange mode)`` of a step, the entries that replace
+        ``kernels``' for that deployment (the kernel set's per-deployment tables,
+        ``sim.hardware.kernel_sets``). Example: ``{("ep", "low_latency"): {"grouped_gemm":
+        (...)}}``. deployed_source: where those lists were read.
     """
 
     kernel_set: str
     engine: str
     source: str
     kernels: Mapping[str, tuple[str, ...]]
+    deployed: Mapping[tuple[str, str], Mapping[str, tuple[str, ...]]] = field(
+        default_factory=dict)
+    deployed_source: str = ""
 
 
 #: the layer as vLLM's DeepSeek-V2/V3 model file lays it out (the SGLang file has the same
@@ -104,7 +111,20 @@ INVENTORIES: dict[str, Inventory] = {
                       "mla_decode_combine"),
         "grouped_gemm": ("moe_align_block_size", "act_quant_fp8", "fused_moe_gate_up",
                          "silu_and_mul", "act_quant_fp8", "fused_moe_down", "moe_sum"),
-    }),
+    }, deployed={
+        # DeepEP's low-latency dispatch hands over FP8 tokens per expert (masked layout):
+        # DeepEPMoE.forward_deepgemm_masked
+        ("ep", "low_latency"): {"grouped_gemm": (
+            "m_grouped_gemm_masked_gate_up", "silu_and_mul_masked_post_quant",
+            "tma_aligned_scale", "m_grouped_gemm_masked_down")},
+        # DeepEP normal: scatter into the contiguous layout, two contiguous GEMMs, gather back:
+        # DeepEPMoE.forward_deepgemm_contiguous
+        ("ep", "normal"): {"grouped_gemm": (
+            "ep_scatter", "tma_aligned_scale", "m_grouped_gemm_contiguous_gate_up",
+            "silu_and_mul", "per_token_group_quant_fp8", "tma_aligned_scale",
+            "m_grouped_gemm_contiguous_down", "ep_gather")},
+    }, deployed_source="sgl-project/sglang python/sglang/srt/layers/moe/ep_moe/layer.py "
+                       "3f02617653b8d762affee5011e1d9b2c6c1cc0cb"),
     "deepseek": Inventory("deepseek", "DeepSeek's inference stack (H800)", _SGLANG, {
         **_DEEPSEEK_COMMON,
         "attn.core": ("rotary_embedding", "set_mla_kv_buffer", "flash_mla_splitkv",
@@ -119,16 +139,20 @@ INVENTORIES: dict[str, Inventory] = {
 #: SGLang's EP served by the Triton fused MoE: the sglang set's kernels
 INVENTORIES["sglang-triton"] = Inventory("sglang-triton", "SGLang (CUDA), Triton fused MoE",
                                          _SGLANG, INVENTORIES["sglang"].kernels)
+#: the deployments an op's kernels may depend on: the MoE layout and the exchange mode
+NO_DEPLOYMENT = ("", "")
 
 
-def kernels_of(kernel_set: str, kind: str, name: str) -> tuple[str, ...]:
-    """The kernels ``kernel_set``'s engine launches for the op ``name`` of ``kind``: the op's
-    name first, then its kind; one kernel named for its kind where the set (or the op) is not
-    listed (``"none"``: the roofline alone, one kernel per op)."""
+def kernels_of(kernel_set: str, kind: str, name: str,
+               deployment: tuple[str, str] = NO_DEPLOYMENT) -> tuple[str, ...]:
+    """The kernels ``kernel_set``'s engine launches for the op ``name`` of ``kind`` in a step of
+    ``deployment`` (MoE layout, exchange mode): the deployment's entries first, then the op's
+    name, then its kind; one kernel named for its kind where the set (or the op) is not listed
+    (``"none"``: the roofline alone, one kernel per op)."""
     inv = INVENTORIES.get(kernel_set)
     if inv is None:
         return (kind,)
-    table = inv.kernels
+    table = {**inv.kernels, **inv.deployed.get(deployment, {})}
     if name in table:
         return table[name]
     return table.get(kind, (kind,))

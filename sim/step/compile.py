@@ -53,7 +53,7 @@ from epsim.sim.hardware.profile import HardwareProfile
 from . import op_cost, roofline
 from .engine import CATEGORIES, Program, StepPlan, plan_steps
 from .holds import EXCHANGES, dispatch_holds, host_holds, stragglers
-from .kernels import floored, host_launch, kernel_count
+from .kernels import NO_DEPLOYMENT, floored, host_launch, kernel_count
 from .memo import OP_CACHE_SIZE, StepMemo, remember
 from .op_kinds import DEPLOYED, moe_layout
 
@@ -99,6 +99,8 @@ class Compiled:
     #: what the routing step works out once per compiled batch (its ops' uniform-routing times)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
     exchange: a2a.A2AMode | None = None
+    #: (MoE layout, exchange mode) of the step: which kernels the inventory lists for its ops
+    deployment: tuple[str, str] = NO_DEPLOYMENT
     #: ``[n]`` seconds each EP exchange waits for its last rank beyond the average one (included
     #: in ``program``; the routing step adds them to the exchanges it re-times); None: none
     straggler: np.ndarray | None = None
@@ -175,6 +177,7 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
     # the MoE layout is in it: a DP plan without EP and one with EP have equal ranks and tp
     context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, captured, top_k,
                exchange, moe_layout(plan))
+    deployment = deployment_of(plan, exchange)
     for op in ops:
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         seconds = seen.get(sig)
@@ -189,7 +192,8 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
                                    OP_CACHE_SIZE)
             seen[sig] = seconds
         if not op.is_collective:
-            seconds = floored(seconds, kernel_count(op, profile), eff.kernel_floor_s, node_s)
+            seconds = floored(seconds, kernel_count(op, profile, deployment),
+                              eff.kernel_floor_s, node_s)
         seconds = seconds + node_s
         if not op.is_collective:
             kind = roofline.op_class(op)
@@ -427,7 +431,8 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         is_coll=np.array([op.is_collective for op in ops]),
         deps=tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order),
         work=np.tile(work[:, None], (1, ranks)), node_s=eff.graph_node_s, floor=floor,
-        launch_s=host_launch(ops, profile, captured), host_sync=host_sync,
+        launch_s=host_launch(ops, profile, captured, deployment_of(plan, exchange)),
+        host_sync=host_sync,
         host_release_s=host_release_s, group_size=group_size, comm_slots=eff.comm_concurrency,
         slowdown=eff.comm_slowdown(min(ranks, plan.gpus_per_node)),
         quiet=quiet if quiet.any() else None,
@@ -449,7 +454,12 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         kind_index=np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64),
         top_k=top_k, row_tokens=row_tokens, draft_tokens=draft_tokens,
         draft_mask=np.array([op.draft is not None for op in ops], dtype=bool),
-        exchange=exchange, straggler=late)
+        exchange=exchange, deployment=deployment_of(plan, exchange), straggler=late)
+
+
+def deployment_of(plan: ParallelPlan, exchange: a2a.A2AMode | None) -> tuple[str, str]:
+    """The step's (MoE layout, exchange mode), as the kernel inventory keys deployments."""
+    return (moe_layout(plan), exchange.name if exchange is not None else "")
 
 
 #: routed ops (``Op.routed``) by kind: the role their duration plays in the routing step

@@ -23,15 +23,18 @@ from typing import Any
 import numpy as np
 
 from epsim.model.opgraph import Op
-from epsim.sim.hardware.kernel_inventory import INVENTORIES, kernels_of
+from epsim.sim.hardware.kernel_inventory import INVENTORIES, NO_DEPLOYMENT, kernels_of
 from epsim.sim.hardware.profile import HardwareProfile
 
-__all__ = ["floored", "host_launch", "inventory_json", "kernel_count"]
+__all__ = ["NO_DEPLOYMENT", "floored", "host_launch", "inventory_json", "kernel_count"]
 
 
-def kernel_count(op: Op, profile: HardwareProfile) -> int:
-    """How many kernels the selected kernel set's engine launches for ``op``."""
-    return len(kernels_of(profile.kernel_set, op.kind, op.name))
+def kernel_count(op: Op, profile: HardwareProfile,
+                 deployment: tuple[str, str] = NO_DEPLOYMENT) -> int:
+    """How many kernels the selected kernel set's engine launches for ``op`` in a step of
+    ``deployment`` (MoE layout, exchange mode: the fused MoE's kernels follow the deployed
+    grouped GEMM)."""
+    return len(kernels_of(profile.kernel_set, op.kind, op.name, deployment))
 
 
 def floored(seconds: Any, kernels: int, floor_s: float, node_s: float) -> Any:
@@ -46,16 +49,18 @@ def floored(seconds: Any, kernels: int, floor_s: float, node_s: float) -> Any:
     return max(seconds, floor_s - node_s) + (kernels - 1) * floor_s
 
 
-def host_launch(ops: Sequence[Op], profile: HardwareProfile, captured: bool) -> np.ndarray:
+def host_launch(ops: Sequence[Op], profile: HardwareProfile, captured: bool,
+                deployment: tuple[str, str] = NO_DEPLOYMENT) -> np.ndarray:
     """``[n]`` host seconds to issue each op outside a graph (0 inside a captured graph)."""
     if captured:
         return np.zeros(len(ops))
     per_kernel = profile.kernel_launch_s + profile.require_efficiency().framework_dispatch_s
-    return np.array([kernel_count(op, profile) * per_kernel for op in ops], dtype=np.float64)
+    return np.array([kernel_count(op, profile, deployment) * per_kernel for op in ops],
+                    dtype=np.float64)
 
 
-def inventory_json(ops: Sequence[Op], profile: HardwareProfile, captured: bool
-                   ) -> dict[str, Any]:
+def inventory_json(ops: Sequence[Op], profile: HardwareProfile, captured: bool,
+                   deployment: tuple[str, str] = NO_DEPLOYMENT) -> dict[str, Any]:
     """``--explain``'s kernel inventory: the set, where its list was read, the floor and host
     figures, and per op name of the step (issue order) its kind, kernels and count in the
     step. Example: ``{"ops": {"attn.q_b": {"kind": "gemm", "kernels": ["act_quant_fp8",
@@ -68,7 +73,7 @@ def inventory_json(ops: Sequence[Op], profile: HardwareProfile, captured: bool
         if entry is None:
             entry = per_op[op.name] = {
                 "kind": op.kind, "kernels": list(kernels_of(profile.kernel_set, op.kind,
-                                                            op.name)), "count": 0}
+                                                            op.name, deployment)), "count": 0}
         entry["count"] += 1
     kernels = sum(len(e["kernels"]) * e["count"] for e in per_op.values())
     return {

@@ -296,7 +296,7 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
         swept["experts"] = expert_tokens()
     out = _RoutedTimes(weakref.ref(sampled.placement), weakref.ref(comp.graph),
                        (floored(np.asarray(t_exp, dtype=np.float64),
-                                kernel_count(ex_op, profile),
+                                kernel_count(ex_op, profile, comp.deployment),
                                 profile.require_efficiency().kernel_floor_s, node_s)
                         + node_s) * comp.share,
                        np.asarray(times[0], dtype=np.float64),

@@ -267,7 +267,8 @@ def simulate_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     if explain:
         result = replace(result, kernel_sources=_explain(comp, plan, profile, swept,
                                                          result.critical_rank),
-                         kernel_inventory=inventory_json(comp.ops, profile, comp.captured))
+                         kernel_inventory=inventory_json(comp.ops, profile, comp.captured,
+                                                          comp.deployment))
     return result
 
 
