@@ -20,11 +20,15 @@ defaults, so a help text cannot drift from what runs.
                                ``search_base_from_args`` (tune, plan)
     lists                      sweep, tune and plan take comma lists where a value is swept;
                                the validation layer parses them into tuples
+    outputs                    ``emit_json``, ``print_columns``, ``write_csv`` (sweep's and the
+                               frontier's CSV: one column per JSON key)
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import os
 import sys
@@ -34,6 +38,7 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
+from epsim.model.outputs import write_text_atomic
 from epsim.sim.hardware.a2a import AUTO
 from epsim.sim.scenario import Scenario
 from epsim.sim.serving.metrics import (
@@ -414,3 +419,39 @@ def human_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
+
+
+def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level with dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _csv_cell(value: Any) -> str:
+    """A JSON value as a CSV cell, losing nothing: floats as ``repr`` (they read back exactly),
+    booleans and lists as JSON spells them, ``None`` empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool | list | tuple):
+        return json.dumps(value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """The sweep as CSV: one column per key of the points' JSON (nested keys dotted, e.g.
+    ``step_breakdown_ms.attention``), in the JSON's order; written whole or not at all."""
+    flat = [flatten(r) for r in rows]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(columns)
+    for r in flat:
+        w.writerow([_csv_cell(r.get(c)) for c in columns])
+    write_text_atomic(buf.getvalue(), path)

@@ -253,6 +253,7 @@ FLAGS: dict[str, Spec] = {
     "--trace": OutputFile("--trace"),
     "--csv": OutputFile("--csv"),
     "--plot": OutputFile("--plot"),
+    "--frontier-csv": OutputFile("--frontier-csv"),
     "--out": OutputFile("--out"),
     "--bench": InputFile("benchmark result file"),
     "--save-result": OutputFile("--save-result"),

@@ -88,7 +88,7 @@ def test_partial_results_are_never_left_behind(tmp_path, monkeypatch, capsys):
     import epsim.commands.sweep as sweep
     from epsim.model.errors import EpsimError
 
-    def plot_fails(rows, path):
+    def plot_fails(*_args):
         raise EpsimError("the plot failed")
 
     monkeypatch.setattr(sweep, "write_plot", plot_fails)

@@ -8,13 +8,21 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.search.capacity import plan_capacity
+from epsim.sim.search.capacity import UnitSearch, plan_capacity
 from epsim.sim.search.samplers import choose
 
 from ..common import (
     Progress,
     emit_json,
     print_columns,
+)
+from ..frontier_chart import (
+    add_frontier_args,
+    check_prices,
+    frontier_of,
+    require_matplotlib,
+    series_label,
+    write_frontier_outputs,
 )
 from ..inputs import add_flag
 from ..search_args import (
@@ -43,6 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="do not try co-located units")
     add_flag(p, "--gpu-hour-usd", default=None,
                    help="price per GPU-hour: one number, or per hardware (mi300x=2.1,h200=3.7)")
+    add_frontier_args(p, prices=False)
     p.set_defaults(run=run)
 
 
@@ -59,11 +68,10 @@ def run(args: argparse.Namespace) -> int:
     if not layouts:
         raise EpsimError("--no-colocated needs --disagg-splits")
     prices = args.gpu_hour_usd
-    if prices:
-        unknown = sorted(set(prices) - {"*", *hardware})
-        if unknown:
-            raise EpsimError(f"--gpu-hour-usd prices {', '.join(unknown)}, which is not "
-                             f"searched (--hardware {','.join(hardware)})")
+    check_prices(prices, hardware)
+    if args.plot:
+        require_matplotlib()
+    searched: list[UnitSearch] = []
     base = search_base_from_args(args, hardware[0])
     bar = Progress("plan", enabled=not args.json)
     t0 = time.perf_counter()
@@ -73,14 +81,19 @@ def run(args: argparse.Namespace) -> int:
             plans = plan_capacity(base, slo, args.target_output_throughput, space,
                                   hardware=hardware, unit_layouts=layouts,
                                   unit_nodes=(args.nodes or (1,))[0], gpu_hour_usd=prices,
-                                  num_prompts=args.num_prompts, progress=bar, options=options)
+                                  num_prompts=args.num_prompts, progress=bar, options=options,
+                                  searched=searched)
     finally:
         bar.close()
+    points = _frontier(searched, prices)
+    if points:
+        write_frontier_outputs(args, points, searched[0].result.points[0], "plan", slo)
     if not plans:
         raise EpsimError(f"no configuration of {', '.join(hardware)} meets the SLO {slo}")
     if args.json:
         emit_json({"slo": str(slo), "target_output_throughput": args.target_output_throughput,
                    "plans": [_stamped(c.as_dict()) for c in plans],
+                   "interactivity_frontier": points,
                    "error_band": _stamped(plans[0].as_dict())["error_band"],
                    "diagnostics": search_diagnostics(executor, choose(args.search, space.size()),
                                                      time.perf_counter() - t0)})
@@ -112,3 +125,16 @@ def _stamped(plan: dict[str, Any]) -> dict[str, Any]:
     disagg = bool(plan.get("prefill_nodes_per_unit"))
     return stamp(plan, regime_of(ep=u["ep"], disaggregated=disagg), SERVING_HEADLINE,
                  figures=u)
+
+
+def _frontier(searched: list[UnitSearch], prices: dict[str, float] | None
+              ) -> list[dict[str, Any]]:
+    """Every unit's points on the frontier chart: one series per hardware/engine and unit
+    layout (each unit's every configuration and concurrency)."""
+    rows = []
+    for u in searched:
+        unit = (f"{u.layout[0]}:{u.layout[1]} P:D" if u.layout else
+                f"{u.result.points[0]['nodes']} node co-located")
+        rows += [{**r, "unit": unit} for r in u.result.points]
+    return frontier_of(rows, lambda r: series_label(r, ()) + f", {r['unit']}", prices) \
+        if rows else []

@@ -13,6 +13,14 @@ from ..common import (
     emit_json,
     print_columns,
 )
+from ..frontier_chart import (
+    add_frontier_args,
+    check_prices,
+    frontier_of,
+    require_matplotlib,
+    series_label,
+    write_frontier_outputs,
+)
 from ..search_args import (
     DEFAULT_SEARCH_HARDWARE,
     add_search_args,
@@ -32,6 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "splits, KV dtype, graph mode) and report the highest throughput whose metrics meet "
         "the SLO, with the throughput/latency frontier.")
     add_search_args(p)
+    add_frontier_args(p)
     p.set_defaults(run=run)
 
 
@@ -51,8 +60,12 @@ def summary(res: TuneResult, slo: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     slo = args.slo
+    if args.plot:
+        require_matplotlib()
+    hardware = list(args.hardware or (DEFAULT_SEARCH_HARDWARE,))
+    check_prices(args.gpu_hour_usd, hardware)
     space = search_space_from_args(args)
-    base = search_base_from_args(args, (args.hardware or (DEFAULT_SEARCH_HARDWARE,))[0])
+    base = search_base_from_args(args, hardware[0])
     bar = Progress("tune", enabled=not args.json)
     t0 = time.perf_counter()
     try:
@@ -61,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
                        progress=bar, options=search_options_from_args(args, executor))
     finally:
         bar.close()
+    # one series per hardware/engine: the best of every configuration at each interactivity
+    points = frontier_of(res.points, lambda r: series_label(r, ()), args.gpu_hour_usd)
+    write_frontier_outputs(args, points, res.points[0], "tune", slo)
     if args.json:
-        emit_json({**summary(res, str(slo)), "diagnostics": search_diagnostics(
+        emit_json({**summary(res, str(slo)), "interactivity_frontier": points,
+                   "diagnostics": search_diagnostics(
             executor, res.strategy, time.perf_counter() - t0)})
         return 0
     cols = tuple(dict.fromkeys([*COLS[:-1], *(k for k, _, _ in slo.terms), COLS[-1]]))

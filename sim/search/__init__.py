@@ -3,6 +3,7 @@
     slo.py        service-level objectives: bounds on a run's metric keys (``SLO``)
     tune.py       every point of a search space run, the best within the SLO and the frontier
     capacity.py   how many deployment units serve a target throughput within the SLO
+    frontier.py   throughput per GPU against tok/s per user: the Pareto points per series
     samplers.py   how a search picks its points: the grid or optuna's samplers (a registry)
     executors.py  where points run: serial, a process pool, a Ray cluster (a registry)
 

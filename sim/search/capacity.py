@@ -22,7 +22,7 @@ from epsim.sim.scenario import Scenario, StepCache, check_scenario, scenario_lay
 
 from .samplers import DEFAULT_TRIALS, choose
 from .slo import SLO
-from .tune import SearchOptions, SearchSpace, split_errors, tune
+from .tune import SearchOptions, SearchSpace, TuneResult, split_errors, tune
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,16 @@ def units_needed(target: float, unit_throughput: float) -> int:
     if unit_throughput <= 0:
         raise EpsimError("the deployment unit has no throughput")
     return max(1, math.ceil(target / unit_throughput - 1e-9))
+
+
+@dataclass(frozen=True)
+class UnitSearch:
+    """One unit's search: its hardware, layout (``None``: co-located; else ``(P, D)``) and
+    every point tuned (the plan keeps only the best; the frontier chart draws them all)."""
+
+    hardware: str
+    layout: tuple[int, int] | None
+    result: TuneResult
 
 
 @dataclass(frozen=True)
@@ -128,8 +138,10 @@ def _check_splits(base: Scenario, space: SearchSpace, hardware: Sequence[str],
 def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
                unit_layouts: Sequence[tuple[int, int] | None], unit_nodes: int,
                num_prompts: int | None, cache: StepCache, progress: _Progress,
-               options: SearchOptions | None) -> _Unit | None:
-    """The layout of ``hw`` with the highest per-node throughput meeting the SLO, if any."""
+               options: SearchOptions | None, searched: list[UnitSearch] | None = None
+               ) -> _Unit | None:
+    """The layout of ``hw`` with the highest per-node throughput meeting the SLO, if any
+    (each layout's search appended to ``searched``)."""
     best: _Unit | None = None
     for layout in unit_layouts:
         sc = _unit_scenario(base, hw, layout, unit_nodes)
@@ -140,6 +152,8 @@ def _best_unit(base: Scenario, slo: SLO, space: SearchSpace, hw: str,
             continue
         finally:
             progress.next_unit()
+        if searched is not None:
+            searched.append(UnitSearch(hw, layout, res))
         if res.best is None:
             continue
         p, d = layout if layout else (0, unit_nodes)
@@ -177,7 +191,8 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
                   unit_nodes: int = 1, gpu_hour_usd: Mapping[str, float] | None = None,
                   num_prompts: int | None = None, cache: StepCache | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  options: SearchOptions | None = None) -> list[CapacityPlan]:
+                  options: SearchOptions | None = None,
+                  searched: list[UnitSearch] | None = None) -> list[CapacityPlan]:
     """One :class:`CapacityPlan` per hardware that can meet the SLO, cheapest (or fewest nodes)
     first.
 
@@ -185,6 +200,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     split. Units are independent replicas, so ``units = ceil(target / unit throughput)``.
     ``gpu_hour_usd``: USD per GPU-hour by hardware name, ``"*"`` for any other.
     ``options``: how each unit's search runs (strategy, trials, executor; not the result).
+    ``searched``: a list that receives every unit search (e.g. for the frontier chart).
     """
     if not target > 0 or not math.isfinite(target):
         raise EpsimError(f"target output throughput must be a positive number, got {target}")
@@ -199,7 +215,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     plans: list[CapacityPlan] = []
     for hw in hardware:
         unit = _best_unit(base, slo, space, hw, unit_layouts, unit_nodes, num_prompts, cache,
-                          bar, opts)
+                          bar, opts, searched)
         if unit is not None:
             plans.append(_size(hw, unit, target, prices.get(hw, prices.get("*")),
                                base.instance_nodes))
