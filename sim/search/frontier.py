@@ -25,7 +25,8 @@ DECODE_GAP_METRICS = ("tpot", "itl")
 
 
 def interactivity(row: Mapping[str, Any]) -> float:
-    """Output tok/s per user: 1000 / mean TPOT (ms). Example: 25 ms -> 40.0 tok/s/user."""
+    """Output tok/s per user: 1000 / mean TPOT (ms). Example: 25 ms -> 40.0 tok/s/user; 0.0
+    where no request has a second token (TPOT 0), so such a run sits at the axis' origin."""
     tpot = float(row["mean_tpot_ms"])
     return 1000.0 / tpot if tpot > 0 else 0.0
 
