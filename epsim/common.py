@@ -110,7 +110,13 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
              help="gamma shape of inter-arrival gaps (1: Poisson)")
     add_flag(g, "--num-prompts", default=None, metavar="N",
              help=f"requests in the benchmark (default: the concurrency, else {w.num_prompts}; "
+             "--measure steady: enough for its window; "
              "--dataset trace: its first N rows, default all)")
+    add_flag(g, "--measure", default=None, metavar="steady|burst",
+             help="steady: every metric over a window without the warm-up burst and the "
+             "cool-down drain, the run sized for it (default of tune and plan); burst: the "
+             "whole run, as vllm bench serve reports a finite run (default of predict and "
+             "sweep); docs/serving.md")
     add_flag(g, "--dataset", "--dataset-name", dest="dataset", default=None,
              help="request lengths (default: fixed with --isl, else sharegpt-like)")
     # --random-input / --random-output: the names SGLang's bench_serving documents (argparse
@@ -286,15 +292,17 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
     isl, osl = v["isl"], v["osl"]
     dataset = v["dataset"] or ("fixed" if isl is not None else "sharegpt-like")
     conc = v["concurrency"]
-    n = v["num_prompts"]
-    if n is None and not DATASETS[dataset].replays:  # a trace replays every row unless told
+    n, measure = v["num_prompts"], v.get("measure") or "burst"
+    # a trace replays every row unless told; steady: run_scenario sizes the run for its window
+    if n is None and not DATASETS[dataset].replays and measure != "steady":
         n = conc if conc is not None else WorkloadSpec.num_prompts
     workload = WorkloadSpec(
         dataset=dataset, num_prompts=n, isl=isl, osl=osl,
         random_range_ratio=v["random_range_ratio"], max_concurrency=conc,
         request_rate=v["request_rate"], burstiness=v["burstiness"],
         dataset_path=v["dataset_path"], time_scale=v.get("time_scale", 1.0), seed=v["seed"],
-        bench_client=v.get("bench_client") or WorkloadSpec.bench_client).validate()
+        bench_client=v.get("bench_client") or WorkloadSpec.bench_client,
+        measure=measure).validate()
     return Scenario(
         model=v["model"], hardware=v["hardware"], workload=workload, nodes=v["nodes"],
         gpus_per_node=v["gpus_per_node"], dp=v["dp"], tp=v["tp"], ep=v["ep"],

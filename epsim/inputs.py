@@ -153,6 +153,7 @@ def _lazy_flags() -> dict[str, Spec]:
     )
     from epsim.sim.serving.presets import ENGINES
     from epsim.sim.serving.router import ROUTER_NAMES
+    from epsim.sim.serving.window import MEASURES
     from epsim.sim.step import MODES
     from epsim.sim.workload.spec import BENCH_CLIENTS, DATASETS
     from epsim.sim.workload.traces import shipped_traces
@@ -162,6 +163,7 @@ def _lazy_flags() -> dict[str, Spec]:
         "--kv-dtype": Choice(tuple(KV_DTYPES)),
         "--mtp": Integer(0, MAX_MTP, why="draft tokens per step; 0: off"),
         "--dataset": Choice(tuple(DATASETS)),
+        "--measure": Choice(MEASURES),
         "--bench-client": Choice(tuple(BENCH_CLIENTS)),
         "--dp-balance": Choice(tuple(DP_BALANCE)),
         "--router": Choice(ROUTER_NAMES),

@@ -19,8 +19,9 @@ from .inputs import add_flag
 # A search: scenario + SLO + search space (tune, plan)
 # --------------------------------------------------------------------------------------------
 
-#: the concurrencies tune and plan try when --concurrency is not given
-DEFAULT_SEARCH_CONCURRENCY = (256, 512, 1024, 2048, 3072, 4096)
+#: the concurrencies tune and plan try when --concurrency is not given: powers of two from 1,
+#: so a strict TTFT term still finds a point
+DEFAULT_SEARCH_CONCURRENCY = tuple(2 ** i for i in range(13))  # 1 .. 4096
 #: the hardware tune and plan search when --hardware is not given
 DEFAULT_SEARCH_HARDWARE = "mi300x"
 
@@ -40,7 +41,7 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--graph", lists=True, default="on", help="graph-mode values to try (default on)")
     add_flag(g, "--splits", lists=True, default=None,
              help="dp x tp splits to try, e.g. 8x1,4x2,1x8 (default: the plan's own)")
-    parser.set_defaults(concurrency=None)
+    parser.set_defaults(concurrency=None, measure="steady")  # a service level: steady state
     add_executor_args(parser, search=True)
 
 

@@ -36,7 +36,6 @@ from epsim.sim.serving.instances import aggregate, instance_metrics
 from epsim.sim.serving.metrics import (
     DEFAULT_PERCENTILE_METRICS,
     DEFAULT_PERCENTILES,
-    compute_metrics,
 )
 from epsim.sim.serving.presets import (
     DBO_NEEDS_EP,
@@ -50,12 +49,8 @@ from epsim.sim.serving.presets import (
 from epsim.sim.serving.simulate import ServingRun, simulate_serving
 
 # the serving side's one door to the step simulator (StepMemo: what its models share)
-from epsim.sim.serving.step_time import (
-    EngineStepTime,
-    SimulatedStepTime,
-    StepMemo,
-    StepTimeModel,
-)
+from epsim.sim.serving.step_time import EngineStepTime, SimulatedStepTime, StepMemo, StepTimeModel
+from epsim.sim.serving.window import measured_run
 from epsim.sim.workload.spec import (
     Requests,
     WorkloadSpec,
@@ -433,6 +428,7 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     replayed: ``epsim.sim.workload.bench_results``); each must fit the model's context.
     """
     t0 = time.perf_counter()
+    measured = (sc.percentiles, sc.percentile_metrics, sc.goodput)
     cache = cache or StepCache()
     model = load_model(sc.model)
     profile = scenario_profile(sc)
@@ -458,16 +454,19 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
         config, pplan, disagg_echo = _with_prefill_side(config, model, profile, sc, nodes,
                                                         lay.prefill_nodes, gpn)
         step_models.append(engine_step_time(cache, model, pplan, profile, sc, settings))
-    if requests is None:
-        requests = sample_requests(sc.workload, model)  # refuses requests beyond the context
-    else:
+    if requests is not None:
         check_requests_context(requests, model)
-    run = simulate_serving(requests, config, *step_models,
-                           max_concurrency=sc.workload.max_concurrency, details=details,
-                           progress=progress)
+
+    def simulate(req: Requests, steady: bool) -> ServingRun:  # steady: per-request gaps kept
+        return simulate_serving(req, config, *step_models, details=details or steady,
+                                max_concurrency=sc.workload.max_concurrency, progress=progress)
+
+    # sampling refuses requests beyond the context; steady: sized for its window
+    run, metrics = measured_run(sc.workload, plan.dp * lay.decode_instances, requests,
+                                lambda w: sample_requests(w, model), simulate, measured)
+    requests = run.requests
     if run_out is not None:
         run_out.append(run)
-    metrics = compute_metrics(run, sc.percentiles, sc.percentile_metrics, sc.goodput)
     instances = None
     if sc.instance_nodes is not None:
         instances = _instance_entries(run, metrics, sc, lay, {"prefill": pplan}, plan, gpn)

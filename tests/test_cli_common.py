@@ -34,11 +34,16 @@ def test_tune_defaults_are_the_documented_search_space():
     args = build_parser().parse_args(["tune", *R1, "--isl", "2000", "--osl", "100",
                                       "--slo", "median_itl_ms<=100"])
     assert search_space_from_args(args) == SearchSpace(
-        concurrency=(256, 512, 1024, 2048, 3072, 4096), dbo=(True, False), graph=(True,),
+        concurrency=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096), dbo=(True, False),
+        graph=(True,),
         splits=(None,), kv_dtype=("fp8",))
     base = search_base_from_args(args, "h200")
     assert (base.hardware, base.workload.isl, base.workload.osl) == ("h200", 2000, 100)
     assert math.isinf(base.workload.request_rate)
+    # a service level is measured in steady state, its run sized for the window
+    assert (base.workload.measure, base.workload.num_prompts) == ("steady", None)
+    predict = build_parser().parse_args(["predict", *R1, "--isl", "2000", "--osl", "100"])
+    assert scenario_from_args(predict).workload.measure == "burst"
 
 
 def test_tune_splits_and_switches_parse():

@@ -63,6 +63,10 @@ def print_result(r: Mapping[str, Any]) -> None:
             ("Request throughput (req/s):", r["request_throughput"]),
             ("Output token throughput (tok/s):", r["output_throughput"]),
             ("Total token throughput (tok/s):", r["total_token_throughput"])]
+    if "window" in r:  # --measure steady: every figure above and below is the window's
+        w = r["window"]
+        rows.insert(1, ("Steady window (s):", f"{w['start_s']:,.2f} - {w['end_s']:,.2f}, "
+                        f"{w['completions']} requests counted"))
     for k, v in rows:
         print(line.format(k, _fmt(v)))
     for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token "

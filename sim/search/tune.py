@@ -83,7 +83,8 @@ OPTIONAL_DIMENSIONS = ("hardware", "nodes", "mtp", "max_num_seqs", "chunked_pref
 
 
 def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None) -> Scenario:
-    """The scenario at one search point (num_prompts ``None``: as many as the concurrency)."""
+    """The scenario at one search point (num_prompts ``None``: as many as the concurrency, or
+    under ``measure="steady"`` as many as its window needs, ``sim/serving/window.py``)."""
     split = point.get("split")
     changes: dict[str, Any] = {"dbo": point["dbo"], "graph": point["graph"],
                                "kv_dtype": point["kv_dtype"]}
@@ -92,7 +93,8 @@ def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None)
         dp, tp = split
         changes.update(dp=dp, tp=tp, ep=None)
     c = point["concurrency"]
-    own = sc.workload.num_prompts if sc.workload.kind.replays else c  # a trace's rows
+    w = sc.workload  # a trace's rows; steady: None, sized by run_scenario for the plan's ranks
+    own = w.num_prompts if w.kind.replays else None if w.measure == "steady" else c
     changes["workload"] = replace(sc.workload, max_concurrency=c, num_prompts=num_prompts or own)
     return sc.with_(**changes)
 

@@ -13,6 +13,7 @@
     presets.py       engine presets (vLLM, SGLang): a policy and the engine's defaults
     tally.py         what a run keeps as it goes (memory that does not grow with tokens)
     metrics.py       ``vllm bench serve``'s metrics, plus epsim's own
+    window.py        steady-state measurement: the metrics without warm-up and cool-down
     instances.py     per-instance figures and their aggregate
     bench_write.py   a simulated run written as ``vllm bench serve --save-result`` writes one
     trace.py         the run as a Chrome trace

@@ -109,6 +109,8 @@ class WorkloadSpec:
     time_scale: ``trace`` only: arrival times multiplied by this (0.5: twice the rate).
     seed: seeds every random choice. Same seed, same requests.
     bench_client: whose ``--random-range-ratio`` this is (``BENCH_CLIENTS``). Example: "sglang".
+    measure: ``"burst"`` (every request counts) or ``"steady"`` (a window without warm-up and
+        cool-down, ``sim/serving/window.py``); ``num_prompts`` ``None`` there: sized for it.
     """
 
     dataset: str = "fixed"
@@ -123,6 +125,7 @@ class WorkloadSpec:
     time_scale: float = 1.0
     seed: int = 0
     bench_client: str = DEFAULT_BENCH_CLIENT
+    measure: str = "burst"
 
     @property
     def client(self) -> BenchClient:
@@ -161,6 +164,8 @@ class WorkloadSpec:
         self.client.check_ratio(self.random_range_ratio)
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise EpsimError(f"concurrency must be a positive integer, got {self.max_concurrency}")
+        if self.measure not in ("burst", "steady"):
+            raise EpsimError(f"--measure must be burst or steady, got {self.measure!r}")
         if not (self.request_rate > 0):
             raise EpsimError(f"request-rate must be positive or inf, got {self.request_rate}")
         if not (math.isfinite(self.burstiness) and self.burstiness > 0):
@@ -272,7 +277,7 @@ class Dataset:
 
     def check_arrivals(self, spec: WorkloadSpec) -> None:
         """The number of requests and their arrivals (a drawn dataset: drawn by the client)."""
-        if spec.num_prompts is None:
+        if spec.num_prompts is None and spec.measure != "steady":  # steady: run_scenario sizes
             raise EpsimError("num-prompts may be omitted only for --dataset trace")
         if spec.time_scale != 1.0:
             raise EpsimError("--time-scale stretches a trace's arrivals; use it with "
