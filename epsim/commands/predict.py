@@ -48,10 +48,10 @@ def print_result(r: Mapping[str, Any]) -> None:
           f"{'on' if r['eplb'] else 'off'}, graph {'on' if r['graph'] else 'off'}, KV "
           f"{r['kv_dtype']}{dis}")
     engine = r.get("engine")
-    print(f"scheduler {r.get('scheduler')}" + (f" (--engine {engine}: max_num_seqs "
+    print(f"scheduler {r.get('scheduler')}" + (f" (engine {engine}: max_num_seqs "
           f"{r['max_num_seqs']}, max_num_batched_tokens {r['max_num_batched_tokens']}, chunk "
-          f"{r['chunked_prefill_size']}, graphs to batch {r['cuda_graph_max_bs']})" if engine
-          else " (epsim's own; no --engine)"))
+          f"{r['chunked_prefill_size']}, graphs to batch {r['cuda_graph_max_bs']})"
+          if engine != "prefill_first" else " (epsim's own policy, --engine prefill_first)"))
     rows = [("Successful requests:", r["completed"]),
             ("Maximum request concurrency:", r["max_concurrency"]),
             ("Request rate (req/s):", r["request_rate"]),
