@@ -152,7 +152,8 @@ def kernels_of(kernel_set: str, kind: str, name: str,
     inv = INVENTORIES.get(kernel_set)
     if inv is None:
         return (kind,)
-    table = {**inv.kernels, **inv.deployed.get(deployment, {})}
-    if name in table:
-        return table[name]
-    return table.get(kind, (kind,))
+    for table in (inv.deployed.get(deployment, {}), inv.kernels):
+        for key in (name, kind):
+            if key in table:
+                return table[key]
+    return (kind,)

@@ -190,10 +190,10 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
                 seconds = remember(memo.op_seconds, key, _seconds_of(op, plan, profile, captured,
                                                                      top_k, exchange),
                                    OP_CACHE_SIZE)
+            if not op.is_collective:  # the kernels' floors: once per signature
+                seconds = floored(seconds, kernel_count(op, profile, deployment),
+                                  eff.kernel_floor_s, node_s)
             seen[sig] = seconds
-        if not op.is_collective:
-            seconds = floored(seconds, kernel_count(op, profile, deployment),
-                              eff.kernel_floor_s, node_s)
         seconds = seconds + node_s
         if not op.is_collective:
             kind = roofline.op_class(op)
@@ -412,6 +412,7 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     top_k = model.moe.top_k if model.moe_layers else None
     nodes_of = np.arange(ranks) // plan.gpus_per_node
     exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
+    deployment = deployment_of(plan, exchange)
     work = _op_work(ops, plan, profile, captured, top_k, exchange, memo)
     late = stragglers(ops, work, profile, plan)
     hold = dispatch_holds(ops, work, profile, plan)
@@ -431,7 +432,7 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         is_coll=np.array([op.is_collective for op in ops]),
         deps=tuple(tuple(index[d] for d in graph.graph.predecessors(o)) for o in order),
         work=np.tile(work[:, None], (1, ranks)), node_s=eff.graph_node_s, floor=floor,
-        launch_s=host_launch(ops, profile, captured, deployment_of(plan, exchange)),
+        launch_s=host_launch(ops, profile, captured, deployment),
         host_sync=host_sync,
         host_release_s=host_release_s, group_size=group_size, comm_slots=eff.comm_concurrency,
         slowdown=eff.comm_slowdown(min(ranks, plan.gpus_per_node)),
@@ -454,7 +455,7 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
         kind_index=np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64),
         top_k=top_k, row_tokens=row_tokens, draft_tokens=draft_tokens,
         draft_mask=np.array([op.draft is not None for op in ops], dtype=bool),
-        exchange=exchange, deployment=deployment_of(plan, exchange), straggler=late)
+        exchange=exchange, deployment=deployment, straggler=late)
 
 
 def deployment_of(plan: ParallelPlan, exchange: a2a.A2AMode | None) -> tuple[str, str]:
