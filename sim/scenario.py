@@ -38,10 +38,10 @@ from epsim.sim.serving.metrics import (
     DEFAULT_PERCENTILES,
 )
 from epsim.sim.serving.presets import (
-    DBO_NEEDS_EP,
     Deployment,
     EngineOverrides,
     EngineSettings,
+    dbo_needs_ep,
     default_engine,
     engine_dbo_default,
     engine_settings,
@@ -183,9 +183,9 @@ def _decode_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
     """The decode (or co-located) side: the scenario's own dp/tp/ep."""
     plan = make_plan(model, nodes=nodes, gpus_per_node=gpn, dp=sc.dp, tp=sc.tp, ep=sc.ep,
                      **_plan_options(sc))
-    if plan.microbatches > 1 and plan.ep == 1:
-        raise EpsimError(DBO_NEEDS_EP)
-    return with_implied_fusions(plan, model, profile.plan_options)
+    return with_implied_fusions(dbo_needs_ep(plan, asked=sc.dbo is True), model,
+                                profile.plan_options)
+
 
 
 def _prefill_plan(model: ModelConfig, sc: Scenario, nodes: int, gpn: int,
@@ -322,7 +322,7 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
     return {"model": model.name, "hardware": profile.name,
             "nodes": total, "gpus_per_node": gpn, "gpus": total * gpn,
             "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
-            "dbo": sc.use_dbo, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
+            "dbo": plan.microbatches == 2, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,
             "disagg": f"{nodes[0]}:{nodes[1]}" if sc.disagg else None,
             "kernels": profile.kernel_set, "a2a_mode": profile.a2a_mode,
             "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
@@ -364,7 +364,10 @@ def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
         chunked_prefill_size=sc.chunked_prefill_size, cuda_graph_max_bs=sc.cuda_graph_max_bs,
         dbo=sc.dbo, host_ms_per_step=sc.host_ms_per_step if sc.host_ms_per_step is not None
         else _fitted_host_ms(profile), host_overlap=sc.host_overlap)
-    return engine_settings(sc.engine or default_engine(profile.vendor), deployment, overrides)
+    settings = engine_settings(sc.engine or default_engine(profile.vendor), deployment,
+                               overrides)
+    # an engine's DBO default needs EP (dbo_needs_ep refused an explicit --dbo)
+    return settings if plan.expert_parallel else replace(settings, dbo=False)
 
 
 def _fitted_host_ms(profile: HardwareProfile) -> float | None:

@@ -199,3 +199,17 @@ def test_predict_engine_flags_end_to_end(epsim):
     res = epsim("predict", "--model", "deepseek-r1", "--hardware", "mi300x", "--isl", "256",
                 "--osl", "8", "--dbo", "--no-dbo")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "contradict" in res.stderr
+
+
+def test_dbo_needs_ep_an_engines_default_does_not_apply_and_an_explicit_one_is_refused(epsim):
+    tp8 = ["predict", "--model", "deepseek-r1", "--hardware", "mi300x", "--tp", "8",
+           "--concurrency", "4", "--isl", "100", "--osl", "10"]
+    # split runs DBO by default, but not on a TP-only plan: one microbatch, said so
+    r = epsim(*tp8, "--engine", "split", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["dbo"] is False
+    refused = epsim(*tp8, "--dbo")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "--dbo needs an expert-parallel plan" in refused.stderr
+    ep8 = ["--dp", "8", "--ep", "8"] + tp8[5:]
+    assert json.loads(epsim(*tp8[:5], *ep8, "--engine", "split", "--json").stdout)["dbo"] is True

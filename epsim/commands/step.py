@@ -14,7 +14,7 @@ from epsim.model.mtp import expected_tokens
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.serving.presets import DBO_NEEDS_EP
+from epsim.sim.serving.presets import dbo_needs_ep
 from epsim.sim.step.simulate import MODES, simulate_step
 
 from ..common import (
@@ -94,9 +94,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                      microbatches=2 if args.dbo else 1, kv_dtype=args.kv_dtype,
                      graph_mode=not args.no_graph, mem_fraction=args.mem_fraction,
                      redundant_experts=args.redundant_experts, mtp=args.mtp)
-    if plan.microbatches > 1 and plan.ep == 1:
-        raise EpsimError(DBO_NEEDS_EP)
-    plan = with_implied_fusions(plan, model, profile.plan_options)
+    plan = with_implied_fusions(dbo_needs_ep(plan, asked=args.dbo), model, profile.plan_options)
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)

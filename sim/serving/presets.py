@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epsim.model.errors import EpsimError
+from epsim.model.plan import ParallelPlan
 
 from .step_time import StepPolicy
 
@@ -325,6 +326,17 @@ DEFAULT_ENGINE_BY_VENDOR: dict[str, str] = {"amd": "vllm", "nvidia": "sglang"}
 #: ``--enable-two-batch-overlap`` with ``--moe-a2a-backend deepep``); neither runs on TP-only MoE
 DBO_NEEDS_EP = ("--dbo needs an expert-parallel plan (ep > 1): vLLM's DBO and SGLang's TBO "
                 "overlap the EP dispatch and combine; a TP-only plan runs one microbatch")
+
+
+def dbo_needs_ep(plan: ParallelPlan, asked: bool) -> ParallelPlan:
+    """``plan`` as DBO / TBO can run it: both overlap the EP dispatch and combine, so a plan
+    without EP runs one microbatch. ``asked`` (``--dbo``) on such a plan is refused
+    (:data:`DBO_NEEDS_EP`); an engine's default DBO (``split``) simply does not apply."""
+    if plan.microbatches == 1 or plan.expert_parallel:
+        return plan
+    if asked:
+        raise EpsimError(DBO_NEEDS_EP)
+    return plan.with_(microbatches=1)
 
 
 def default_engine(vendor: str) -> str:
