@@ -211,5 +211,5 @@ def test_dbo_needs_ep_an_engines_default_does_not_apply_and_an_explicit_one_is_r
     refused = epsim(*tp8, "--dbo")
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "--dbo needs an expert-parallel plan" in refused.stderr
-    ep8 = ["--dp", "8", "--ep", "8"] + tp8[5:]
-    assert json.loads(epsim(*tp8[:5], *ep8, "--engine", "split", "--json").stdout)["dbo"] is True
+    ep8 = [*tp8[:5], "--dp", "8", "--ep", "8", *tp8[7:]]
+    assert json.loads(epsim(*ep8, "--engine", "split", "--json").stdout)["dbo"] is True
