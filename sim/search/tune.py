@@ -21,6 +21,7 @@ from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, check_scenario, run_scenario
 
 from .executors import Executor, split_diagnostics
+from .frontier import pareto_mask
 from .samplers import DEFAULT_TRIALS, SEARCHES, Outcome, choose
 from .slo import SLO, is_latency_key, with_slo_metrics
 
@@ -102,14 +103,11 @@ def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None)
 def pareto_frontier(points: Sequence[Mapping[str, Any]], objective: str, latency: str
                     ) -> list[Mapping[str, Any]]:
     """Points no other point beats on both ``objective`` (higher) and ``latency`` (lower),
-    sorted by latency."""
-    ordered = sorted(points, key=lambda p: (p[latency], -p[objective]))
-    frontier, best = [], -math.inf
-    for p in ordered:
-        if p[objective] > best:
-            frontier.append(p)
-            best = p[objective]
-    return frontier
+    sorted by latency (``frontier.pareto_mask`` with latency as negative interactivity)."""
+    keep = pareto_mask([-p[latency] for p in points], [p[objective] for p in points])
+    ordered = sorted((i for i in range(len(points)) if keep[i]),
+                     key=lambda i: (points[i][latency], -points[i][objective], i))
+    return [points[i] for i in ordered]
 
 
 @dataclass(frozen=True)
