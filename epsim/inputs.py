@@ -153,9 +153,8 @@ def _lazy_flags() -> dict[str, Spec]:
     )
     from epsim.sim.serving.presets import ENGINES
     from epsim.sim.serving.router import ROUTER_NAMES
-    from epsim.sim.serving.window import MEASURES
     from epsim.sim.step import MODES
-    from epsim.sim.workload.spec import BENCH_CLIENTS, DATASETS
+    from epsim.sim.workload.spec import BENCH_CLIENTS, DATASETS, MEASURES
     from epsim.sim.workload.traces import shipped_traces
 
     disagg = Parsed(parse_disagg, "P:D node counts (e.g. 1:2)", max_len=32)

@@ -38,8 +38,6 @@ from .metrics import compute_metrics, good_requests
 from .simulate import ServingRun
 from .tally import Gaps
 
-#: how a run's metrics are measured (``--measure``)
-MEASURES = ("burst", "steady")
 #: completions per decode rank the steady window is sized to hold (an assumption of how many a
 #: stable mean needs, not a measurement: a named parameter)
 STEADY_COMPLETIONS_PER_RANK = 16
@@ -56,12 +54,6 @@ RULE = ("warm-up ends at the last completion of the first K requests sent (K: th
         f"else {WARMUP_SHARE:g} of the requests); cool-down begins at the last send; every "
         "metric over the requests done in between (the first K left out), throughput over "
         "its duration")
-
-
-def check_measure(measure: str) -> str:
-    if measure not in MEASURES:
-        raise EpsimError(f"--measure must be one of {', '.join(MEASURES)}, got {measure!r}")
-    return measure
 
 
 def warmup_requests(n: int, concurrency: int | None) -> int:
@@ -162,7 +154,8 @@ def measured_run(w: WorkloadSpec, ranks: int, requests: Requests | None,
     sized = requests is None and w.num_prompts is None
     n = steady_num_prompts(w.max_concurrency, ranks)
     want = STEADY_COMPLETIONS_PER_RANK * max(1, ranks)
-    for doubling in range(MAX_DOUBLINGS + 1):
+    doubling = 0
+    while True:
         if requests is None:
             run = simulate(sample(replace(w, num_prompts=n) if sized else w), True)
         else:
@@ -170,12 +163,9 @@ def measured_run(w: WorkloadSpec, ranks: int, requests: Requests | None,
         last = not sized or doubling == MAX_DOUBLINGS
         try:
             m = steady_metrics(run, w.max_concurrency, ranks, *measured)
-        except EpsimError:
+            if last or m["window"]["completions"] >= want:
+                return run, m
+        except EpsimError:  # no window yet: more requests, unless this was the last try
             if last:
                 raise
-            n *= 2
-            continue
-        if last or m["window"]["completions"] >= want:
-            return run, m
-        n *= 2
-    raise AssertionError("unreachable: the last doubling returns or raises")
+        n, doubling = 2 * n, doubling + 1

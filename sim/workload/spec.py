@@ -91,6 +91,10 @@ BENCH_CLIENTS: dict[str, BenchClient] = {
 DEFAULT_BENCH_CLIENT = "vllm"
 
 
+#: how a run's metrics are measured (``--measure``; ``sim/serving/window.py``)
+MEASURES = ("burst", "steady")
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """What the benchmark client sends.
@@ -164,8 +168,9 @@ class WorkloadSpec:
         self.client.check_ratio(self.random_range_ratio)
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise EpsimError(f"concurrency must be a positive integer, got {self.max_concurrency}")
-        if self.measure not in ("burst", "steady"):
-            raise EpsimError(f"--measure must be burst or steady, got {self.measure!r}")
+        if self.measure not in MEASURES:
+            raise EpsimError(f"--measure must be one of {', '.join(MEASURES)}, got "
+                             f"{self.measure!r}")
         if not (self.request_rate > 0):
             raise EpsimError(f"request-rate must be positive or inf, got {self.request_rate}")
         if not (math.isfinite(self.burstiness) and self.burstiness > 0):
