@@ -52,7 +52,7 @@ from epsim.model.errors import EpsimError
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
 from epsim.sim.replay import replay
 from epsim.sim.scenario import Scenario, StepCache
-from epsim.sim.serving.presets import HOST_MS_PER_STEP
+from epsim.sim.serving.presets import HOST_MS_PER_STEP, PREFILL_FIRST
 from epsim.sim.workload.bench_results import BenchResult
 
 from . import plausible
@@ -91,7 +91,7 @@ FACTORS: dict[str, Factor] = {f.name: f for f in (
     Factor("other", "op_final_scale", "TPOT/ITL at another concurrency"),
     Factor("host", "host_ms_per_step",
            "a run whose decode steps are shorter than the host time (low concurrency: TPOT "
-           "then is the host time), under --engine"),
+           "then is the host time), under an engine (not --engine prefill_first)"),
 )}
 #: per phase, the metric fitted: the first of these the file has
 FIT_METRICS: dict[str, tuple[str, ...]] = {
@@ -302,9 +302,10 @@ def fit_bench(runs: Sequence[BenchResult], sc: Scenario, names: Sequence[str], *
     if unknown or not names:
         raise EpsimError(f"unknown factor {', '.join(unknown) or '(none)'}: choose from "
                          + ", ".join(FACTORS))
-    if "host" in names and sc.engine is None:
-        raise EpsimError("the host time per step acts under --engine only (epsim's own policy "
-                         "charges none): give --engine, or drop host from --factors")
+    if "host" in names and sc.engine == PREFILL_FIRST:
+        raise EpsimError("the host time per step acts under --engine only, and --engine "
+                         "prefill_first (epsim's own policy) charges none: run another engine "
+                         "(the default is the hardware vendor's), or drop host from --factors")
     return fit_screened(lambda active: Simulator(runs, sc, active), names, loo=loo)
 
 

@@ -16,11 +16,13 @@ import math
 from typing import Any
 
 from epsim.model.errors import EpsimError
+from epsim.sim.serving.presets import PREFILL_FIRST
 
 from .common import add_engine_args, add_mtp_args, emit_json, print_table, scenario_from_args
 from .inputs import add_flag
 
-#: the factors fitted without --factors (host joins them under --engine)
+#: the factors fitted without --factors (host joins them under every engine but
+#: prefill_first, which charges no host time)
 DEFAULT_FACTORS = ("attention", "grouped_gemm")
 #: what scenario_from_args reads that calibrate's parser does not define
 _SCENARIO_DEFAULTS: dict[str, Any] = {
@@ -37,7 +39,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
              "validate --bench does) and write the fitted profile to --out")
     add_flag(g, "--factors", lists=True, default=None,
              help="the factors fitted (comma list; default attention,grouped_gemm, plus host "
-             "under --engine): per op class multipliers on the final op time, host: the "
+             "unless --engine prefill_first): per op class multipliers on the final op time, host: the "
              "engine's host ms per step")
     add_flag(g, "--gpus-per-node", default=None, help="GPUs per node (default: the profile's)")
     add_flag(g, "--redundant-experts", default=0, metavar="R",
@@ -84,7 +86,7 @@ def run_bench_fit(args: argparse.Namespace) -> int:
     runs = [read_bench_file(f, args.bench_client) for f in args.from_bench]
     sc = _scenario(args)
     names = tuple(args.factors) if args.factors else (
-        DEFAULT_FACTORS + (("host",) if sc.engine else ()))
+        DEFAULT_FACTORS + (("host",) if sc.engine != PREFILL_FIRST else ()))
     report = fit_bench(runs, sc, names, loo=not args.no_loo)
     plausible.warn(report["refused"], "calibrate --from-bench")
     deployment = {"model": sc.model, "hardware": sc.hardware, "nodes": sc.nodes,
