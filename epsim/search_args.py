@@ -42,6 +42,9 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--splits", lists=True, default=None,
              help="dp x tp splits to try, e.g. 8x1,4x2,1x8 (default: the plan's own)")
     parser.set_defaults(concurrency=None, measure="steady")  # a service level: steady state
+    parser.epilog = ("Defaults of a search: --concurrency "
+                     f"{','.join(map(str, DEFAULT_SEARCH_CONCURRENCY))}, --measure steady "
+                     "(docs/serving.md).")
     add_executor_args(parser, search=True)
 
 
