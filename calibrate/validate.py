@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from epsim.model.bounds import read_json_file
 from epsim.model.config import ModelConfig, load_model
-from epsim.model.errors import EpsimError, read_json_file
+from epsim.model.errors import EpsimError
 from epsim.model.opgraph import Batch
 from epsim.model.outputs import check_output_target, staged_path
 from epsim.model.shipped import shipped_names, shipped_text

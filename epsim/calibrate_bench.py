@@ -100,6 +100,8 @@ def run_bench_fit(args: argparse.Namespace) -> int:
            "runs": report["runs"], "leave_one_out": report["leave_one_out"],
            "iterations": report["iterations"], "evaluations": report["evaluations"],
            "refused": report["refused"],
+           # every key of each file neither replayed nor compared, and why
+           "ignored": {run.source: dict(run.ignored) for run in runs if run.ignored},
            "sources": {k: v for k, v in obj["sources"].items()
                        if k in ("efficiency.op_final_scale", "efficiency.host_ms_per_step")}}
     if args.json:
@@ -129,4 +131,7 @@ def _print(out: dict[str, Any]) -> None:
             if row["determined"] else f"not determined by the others: {row['why']}"
         rows.append((f"  left out {row['run']}", text))
     rows.append(("fit", f"{out['iterations']} iterations, {out['evaluations']} replays"))
+    for source, keys in out["ignored"].items():
+        rows.append((f"  ignored in {source}", "; ".join(f"{k} ({why})"
+                                                         for k, why in keys.items())))
     print_table(rows, title="epsim calibrate --from-bench")

@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from epsim.model.bounds import MIN_BURSTINESS, MIN_REQUEST_RATE
 from epsim.model.errors import EpsimError
 
 from .specs import (
@@ -208,8 +209,10 @@ FLAGS: dict[str, Spec] = {
     "--concurrency": Integer(1, MAX_REQUESTS),
     "--num-prompts": Integer(1, MAX_REQUESTS),
     "--isl": Integer(1, MAX_TOKENS), "--osl": Integer(1, MAX_TOKENS),
-    "--request-rate": Real(0.0, 1e9, low_open=True, allow_inf=True),
-    "--burstiness": Real(0.0, 1e6, low_open=True),
+    # the least rate and burstiness a benchmark can mean (epsim.model.bounds: below them the
+    # gap draws overflow)
+    "--request-rate": Real(MIN_REQUEST_RATE, 1e9, allow_inf=True),
+    "--burstiness": Real(MIN_BURSTINESS, 1e6),
     # vLLM: 0 <= r < 1, SGLang: 0 <= r <= 1; WorkloadSpec checks the --bench-client's own range
     "--random-range-ratio": Real(0.0, 1.0),
     "--time-scale": Real(0.0, 1e6, low_open=True),

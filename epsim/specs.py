@@ -201,12 +201,17 @@ class Name(Spec):
         if not text or "\0" in text:
             raise self.reject(text)
         path = Path(text)
-        if path.is_file():
-            return text
-        if path.exists():
+        try:
+            if path.is_file():
+                return text
+            exists = path.exists()
+        except OSError as exc:  # a name the OS refuses (too long): neither a file nor a name
+            raise argparse.ArgumentTypeError(f"unknown {self.what} {show_text(text)}: "
+                                             f"{exc.strerror}, nor a shipped name") from None
+        if exists:
             raise argparse.ArgumentTypeError(f"{self.what} {text} is not a regular file")
         raise argparse.ArgumentTypeError(
-            f"unknown {self.what} {text!r}: no such file, nor a shipped name "
+            f"unknown {self.what} {show_text(text)}: no such file, nor a shipped name "
             f"({', '.join(self.known())})")
 
 
@@ -223,9 +228,14 @@ class InputFile(Spec):
         if not text or "\0" in text:
             raise self.reject(text)
         path = Path(text)
-        if not path.exists():
+        try:
+            exists, regular = path.exists(), path.is_file()
+        except OSError as exc:  # a name the OS refuses (too long)
+            raise argparse.ArgumentTypeError(f"{self.what} {show_text(text)}: "
+                                             f"{exc.strerror}") from None
+        if not exists:
             raise argparse.ArgumentTypeError(f"{self.what} not found: {text}")
-        if not path.is_file():
+        if not regular:
             raise argparse.ArgumentTypeError(f"{self.what} {text} is not a regular file")
         if not os.access(path, os.R_OK):
             raise argparse.ArgumentTypeError(f"{self.what} {text} is not readable")

@@ -18,12 +18,12 @@ Shipped configurations (``model/configs/*.json``) are the Hugging Face files of 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .bounds import check_config_bounds, is_file, parse_json
 from .errors import EpsimError
 from .shipped import shipped_names, shipped_text
 
@@ -420,6 +420,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str = "config.json") -> M
     """Build a :class:`ModelConfig` from the parsed contents of a Hugging Face ``config.json``."""
     if not isinstance(cfg, Mapping):
         raise EpsimError(f"{name}: config.json must hold a JSON object")
+    check_config_bounds(cfg, name)  # before anything is sized from it
     reader = _reader_for(cfg, name)
     try:
         model = replace(reader(cfg, name), max_position_embeddings=_context_limit(cfg, name))
@@ -472,7 +473,7 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
     """A shipped model by name (``deepseek-r1``) or a path to a Hugging Face ``config.json``."""
     text_name = str(name_or_path)
     path = Path(text_name)
-    if path.suffix == ".json" or path.is_file() or path.is_dir():
+    if path.suffix == ".json" or is_file(path) or path.is_dir():
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
@@ -488,8 +489,4 @@ def load_model(name_or_path: str | Path) -> ModelConfig:
             )
         source = text_name
         text = shipped
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EpsimError(f"{source}: malformed config.json ({exc.msg} at line {exc.lineno})") from None
-    return model_from_hf_config(cfg, source)
+    return model_from_hf_config(parse_json(text, source, "config.json"), source)

@@ -27,15 +27,22 @@ worst), the four files 5.6-8.1 and 1.86-2.07.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .bounds import (
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    MAX_LOAD_CELLS,
+    check_count,
+    parse_json,
+    read_json_file,
+)
 from .config import ModelConfig
-from .errors import EpsimError, read_json_file
+from .errors import EpsimError
 from .shipped import shipped_names, shipped_text
 
 #: the synthetic loads' generator seed, lognormal sigmas (per router group, per expert) and
@@ -58,6 +65,7 @@ def _as_loads(obj: Any, where: str, windows: bool = False) -> np.ndarray:
         arr = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError):
         raise EpsimError(f"{where}: logical_count must be a rectangular array of numbers") from None
+    _check_shape(arr.shape, where)
     steps = arr if arr.ndim == 3 else arr[None]
     if arr.ndim == 3:  # [steps, layers, experts] windows: summed (or kept apart: windows)
         arr = arr.sum(axis=0)
@@ -73,6 +81,15 @@ def _as_loads(obj: Any, where: str, windows: bool = False) -> np.ndarray:
     if windows:  # windows without any load (idle steps) carry no information: dropped
         return steps[steps.sum(axis=(1, 2)) > 0]
     return arr
+
+
+def _check_shape(shape: tuple[int, ...], where: str) -> None:
+    """Layers, experts and cells within their bounds (epsim.model.bounds) before any work is
+    sized from them (balance's grows with every cell)."""
+    if len(shape) in (2, 3):
+        check_count(shape[-2], MAX_LAYERS, "logical_count's layers", where)
+        check_count(shape[-1], MAX_EXPERTS, "logical_count's experts", where)
+        check_count(math.prod(shape), MAX_LOAD_CELLS, "logical_count's cells", where)
 
 
 def shipped_loads() -> list[str]:
@@ -91,7 +108,7 @@ def read_loads(name_or_path: str | Path, *, windows: bool = False) -> np.ndarray
     if not p.is_file():
         shipped = shipped_text("epsim.model", "data/loads", str(name_or_path))
         if shipped is not None:
-            return _as_loads(json.loads(shipped), str(name_or_path), windows)
+            return _as_loads(parse_json(shipped, str(name_or_path)), str(name_or_path), windows)
         raise EpsimError(f"load file not found: {p} (nor a shipped name: "
                          f"{', '.join(shipped_loads())})")
     if p.suffix == ".pt":

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EpsimError, read_json_file
+from .bounds import MAX_EXPERTS, MAX_ID, MAX_LAYERS, check_count, read_json_file
+from .errors import EpsimError
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,13 +171,6 @@ def _arange_like(ref: Any, n: int) -> Any:
     return np.arange(n, dtype=np.asarray(ref).dtype)
 
 
-def _integer(value: object, what: str) -> int:
-    """A JSON integer (not a bool, not a float with a fraction, which would be truncated)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise EpsimError(f"{what} must be an integer, got {value!r}")
-    return value
-
-
 def _integer_array(value: object) -> np.ndarray:
     """``physical_to_logical`` as int64, refusing non-integers instead of truncating them."""
     arr = np.asarray(value, dtype=object)
@@ -194,9 +188,12 @@ def read_placement(path: str | Path, num_layers: int | None = None,
     p = Path(path)
     obj = read_json_file(p, "placement file")
     try:
-        placement = Placement(_integer_array(obj["physical_to_logical"]),
-                              num_gpus=_integer(obj["num_gpus"], "num_gpus"),
-                              num_logical=_integer(obj["num_logical"], "num_logical"))
+        # the counts bounded before the placement sizes its [layers, experts] tables from them
+        num_gpus = check_count(obj["num_gpus"], MAX_ID, "num_gpus", "placement")
+        num_logical = check_count(obj["num_logical"], MAX_EXPERTS, "num_logical", "placement")
+        table = _integer_array(obj["physical_to_logical"])
+        check_count(table.shape[0], MAX_LAYERS, "physical_to_logical's layers", "placement")
+        placement = Placement(table, num_gpus=num_gpus, num_logical=num_logical)
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, EpsimError):
             raise EpsimError(f"{p}: {exc}") from None

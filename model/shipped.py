@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from importlib import resources
 
+from .bounds import MAX_NAME_CHARS
+
 
 def shipped_names(package: str, folder: str) -> list[str]:
     """Stems of the ``.json`` files in ``folder`` of ``package``, sorted. Example:
@@ -25,7 +27,8 @@ def shipped_names(package: str, folder: str) -> list[str]:
 def shipped_text(package: str, folder: str, name: str) -> str | None:
     """The text of the shipped ``name`` (``folder/name.json`` of ``package``), None when no such
     file ships."""
-    if "/" in name or "\\" in name or name.startswith("."):
+    if "/" in name or "\\" in name or name.startswith(".") or "\0" in name \
+            or len(name) > MAX_NAME_CHARS - len(".json"):  # the OS refuses such a file name
         return None
     file = resources.files(package) / folder / f"{name}.json"
     return file.read_text(encoding="utf-8") if file.is_file() else None

@@ -83,6 +83,7 @@ def replay(bench: BenchResult, sc: Scenario, cache: StepCache | None = None,
            goodput: Sequence[tuple[str, float]] = ()) -> dict[str, Any]:
     """Simulate ``bench``'s workload under ``sc``'s deployment -> a report: ``metrics``
     ({name: {measured, predicted, error_pct}}), ``skipped`` (metrics not predicted, and why),
+    ``ignored`` (the file's keys neither replayed nor compared, and why),
     ``workload``, ``notes``, ``deployment`` (the simulated result without its metrics) and the
     median and largest absolute error."""
     sc = replay_scenario(bench, sc)
@@ -107,6 +108,7 @@ def replay(bench: BenchResult, sc: Scenario, cache: StepCache | None = None,
     return {
         "bench": bench.source, "format": bench.client, "workload": bench.workload(),
         "notes": list(bench.notes), "metrics": metrics, "skipped": skipped,
+        "ignored": dict(bench.ignored),
         "median_abs_error_pct": float(np.median(errors)) if errors else None,
         "max_abs_error_pct": max(errors) if errors else None,
         "deployment": {k: v for k, v in result.items()

@@ -181,6 +181,8 @@ def print_bench_report(r: dict[str, Any]) -> None:
         print(f"  {name:<32} {_cell(m['measured']):>12} {_cell(m['predicted']):>12} {err:>9}")
     for name, why in r["skipped"].items():
         print(f"  {name:<32} skipped: {why}")
+    for name, why in r["ignored"].items():
+        print(f"  {name:<32} ignored: {why}")
     if r["median_abs_error_pct"] is not None:
         print(f"  |error| median {r['median_abs_error_pct']:.1f}%, max "
               f"{r['max_abs_error_pct']:.1f}%; simulated in {r['sim_wall_s']:.1f} s")

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from epsim.model.bounds import MAX_PROFILE_NUMBER, show
 from epsim.model.errors import EpsimError
 from epsim.model.opgraph import OP_KINDS
 
@@ -408,7 +409,8 @@ def number(obj: Mapping[str, Any], key: str, where: str) -> float:
         raise EpsimError(f"{where}: profile lacks required key {key!r}")
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise EpsimError(f"{where}: {key} must be a positive number, got {value!r}")
+            or not 0 < value <= MAX_PROFILE_NUMBER:
+        raise EpsimError(f"{where}: {key} must be a positive number of at most "
+                         f"{MAX_PROFILE_NUMBER:g}, got {show(value)}")
     return float(value)
 

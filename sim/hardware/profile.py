@@ -123,6 +123,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from epsim.model.bounds import MAX_ID, check_count, is_file, parse_json
 from epsim.model.errors import EpsimError
 from epsim.model.shipped import shipped_names, shipped_text
 
@@ -134,6 +135,7 @@ from .table_guard import Roof
 TOPOLOGIES = ("full_mesh", "switch")
 _NUMBER_KEYS = ("compute_units", "gpus_per_node", "hbm_bytes", "hbm_bandwidth",
                 "nic_bandwidth_per_gpu", "kernel_launch_s")
+_WHOLE_KEYS = ("compute_units", "gpus_per_node")
 _SOURCED_KEYS = ("peak_flops", "hbm_bytes", "hbm_bandwidth", "fabric", "nic_bandwidth_per_gpu",
                  "kernel_launch_s")
 
@@ -275,6 +277,8 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
         if key not in obj:
             raise EpsimError(f"{where}: profile lacks required key {key!r}")
     numbers = {key: number(obj, key, where) for key in _NUMBER_KEYS}
+    for key in _WHOLE_KEYS:  # counts: half a compute unit would size a wave of zero
+        check_count(numbers[key], MAX_ID, key, where)
     peaks = obj["peak_flops"]
     if not isinstance(peaks, Mapping) or not {"bf16", "fp8"} <= set(peaks):
         raise EpsimError(f"{where}: peak_flops must be an object with at least bf16 and fp8")
@@ -289,7 +293,8 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
         )
     fabric = Fabric(
         topology=topology,
-        links_per_gpu=int(number(fabric_obj, "links_per_gpu", f"{where}: fabric")),
+        links_per_gpu=check_count(number(fabric_obj, "links_per_gpu", f"{where}: fabric"),
+                                  MAX_ID, "links_per_gpu", f"{where}: fabric"),
         link_bandwidth=number(fabric_obj, "link_bandwidth", f"{where}: fabric"),
     )
     sources = obj["sources"]
@@ -327,7 +332,7 @@ def load_profile(name_or_path: str | Path, kernels: str | None = None,
     exchange mode ``a2a_mode`` (None: ``"auto"``, ``epsim.sim.hardware.a2a``)."""
     text_name = str(name_or_path)
     path = Path(text_name)
-    if path.suffix == ".json" or path.is_file():
+    if path.suffix == ".json" or is_file(path):
         if not path.is_file():
             raise EpsimError(f"hardware profile file not found: {path}")
         where, text = str(path), path.read_text(encoding="utf-8", errors="replace")
@@ -339,8 +344,4 @@ def load_profile(name_or_path: str | Path, kernels: str | None = None,
                 f"({', '.join(shipped_profiles())}) nor a path to a profile JSON"
             )
         where, text = text_name, shipped
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EpsimError(f"{where}: malformed profile JSON ({exc.msg} at line {exc.lineno})") from None
-    return profile_from_dict(obj, where).with_kernels(kernels).with_a2a_mode(a2a_mode)
+    return profile_from_dict(parse_json(text, where, "profile JSON"), where).with_kernels(kernels).with_a2a_mode(a2a_mode)

@@ -27,7 +27,6 @@ by more than ``COUNT_TOLERANCE`` is an :class:`EpsimError` (one line).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -37,6 +36,16 @@ from typing import Any
 
 import numpy as np
 
+from epsim.model.bounds import (
+    MAX_CONCURRENCY,
+    MAX_PROMPTS,
+    MAX_TOKENS,
+    MIN_BURSTINESS,
+    MIN_REQUEST_RATE,
+    check_count,
+    parse_json,
+    show,
+)
 from epsim.model.errors import EpsimError
 
 from .spec import BENCH_CLIENTS, Requests, issue_times
@@ -63,7 +72,41 @@ SCALAR_METRICS = ("duration", "request_throughput", "request_goodput", "output_t
                   "max_concurrent_requests", "concurrency", "spec_decode_acceptance_length",
                   "spec_decode_acceptance_rate")
 #: SGLang's single-number metric names -> epsim's
-SGLANG_SCALARS = {"accept_length": "spec_decode_acceptance_length"}
+SGLANG_SCALARS = {"accept_length": "spec_decode_acceptance_length",
+                  "total_throughput": "total_token_throughput"}
+#: the keys that set the workload replayed (read by ``_Workload`` and ``_listed_lengths``)
+WORKLOAD_KEYS = frozenset({"num_prompts", "completed", "failed", "duration",
+                           "total_input_tokens", "total_output_tokens", "max_concurrency",
+                           "request_rate", "burstiness"})
+#: each workload key's range, checked before anything is sized from it (epsim.model.bounds;
+#: a duration of 10**9 s is 31 years); request_rate may also be inf (all at once)
+_TOTAL_TOKENS = MAX_PROMPTS * MAX_TOKENS
+WORKLOAD_BOUNDS: dict[str, tuple[float, float]] = {
+    "num_prompts": (1, MAX_PROMPTS), "completed": (1, MAX_PROMPTS), "failed": (0, MAX_PROMPTS),
+    "max_concurrency": (1, MAX_CONCURRENCY), "request_rate": (MIN_REQUEST_RATE, 1e9),
+    "burstiness": (MIN_BURSTINESS, 1e6), "duration": (0, 1e9),
+    "total_input_tokens": (1, _TOTAL_TOKENS), "total_output_tokens": (1, _TOTAL_TOKENS),
+}
+_RUN_METADATA = "the run's metadata, not a measurement"
+_RETOKENIZED = "SGLang's re-tokenized count: total_output_tokens (the server's) is replayed"
+#: keys of either client's file that are read but neither replayed nor compared, and why; any
+#: other key epsim does not know is listed under ``ignored`` too ("not a key of ...")
+IGNORED_KEYS: dict[str, str] = {
+    **dict.fromkeys(("date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id",
+                     "server_info", "tag", "num_processes", "benchmark_start_time",
+                     "benchmark_end_time", "metric_accounting_version", "dataset_name",
+                     "random_input_len", "random_output_len", "random_range_ratio",
+                     "sharegpt_output_len", "ramp_up_strategy", "ramp_up_start_rps",
+                     "ramp_up_end_rps"), _RUN_METADATA),
+    "latencies": "per-request E2E latencies: their statistics (*_e2el_ms) are compared",
+    "ttfts": "per-request TTFTs: their statistics (*_ttft_ms) are compared",
+    "itls": "per-request token gaps: their statistics (*_itl_ms) are compared",
+    "generated_texts": "the outputs' text: the replay needs only their lengths",
+    "max_itl_ms": "the single longest gap of the run: a maximum over one run's samples is not "
+                  "predicted (the simulator models no noise)",
+    "total_output_tokens_retokenized": _RETOKENIZED,
+    "output_throughput_retokenized": _RETOKENIZED, "total_throughput_retokenized": _RETOKENIZED,
+}
 
 
 @dataclass(frozen=True)
@@ -82,6 +125,8 @@ class BenchResult:
     goodput: the SLOs of ``request_goodput`` when the file says them (epsim's own files do).
     notes: what the replay had to assume (mean lengths, drawn arrivals, dropped failures).
     epsim: the ``epsim`` block of a file ``epsim predict --save-result`` wrote, else empty.
+    ignored: every key of the file neither replayed nor compared -> why (nothing is dropped
+        silently).
     """
 
     client: str
@@ -100,6 +145,7 @@ class BenchResult:
     goodput: tuple[tuple[str, float], ...] = ()
     notes: tuple[str, ...] = ()
     epsim: Mapping[str, Any] = field(default_factory=dict)
+    ignored: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def has_lengths(self) -> bool:
@@ -170,19 +216,20 @@ def read_bench_file(path: str | Path, client: str | None = None) -> BenchResult:
 
 
 def _last_object(text: str, name: str) -> tuple[dict[str, Any], str]:
-    try:
-        obj = json.loads(text)
+    """The file's object, or its last line's when it holds one object per line; a parse error
+    names the line and column (of the file, in a file of lines)."""
+    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    first = lines[0][1].strip() if lines else ""
+    if len(lines) > 1 and first.startswith("{") and first.endswith("}"):
+        objs = []  # one object per line, as both clients append them
+        for number, line in lines:
+            objs.append(parse_json(line, f"{name} line {number}", "result line"))
+        if all(isinstance(o, dict) for o in objs):
+            return objs[-1], f"{name} line {len(objs)} of {len(objs)}"
+    else:
+        obj = parse_json(text, name, "result JSON")
         if isinstance(obj, dict):
             return obj, name
-    except json.JSONDecodeError:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        try:
-            objs = [json.loads(ln) for ln in lines]
-        except json.JSONDecodeError:
-            objs = []
-        if objs and all(isinstance(o, dict) for o in objs):
-            return objs[-1], (name if len(objs) == 1 else f"{name} line {len(objs)} of "
-                              f"{len(objs)}")
     raise EpsimError(f"{name}: neither a vllm bench serve result (a JSON object) nor an "
                      "SGLang bench_serving result line")
 
@@ -222,13 +269,37 @@ def parse_bench(obj: Mapping[str, Any], source: str = "result",
         notes.append(f"arrivals drawn at {w.rate:g} req/s, burstiness {w.burstiness:g} "
                      "(the file does not list them)")
     epsim = obj.get("epsim") if isinstance(obj.get("epsim"), Mapping) else {}
+    measured = measured_metrics(obj, client, source)
+    used = (WORKLOAD_KEYS | set(measured) | {"epsim"}
+            | ({"input_lens", "output_lens", "errors"} if lens else set())
+            | ({"start_times", "queue_times"} if times is not None else set()))
     return BenchResult(
         client=client, source=source, num_prompts=w.n, duration_s=w.duration,
         total_input_tokens=w.total_in, total_output_tokens=w.total_out,
         max_concurrency=w.concurrency, request_rate=w.rate, burstiness=w.burstiness,
         input_lens=lens[0] if lens else None, output_lens=lens[1] if lens else None,
-        issue_times_s=times, measured=measured_metrics(obj, client),
-        goodput=_goodput(epsim), notes=tuple(notes), epsim=dict(epsim))
+        issue_times_s=times, measured=measured, goodput=_goodput(epsim, source),
+        notes=tuple(notes), epsim=dict(epsim), ignored=_ignored(obj, used, client))
+
+
+def _ignored(obj: Mapping[str, Any], used: set[str], client: str) -> dict[str, str]:
+    """Every key of ``obj`` that is neither replayed nor compared -> why."""
+    out: dict[str, str] = {}
+    for key in obj:
+        if _metric_name(key, client) in used or key in used:
+            continue
+        if key in IGNORED_KEYS:
+            out[key] = IGNORED_KEYS[key]
+        elif key in ("start_times", "queue_times", "input_lens", "output_lens", "errors"):
+            out[key] = ("arrivals are read from start_times and queue_times with the lengths "
+                        "listed, all of one length")
+        elif obj[key] is None:
+            out[key] = "null: no value"
+        elif isinstance(obj[key], float) and not math.isfinite(obj[key]):
+            out[key] = f"{obj[key]}: not a finite number"
+        else:
+            out[key] = (f"not a key of {client}'s result that epsim replays or predicts")
+    return out
 
 
 def _number(obj: Mapping[str, Any], key: str, source: str, *, integer: bool = False,
@@ -243,7 +314,11 @@ def _number(obj: Mapping[str, Any], key: str, source: str, *, integer: bool = Fa
         ok = value > 0
     if not ok:
         raise EpsimError(f"{source}: {key} must be a {'positive ' if positive else ''}"
-                         f"{'integer' if integer else 'number'}, got {value!r}")
+                         f"{'integer' if integer else 'number'}, got {show(value)}")
+    low, high = WORKLOAD_BOUNDS[key]
+    if not (low <= value <= high or (key == "request_rate" and math.isinf(value))):
+        raise EpsimError(f"{source}: {key} {show(value)} is outside [{low:g}, {high:g}] "
+                         "(docs/inputs.md)")
     return int(value) if integer else float(value)
 
 
@@ -303,8 +378,10 @@ def _disagree(a: float, b: float) -> bool:
 def _int_list(obj: Mapping[str, Any], key: str, source: str) -> list[int]:
     values = obj[key]
     if not isinstance(values, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-        raise EpsimError(f"{source}: {key} must be a list of non-negative integers")
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS
+            for v in values):
+        raise EpsimError(f"{source}: {key} must be a list of integers in [0, {MAX_TOKENS}]")
+    check_count(len(values), MAX_PROMPTS, f"{key}'s length", source)
     return values
 
 
@@ -353,25 +430,44 @@ def _issue_times(obj: Mapping[str, Any], ok: np.ndarray | None, w: _Workload
     return tuple(float(x) for x in t - t.min())
 
 
-def measured_metrics(obj: Mapping[str, Any], client: str) -> dict[str, float]:
+def _metric_name(key: str, client: str) -> str | None:
+    """epsim's name of metric ``key`` (``mean_e2e_latency_ms`` -> ``mean_e2el_ms`` for SGLang),
+    or None for a key that is not a metric."""
+    m = STAT_KEY.match(key)
+    if m:
+        metric = SGLANG_METRIC_NAMES.get(m.group(2), m.group(2)) if client == "sglang" \
+            else m.group(2)
+        return f"{m.group(1)}_{metric}_ms"
+    if key in SCALAR_METRICS or key in SGLANG_SCALARS:
+        return SGLANG_SCALARS.get(key, key)
+    return None
+
+
+def measured_metrics(obj: Mapping[str, Any], client: str, source: str = "result"
+                     ) -> dict[str, float]:
     """Every metric of the file, under epsim's names: the latency statistics and the scalars
-    of ``SCALAR_METRICS`` (``None`` values, as vLLM writes an unset goodput, are absent)."""
+    of ``SCALAR_METRICS``. ``None`` (as vLLM writes an unset goodput) or a non-finite value is
+    absent (listed as ignored); any other non-number is an error naming the key."""
     out: dict[str, float] = {}
     for key, value in obj.items():
-        if not isinstance(value, int | float) or isinstance(value, bool):
+        name = _metric_name(key, client)
+        if name is None or value is None or key in IGNORED_KEYS:
             continue
-        m = STAT_KEY.match(key)
-        if m:
-            metric = SGLANG_METRIC_NAMES.get(m.group(2), m.group(2)) if client == "sglang" \
-                else m.group(2)
-            out[f"{m.group(1)}_{metric}_ms"] = float(value)
-        elif key in SCALAR_METRICS or key in SGLANG_SCALARS:
-            out[SGLANG_SCALARS.get(key, key)] = float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise EpsimError(f"{source}: {key} must be a number (or null), got {show(value)}")
+        if math.isfinite(value):
+            out[name] = float(value)
     return out
 
 
-def _goodput(epsim: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+def _goodput(epsim: Mapping[str, Any], source: str) -> tuple[tuple[str, float], ...]:
+    """The SLOs an epsim file states (``epsim.goodput``: {metric: ms})."""
     slos = epsim.get("goodput") if epsim else None
-    if not isinstance(slos, Mapping):
+    if slos is None:
         return ()
+    if not isinstance(slos, Mapping) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in slos.values()):
+        raise EpsimError(f"{source}: epsim.goodput must map each metric to positive ms, got "
+                         f"{show(slos)}")
     return tuple((str(k), float(v)) for k, v in slos.items())

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from epsim.model.errors import EpsimError, read_json_file
+from epsim.model.bounds import read_json_file
+from epsim.model.errors import EpsimError
 
 
 @dataclass(frozen=True)
