@@ -131,10 +131,20 @@ def add_workload_args(parser: argparse.ArgumentParser, *, lists: bool = False) -
     add_bench_client_arg(g)
     add_flag(g, "--dataset-path", default=None, metavar="FILE",
              help="a local ShareGPT JSON for --dataset sharegpt-like; a request trace CSV "
-             "(TIMESTAMP, ContextTokens, GeneratedTokens) or a shipped one "
+             "(Azure's TIMESTAMP, ContextTokens, GeneratedTokens or Vidur's arrived_at, "
+             "num_prefill_tokens, num_decode_tokens) or a shipped one "
              f"({', '.join(shipped_traces())}) for --dataset trace")
     add_flag(g, "--time-scale", default=w.time_scale, metavar="S",
              help="--dataset trace: arrival times x S (0.5 doubles the arrival rate; default 1)")
+    add_flag(g, "--length-scale", default=1.0, metavar="F",
+             help="--dataset trace: every prompt and output length x F, truncated, at least 1 "
+             "(Vidur's prefill and decode scale factors together; default 1)")
+    add_flag(g, "--prefill-scale", default=w.prefill_scale, metavar="F",
+             help="--dataset trace: prompt lengths x F (Vidur's prefill_scale_factor; times "
+             "--length-scale; default 1)")
+    add_flag(g, "--decode-scale", default=w.decode_scale, metavar="F",
+             help="--dataset trace: output lengths x F (Vidur's decode_scale_factor; times "
+             "--length-scale; default 1)")
     add_flag(g, "--seed", default=w.seed, help=f"seeds requests and routing (default {w.seed})")
     percentiles = ",".join(percentile_word(p) for p in DEFAULT_PERCENTILES)
     add_flag(g, "--metric-percentiles", default=percentiles,
@@ -300,7 +310,9 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
         dataset=dataset, num_prompts=n, isl=isl, osl=osl,
         random_range_ratio=v["random_range_ratio"], max_concurrency=conc,
         request_rate=v["request_rate"], burstiness=v["burstiness"],
-        dataset_path=v["dataset_path"], time_scale=v.get("time_scale", 1.0), seed=v["seed"],
+        dataset_path=v["dataset_path"], time_scale=v.get("time_scale", 1.0),
+        prefill_scale=v.get("length_scale", 1.0) * v.get("prefill_scale", 1.0),
+        decode_scale=v.get("length_scale", 1.0) * v.get("decode_scale", 1.0), seed=v["seed"],
         bench_client=v.get("bench_client") or WorkloadSpec.bench_client,
         measure=measure).validate()
     return Scenario(

@@ -216,6 +216,10 @@ FLAGS: dict[str, Spec] = {
     # vLLM: 0 <= r < 1, SGLang: 0 <= r <= 1; WorkloadSpec checks the --bench-client's own range
     "--random-range-ratio": Real(0.0, 1.0),
     "--time-scale": Real(0.0, 1e6, low_open=True),
+    # a trace's lengths x F (Vidur's scale factors): 1e3 makes a 16k-token prompt 16M tokens
+    "--length-scale": Real(0.0, 1e3, low_open=True),
+    "--prefill-scale": Real(0.0, 1e3, low_open=True),
+    "--decode-scale": Real(0.0, 1e3, low_open=True),
     "--seed": Integer(0, MAX_SEED),
     "--chunked-prefill-size": Integer(1, MAX_TOKENS),
     # MTP speculative decoding: each draft token's acceptance probability (--mtp: _lazy_flags)

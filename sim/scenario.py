@@ -350,6 +350,7 @@ def _trace_echo(w: WorkloadSpec, requests: Requests) -> dict[str, Any]:
     if not w.kind.replays:
         return {}
     return {"dataset_path": w.dataset_path, "time_scale": w.time_scale,
+            "prefill_scale": w.prefill_scale, "decode_scale": w.decode_scale,
             "trace_arrival_rate": arrival_rate(requests.issue_times_s)}
 
 

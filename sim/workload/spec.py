@@ -43,7 +43,7 @@ from epsim.model.config import ModelConfig, check_context_length
 from epsim.model.errors import EpsimError
 
 from .sharegpt import SHAREGPT_LIKE, sharegpt_file_lengths, sharegpt_like_lengths
-from .traces import SHIPPED_TRACES, trace_head
+from .traces import SHIPPED_TRACES, scaled_lengths, trace_head
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,8 @@ class WorkloadSpec:
     dataset_path: a local ShareGPT JSON for ``sharegpt-like`` (``None``: the synthetic one);
         the request trace for ``trace`` (a CSV or a shipped name, e.g. ``"azure-conv"``).
     time_scale: ``trace`` only: arrival times multiplied by this (0.5: twice the rate).
+    prefill_scale / decode_scale: ``trace`` only: each request's prompt / output tokens times
+        this, truncated, at least 1 (Vidur's ``prefill_scale_factor`` / ``decode_scale_factor``).
     seed: seeds every random choice. Same seed, same requests.
     bench_client: whose ``--random-range-ratio`` this is (``BENCH_CLIENTS``). Example: "sglang".
     measure: ``"burst"`` (every request counts) or ``"steady"`` (a window without warm-up and
@@ -127,6 +129,8 @@ class WorkloadSpec:
     burstiness: float = 1.0
     dataset_path: str | None = None
     time_scale: float = 1.0
+    prefill_scale: float = 1.0
+    decode_scale: float = 1.0
     seed: int = 0
     bench_client: str = DEFAULT_BENCH_CLIENT
     measure: str = "burst"
@@ -287,6 +291,9 @@ class Dataset:
         if spec.time_scale != 1.0:
             raise EpsimError("--time-scale stretches a trace's arrivals; use it with "
                              "--dataset trace")
+        if (spec.prefill_scale, spec.decode_scale) != (1.0, 1.0):
+            raise EpsimError("--length-scale, --prefill-scale and --decode-scale scale a trace's "
+                             "lengths; use them with --dataset trace (--isl/--osl set the others')")
 
     def check_path(self, spec: WorkloadSpec) -> None:
         """What ``dataset_path`` must be, once it is known the dataset takes one."""
@@ -393,24 +400,37 @@ class Trace(Dataset):
         """A trace brings lengths and arrival times: the flags that would set them contradict."""
         if spec.dataset_path is None:
             raise EpsimError("--dataset trace needs --dataset-path (a CSV with TIMESTAMP, "
-                             f"ContextTokens, GeneratedTokens, or {', '.join(SHIPPED_TRACES)})")
+                             "ContextTokens, GeneratedTokens or Vidur's arrived_at, "
+                             f"num_prefill_tokens, num_decode_tokens, or "
+                             f"{', '.join(SHIPPED_TRACES)})")
         for name in ("isl", "osl"):
             if getattr(spec, name) is not None:
                 raise EpsimError(f"the trace dataset brings each request's lengths; drop --{name}")
         if not math.isinf(spec.request_rate) or spec.burstiness != 1.0:
             raise EpsimError("the trace dataset brings its own arrival times; drop "
                              "--request-rate / --burstiness (--time-scale stretches them)")
-        if not (math.isfinite(spec.time_scale) and spec.time_scale > 0):
-            raise EpsimError(f"time-scale must be a positive number, got {spec.time_scale}")
+        for name in ("time_scale", "prefill_scale", "decode_scale"):
+            value = getattr(spec, name)
+            if not (math.isfinite(value) and value > 0):
+                raise EpsimError(f"{name.replace('_', '-')} must be a positive number, got "
+                                 f"{value}")
+
+    @staticmethod
+    def _lengths(spec: WorkloadSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(arrivals, prompt, output tokens) of the trace's first rows, the lengths scaled."""
+        trace = trace_head(spec.dataset_path, spec.num_prompts)
+        return (trace.arrival_s,
+                scaled_lengths(trace.input_lens, spec.prefill_scale, "a prompt"),
+                scaled_lengths(trace.output_lens, spec.decode_scale, "an output"))
 
     def longest(self, spec: WorkloadSpec) -> tuple[int, str]:
-        trace = trace_head(spec.dataset_path, spec.num_prompts)
-        total = trace.input_lens + trace.output_lens
+        _, ins, outs = self._lengths(spec)
+        total = ins + outs
         i = int(total.argmax())
         return int(total[i]), (f"request {i} of the trace {spec.dataset_path} "
-                               f"({int(trace.input_lens[i])} in + {int(trace.output_lens[i])} out)")
+                               f"({int(ins[i])} in + {int(outs[i])} out)")
 
     def requests(self, spec: WorkloadSpec) -> Requests:
-        trace = trace_head(spec.dataset_path, spec.num_prompts)
-        return Requests(input_lens=trace.input_lens, output_lens=trace.output_lens,
-                        issue_times_s=trace.arrival_s * spec.time_scale)
+        arrival_s, ins, outs = self._lengths(spec)
+        return Requests(input_lens=ins, output_lens=outs,
+                        issue_times_s=arrival_s * spec.time_scale)
