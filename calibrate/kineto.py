@@ -22,13 +22,13 @@ Kernels launched under none of the selected annotations are outside the scope.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from epsim.model.bounds import parse_json
 from epsim.model.errors import EpsimError
 
 GPU_KERNEL_CATS = frozenset({"kernel"})
@@ -181,11 +181,7 @@ def read_trace(path: str | Path) -> KinetoTrace:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise EpsimError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EpsimError(f"{path}: malformed trace JSON ({exc.msg} at line {exc.lineno})") from None
-    return parse_trace(obj, str(path))
+    return parse_trace(parse_json(text, str(path), "trace JSON"), str(path))
 
 
 def scope_annotations(trace: KinetoTrace, names: Sequence[str] | None) -> list[Span]:

@@ -46,9 +46,10 @@ MAX_ID = MAX_EXPERTS * 64
 #: a number in a hardware profile (bytes, bytes/s, FLOP/s): 10**20 is 10,000x a GPU's
 #: peak FLOP/s (~2.6e15) and 10**8x its HBM bytes; a larger value is a corrupt file
 MAX_PROFILE_NUMBER = 1e20
-#: a JSON integer's digits: 18 keeps every integer below 10**18 < 2**63, so it fits int64 and
-#: a float exactly enough; no count, id, byte size or timestamp (in ns) epsim reads needs more
-MAX_INT_DIGITS = 18
+#: a JSON integer's digits: 20 holds any uint64 (an id, a pointer) and a nanosecond timestamp
+#: since 1970 (19 digits: Kineto's baseTimeNanoseconds); Python's own limit is 4,300 digits
+#: (a ValueError), and every count read is bounded far lower below
+MAX_INT_DIGITS = 20
 #: request rate (req/s) and gamma burstiness: the least a benchmark can mean. A rate of 1e-6 is
 #: one request every 11.6 days; a shape of 1e-3 is gaps whose coefficient of variation is ~32
 #: (vLLM's burstiness 1 is Poisson). Smaller values overflow the gap draws (1/rate, 1/shape)
@@ -60,6 +61,10 @@ MAX_CSV_FIELD = 131072
 #: a name given where a file may be meant (--model, --hardware, ...): 255 is the longest file
 #: name Linux file systems allow (NAME_MAX)
 MAX_NAME_CHARS = 255
+#: GPUs one expert-parallel group spans: the simulator's exchange and collective costs form
+#: dense [ranks x ranks] traffic matrices, 8 * ranks**2 bytes each: 512 MiB at 8,192 ranks
+#: (step at --nodes 1024 peaks at 1.9 GB), 8 GiB at --nodes 4096's 32,768
+MAX_EP_RANKS = 8192
 #: load statistics: snapshots x layers x experts cells (a dump of 10**4 windows of DeepSeek-R1's
 #: 61 x 256 is 1.6e8); balance's work grows with it
 MAX_LOAD_CELLS = 2 * 10**8
