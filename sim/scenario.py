@@ -345,8 +345,7 @@ def _benchmark_echo(sc: Scenario, kv_capacity_tokens: int, settings: EngineSetti
 
 
 def _trace_echo(w: WorkloadSpec, requests: Requests) -> dict[str, Any]:
-    """A replayed trace: which, how stretched, and the arrival rate it offered (requests/s over
-    its span); nothing for the other datasets."""
+    """A replayed trace: which, how stretched and scaled, its arrival rate (req/s); else {}."""
     if not w.kind.replays:
         return {}
     return {"dataset_path": w.dataset_path, "time_scale": w.time_scale,
