@@ -104,6 +104,7 @@ IGNORED_KEYS: dict[str, str] = {
     "generated_texts": "the outputs' text: the replay needs only their lengths",
     "max_itl_ms": "the single longest gap of the run: a maximum over one run's samples is not "
                   "predicted (the simulator models no noise)",
+    "rtfx": "vLLM's real-time factor of audio transcription: no audio is simulated",
     "total_output_tokens_retokenized": _RETOKENIZED,
     "output_throughput_retokenized": _RETOKENIZED, "total_throughput_retokenized": _RETOKENIZED,
 }
