@@ -46,6 +46,10 @@ MAX_ID = MAX_EXPERTS * 64
 #: a number in a hardware profile (bytes, bytes/s, FLOP/s): 10**20 is 10,000x a GPU's
 #: peak FLOP/s (~2.6e15) and 10**8x its HBM bytes; a larger value is a corrupt file
 MAX_PROFILE_NUMBER = 1e20
+#: JSON nesting: the parser's own bound, Python's recursion limit (1,000 levels by default,
+#: less the stack in use); real files nest at most ~6 levels. A deeper text is refused in one
+#: line (the parser's RecursionError), never a crash
+MAX_JSON_DEPTH = sys.getrecursionlimit()
 #: a JSON integer's digits: 20 holds any uint64 (an id, a pointer) and a nanosecond timestamp
 #: since 1970 (19 digits: Kineto's baseTimeNanoseconds); Python's own limit is 4,300 digits
 #: (a ValueError), and every count read is bounded far lower below
