@@ -131,7 +131,7 @@ def _print(out: dict[str, Any]) -> None:
             if row["determined"] else f"not determined by the others: {row['why']}"
         rows.append((f"  left out {row['run']}", text))
     rows.append(("fit", f"{out['iterations']} iterations, {out['evaluations']} replays"))
-    for source, keys in out["ignored"].items():
+    for source, keys in out.get("ignored", {}).items():
         rows.append((f"  ignored in {source}", "; ".join(f"{k} ({why})"
                                                          for k, why in keys.items())))
     print_table(rows, title="epsim calibrate --from-bench")
