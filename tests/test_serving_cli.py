@@ -102,7 +102,7 @@ def test_no_feasible_slo_is_one_line(epsim):
 @pytest.mark.parametrize("argv, message", [
     (["tune", "--isl", "abc", "--osl", "100"], "--isl/--random-input-len/--random-input: expected an integer in [1, 2**24], got 'abc'"),
     (["tune", "--isl", "100", "--osl", "100", "--request-rate", "-3"],
-     "--request-rate: expected a number in (0, 1e+09] or inf, got '-3'"),
+     "--request-rate: expected a number in [1e-06, 1e+09] or inf, got '-3'"),
     (["plan", "--isl", "100,200", "--osl", "100", "--target-output-throughput", "1000"],
      "--isl takes one value here"),
 ])
