@@ -4,7 +4,7 @@ and each must be refused in one line on stderr with exit status 2, nothing on st
 file created or changed in the working folder or in ``$TMPDIR`` (a fresh folder here).
 
 The module's fixture prints the tally, class x tried/refused, when the file is done
-(``pytest -s`` shows it)."""
+(``pytest -s`` shows it). ``EPSIM_HOSTILE_EXAMPLES=N`` draws N of each class (default 30)."""
 
 import collections
 import contextlib
@@ -57,7 +57,8 @@ TARGETS = {
 JSON_TARGETS = sorted(k for k, (name, _) in TARGETS.items() if name.endswith(".json"))
 #: class -> [tried, refused]
 TALLY: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-FAST = settings(max_examples=20, deadline=None, derandomize=True, database=None,
+#: draws per class (EPSIM_HOSTILE_EXAMPLES: more, for a longer hunt)
+FAST = settings(max_examples=int(os.environ.get("EPSIM_HOSTILE_EXAMPLES", "30")), deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -267,6 +268,35 @@ def test_hostile_result_files(sandbox, data, target, kind):
         result[data.draw(st.sampled_from(["mean_ttft_ms", "p99_tpot_ms", "output_throughput"]))] = \
             data.draw(st.one_of(st.text(max_size=5), st.just({"a": 1})))
     refused(sandbox, "result file", target, json.dumps(result))
+
+
+SLO = ["--slo", "median_itl_ms<=100", "--workers", "2"]
+SEARCHES = {
+    "sweep": ["sweep", *R1, "--concurrency", "4,8", "--workers", "2"],
+    "tune": ["tune", *R1, *SLO],
+    "plan": ["plan", *R1, *SLO, "--target-output-throughput", "1000"],
+}
+
+
+@FAST
+@given(command=st.sampled_from(sorted(SEARCHES)), data=st.data(),
+       file=st.sampled_from(["trace", "config"]))
+def test_searches_with_two_workers_refuse_before_their_pool(sandbox, command, data, file):
+    """The searches refuse a hostile file before a worker pool exists ($TMPDIR stays empty:
+    no pymp-* folder)."""
+    work = Path(tempfile.mkdtemp(dir=sandbox / "work"))
+    argv = list(SEARCHES[command])
+    if file == "trace":
+        big = data.draw(st.integers(MAX_TOKENS + 1, 10**19))
+        (work / "t.csv").write_text(_trace("TIMESTAMP,ContextTokens,GeneratedTokens",
+                                           [("0", str(big), "5")]))
+        argv += ["--dataset", "trace", "--dataset-path", "t.csv"]
+    else:
+        key = data.draw(st.sampled_from(["n_routed_experts", "num_hidden_layers"]))
+        (work / "c.json").write_text(json.dumps({**CONFIG, key: 10**12}))
+        argv[argv.index("deepseek-r1")] = "c.json"
+        argv += ["--isl", "100", "--osl", "10"]
+    run(sandbox, "search commands", work, argv, "docs/inputs.md")
 
 
 @FAST
