@@ -32,7 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from epsim.model.bounds import read_json_file
+from epsim.model.bounds import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_TOKENS,
+    check_count,
+    read_json_file,
+    show,
+)
 from epsim.model.config import ModelConfig, load_model
 from epsim.model.errors import EpsimError
 from epsim.model.opgraph import Batch
@@ -83,8 +90,14 @@ def _int(obj: Mapping[str, Any], key: str, where: str, required: bool) -> int | 
         return None
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise EpsimError(f"{where}: {key} must be a positive integer, got {value!r}")
-    return value
+        raise EpsimError(f"{where}: {key} must be a positive integer, got {show(value)}")
+    # bounded before the runtime spawns world_size ranks or allocates batch x context
+    return check_count(value, GRID_BOUNDS[key], key, where)
+
+
+#: a grid case's counts -> their bound (epsim.model.bounds, docs/inputs.md)
+GRID_BOUNDS = {"world_size": MAX_GPUS, "ep": MAX_GPUS, "dp": MAX_GPUS, "batch": MAX_BATCH,
+               "context": MAX_TOKENS}
 
 
 def parse_grid(obj: Any, where: str = "grid") -> list[Case]:

@@ -20,7 +20,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from epsim.model.bounds import MIN_BURSTINESS, MIN_REQUEST_RATE
+from epsim.model.bounds import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_PROMPTS,
+    MAX_TOKENS,
+    MIN_BURSTINESS,
+    MIN_REQUEST_RATE,
+)
 from epsim.model.errors import EpsimError
 
 from .specs import (
@@ -42,11 +49,9 @@ from .specs import (
 
 #: the largest deployment a flag may describe
 MAX_NODES = 4096
-MAX_GPUS = 65536
-#: sequences per rank in one step; tokens per request; requests per benchmark
-MAX_BATCH = 2**20
-MAX_TOKENS = 2**24
-MAX_REQUESTS = 10**7
+#: GPUs, sequences per rank in one step, tokens per request, requests per benchmark: the same
+#: bounds as a file's (epsim.model.bounds, docs/inputs.md)
+MAX_REQUESTS = MAX_PROMPTS
 #: seeds as numpy's and torch's generators both take them
 MAX_SEED = 2**32 - 1
 

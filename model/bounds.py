@@ -32,6 +32,10 @@ MAX_PROMPTS = 10**7
 #: requests in flight at once (vLLM's --max-concurrency): 1,000x the largest batch any engine
 #: serves on one node (SGLang's default cuda-graph bs tops at 512)
 MAX_CONCURRENCY = 10**7
+#: GPUs in one deployment or one runtime world (16x the 4,096 of a 512-node cluster)
+MAX_GPUS = 65536
+#: sequences one rank batches in a step: 2,000x the largest engine default (512)
+MAX_BATCH = 2**20
 #: routed experts per MoE layer: 256x DeepSeek-V3's 256 (the most in a published config is 384)
 MAX_EXPERTS = 2**16
 #: decoder layers: 40x the deepest published MoE (Qwen3-235B-A22B: 94)

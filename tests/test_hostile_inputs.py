@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bench_results import VLLM
 
+from epsim.calibrate.validate import GRID_BOUNDS
 from epsim.cli import main
 from epsim.model.bounds import (
     CONFIG_BOUNDS,
@@ -207,6 +208,14 @@ def test_placement_ids_and_counts_out_of_bounds(sandbox, data, field):
         placement[field] = data.draw(bad_count(1, MAX_EXPERTS if field == "num_logical"
                                                else MAX_ID))
     refused(sandbox, "placement ids", "placement", json.dumps(placement))
+
+
+@FAST
+@given(data=st.data(), key=st.sampled_from(sorted(GRID_BOUNDS)))
+def test_grid_counts_out_of_bounds(sandbox, data, key):
+    case = {"model": "tiny-deepseek", "world_size": 2, "batch": 2, "context": 8}
+    case[key] = data.draw(bad_count(1, GRID_BOUNDS[key]))
+    refused(sandbox, "grid counts", "grid", json.dumps([case]), key)
 
 
 @FAST
