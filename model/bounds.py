@@ -47,9 +47,14 @@ MAX_WIDTH = 2**24
 MAX_TOKENS = 2**24
 #: a logical or physical expert id, a GPU count in a placement: the expert bound's scale
 MAX_ID = MAX_EXPERTS * 64
-#: a number in a hardware profile (bytes, bytes/s, FLOP/s): 10**20 is 10,000x a GPU's
-#: peak FLOP/s (~2.6e15) and 10**8x its HBM bytes; a larger value is a corrupt file
-MAX_PROFILE_NUMBER = 1e20
+#: a number in a hardware profile (bytes, bytes/s, FLOP/s, a table's features): 10**30 is
+#: 10**15x a GPU's peak FLOP/s (~2.6e15; planted test devices go to 1e24), and products of
+#: five such numbers stay far from float overflow (1.8e308; a table of 1e300 overflowed)
+MAX_PROFILE_NUMBER = 1e30
+#: the least positive number in a hardware profile: 10**-12 (a picosecond, a fraction of one in
+#: 10**12) is far below any latency (~1e-6 s), fraction or rate a profile holds; a denormal such
+#: as 1e-320 overflows the divisions by it
+MIN_PROFILE_NUMBER = 1e-12
 #: JSON nesting: the parser's own bound, Python's recursion limit (1,000 levels by default,
 #: less the stack in use); real files nest at most ~6 levels. A deeper text is refused in one
 #: line (the parser's RecursionError), never a crash

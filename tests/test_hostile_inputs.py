@@ -189,8 +189,9 @@ def test_profile_numbers_out_of_bounds(sandbox, data, key):
     if key in ("compute_units", "gpus_per_node"):
         value = data.draw(st.one_of(bad_count(1, MAX_ID), st.floats(0.01, 0.99)))
     else:
-        value = data.draw(st.one_of(st.floats(1.01e20, 1e300), st.integers(10**21, 10**40),
-                                    st.floats(-1e30, 0.0), st.just("fast")))
+        value = data.draw(st.one_of(st.floats(1.01e30, 1e300), st.integers(10**21, 10**40),
+                                    st.floats(-1e30, 0.0), st.floats(5e-324, 9.9e-13),
+                                    st.just("fast")))
     refused(sandbox, "profile numbers", "profile", json.dumps({**PROFILE, key: value}),
             "p.json")
 

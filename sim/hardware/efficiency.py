@@ -18,7 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from epsim.model.bounds import MAX_PROFILE_NUMBER, show
+from epsim.model.bounds import (
+    MAX_PROFILE_NUMBER,
+    MIN_PROFILE_NUMBER,
+    check_count,
+    show,
+)
 from epsim.model.errors import EpsimError
 from epsim.model.opgraph import OP_KINDS
 
@@ -400,8 +405,9 @@ def parse_efficiency(obj: Any, sources: Mapping[str, Any], where: str) -> Effici
         if not sources.get("efficiency.attention_decode_flops"):
             raise EpsimError(f"{where}: sources lacks an entry for efficiency.attention_decode_flops")
         values["attention_decode_flops"] = {str(k): number(table, k, where_table) for k in table}
-    values["gemm_tile_m"] = int(values["gemm_tile_m"])
-    values["attention_split_tokens"] = int(values["attention_split_tokens"])
+    for key in ("gemm_tile_m", "attention_split_tokens"):  # counts: half a tile is no tile
+        # (2**53: exact as a float; a fitted profile writes 2**30 for "never split")
+        values[key] = check_count(values[key], 2**53, key, f"{where}: efficiency")
     return Efficiency(**values)
 
 def number(obj: Mapping[str, Any], key: str, where: str) -> float:
@@ -409,8 +415,8 @@ def number(obj: Mapping[str, Any], key: str, where: str) -> float:
         raise EpsimError(f"{where}: profile lacks required key {key!r}")
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 < value <= MAX_PROFILE_NUMBER:
-        raise EpsimError(f"{where}: {key} must be a positive number of at most "
-                         f"{MAX_PROFILE_NUMBER:g}, got {show(value)}")
+            or not MIN_PROFILE_NUMBER <= value <= MAX_PROFILE_NUMBER:
+        raise EpsimError(f"{where}: {key} must be a positive number in [{MIN_PROFILE_NUMBER:g}, "
+                         f"{MAX_PROFILE_NUMBER:g}], got {show(value)}")
     return float(value)
 

@@ -63,6 +63,13 @@ from typing import Any
 
 import numpy as np
 
+from epsim.model.bounds import (
+    MAX_ID,
+    MAX_PROFILE_NUMBER,
+    MIN_PROFILE_NUMBER,
+    check_count,
+    show,
+)
 from epsim.model.errors import EpsimError
 from epsim.model.opgraph import OP_KINDS
 from epsim.model.plan import Fusion
@@ -225,10 +232,15 @@ def _member(value: Any, names: Any) -> bool:
     return isinstance(value, str) and value in names
 
 
+#: table features that count things (whole numbers, at most MAX_ID)
+_WHOLE_FEATURES = frozenset({"ranks", "experts", "top_k", "heads"})
+
+
 def _positive(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise EpsimError(f"{where} must be a positive number, got {value!r}")
+            or not MIN_PROFILE_NUMBER <= value <= MAX_PROFILE_NUMBER:  # a profile's bounds
+        raise EpsimError(f"{where} must be a positive number in [{MIN_PROFILE_NUMBER:g}, "
+                         f"{MAX_PROFILE_NUMBER:g}], got {show(value)}")
     return float(value)
 
 
@@ -314,6 +326,8 @@ def _table(obj: Any, where: str, sources: Mapping[str, Source], set_name: str) -
             raise EpsimError(f"{pw} must be [{', '.join(given)}, time] (+ a source id), got "
                              f"{p!r}")
         named = {n: _positive(v, f"{pw} {n}") for n, v in zip(given, p, strict=False)}
+        for n in _WHOLE_FEATURES & set(named):  # counts: half a rank sizes an empty group
+            check_count(named[n], MAX_ID, n, pw)
         secs.append(_positive(p[len(given)], f"{pw} time"))
         sid = p[len(given) + 1] if len(p) == len(given) + 2 else default_source
         if sid is None:
