@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .bounds import check_config_bounds, is_file, parse_json
+from .bounds import check_config_bounds, is_file, parse_json, show
 from .errors import EpsimError
 from .shipped import shipped_names, shipped_text
 
@@ -171,6 +171,8 @@ def _positive_int(cfg: Mapping[str, Any], key: str, source: str, default: Any = 
 def _dtypes(cfg: Mapping[str, Any], source: str) -> tuple[str, str]:
     """(linear weight dtype, expert weight dtype) from ``quantization_config``."""
     quant = cfg.get("quantization_config") or {}
+    if not isinstance(quant, Mapping):
+        raise EpsimError(f"{source}: quantization_config must be an object, got {show(quant)}")
     method = quant.get("quant_method")
     if method is None:
         return "bf16", "bf16"

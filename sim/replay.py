@@ -74,9 +74,12 @@ def predicted_value(name: str, run: ServingRun, result: dict[str, Any],
 
 
 def error_pct(measured: float, predicted: float) -> float | None:
+    """``(predicted - measured) / measured`` in %; ``None`` where it is not a finite number
+    (a measured 0, or one so small the ratio overflows: never NaN or Infinity in JSON)."""
     if measured == 0:
         return 0.0 if predicted == 0 else None
-    return (predicted - measured) / measured * 100.0
+    err = (predicted - measured) / measured * 100.0
+    return err if math.isfinite(err) else None
 
 
 def replay(bench: BenchResult, sc: Scenario, cache: StepCache | None = None,

@@ -78,13 +78,13 @@ SGLANG_SCALARS = {"accept_length": "spec_decode_acceptance_length",
 WORKLOAD_KEYS = frozenset({"num_prompts", "completed", "failed", "duration",
                            "total_input_tokens", "total_output_tokens", "max_concurrency",
                            "request_rate", "burstiness"})
-#: each workload key's range, checked before anything is sized from it (epsim.model.bounds;
-#: a duration of 10**9 s is 31 years); request_rate may also be inf (all at once)
+#: each workload key's range, checked before anything is sized from it (epsim.model.bounds; a
+#: duration of 10**9 s is 31 years, 1e-6 s a microsecond); request_rate may be inf (all at once)
 _TOTAL_TOKENS = MAX_PROMPTS * MAX_TOKENS
 WORKLOAD_BOUNDS: dict[str, tuple[float, float]] = {
     "num_prompts": (1, MAX_PROMPTS), "completed": (1, MAX_PROMPTS), "failed": (0, MAX_PROMPTS),
     "max_concurrency": (1, MAX_CONCURRENCY), "request_rate": (MIN_REQUEST_RATE, 1e9),
-    "burstiness": (MIN_BURSTINESS, 1e6), "duration": (0, 1e9),
+    "burstiness": (MIN_BURSTINESS, 1e6), "duration": (1e-6, 1e9),
     "total_input_tokens": (1, _TOTAL_TOKENS), "total_output_tokens": (1, _TOTAL_TOKENS),
 }
 _RUN_METADATA = "the run's metadata, not a measurement"
