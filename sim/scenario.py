@@ -58,7 +58,7 @@ from epsim.sim.workload.spec import (
     check_requests_context,
     sample_requests,
 )
-from epsim.sim.workload.traces import arrival_rate
+from epsim.sim.workload.traces import offered_rate
 
 #: builds the step-time model of one side of a deployment (tests pass analytic ones)
 StepModelFactory = Callable[[ModelConfig, ParallelPlan, HardwareProfile, "Scenario"], StepTimeModel]
@@ -350,7 +350,7 @@ def _trace_echo(w: WorkloadSpec, requests: Requests) -> dict[str, Any]:
         return {}
     return {"dataset_path": w.dataset_path, "time_scale": w.time_scale,
             "prefill_scale": w.prefill_scale, "decode_scale": w.decode_scale,
-            "trace_arrival_rate": arrival_rate(requests.issue_times_s)}
+            "trace_arrival_rate": offered_rate(requests.issue_times_s)}
 
 
 def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,

@@ -235,3 +235,10 @@ def arrival_rate(arrival_s: np.ndarray) -> float:
     """Requests per second the replay offers: (n - 1) gaps over the span (inf for one instant)."""
     span = float(arrival_s[-1] - arrival_s[0]) if len(arrival_s) else 0.0
     return (len(arrival_s) - 1) / span if span > 0 else float("inf")
+
+
+def offered_rate(arrival_s: np.ndarray) -> float | str:
+    """:func:`arrival_rate` as a report writes it: ``"inf"`` (as ``request_rate`` spells it)
+    when every request arrives at once, never Infinity in JSON."""
+    rate = arrival_rate(arrival_s)
+    return rate if np.isfinite(rate) else "inf"
