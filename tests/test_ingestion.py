@@ -143,3 +143,26 @@ def test_a_hostile_trace_is_one_error(tmp_path, body, match):
     path.write_text(body)
     with pytest.raises(EpsimError, match=match):
         read_trace(str(path))
+
+
+def test_no_infinity_reaches_json(tmp_path, capsys, monkeypatch):
+    from epsim.sim.replay import error_pct
+
+    assert error_pct(1e-320, 5.0) is None and error_pct(4.0, 5.0) == 25.0
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "once.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,100,10\n"
+                                       "0,100,10\n")
+    assert main(["predict", *R1, "--dataset", "trace", "--dataset-path", "once.csv",
+                 "--json"]) == 0
+    text = capsys.readouterr().out
+    assert json.loads(text)["trace_arrival_rate"] == "inf" and "Infinity" not in text
+
+
+def test_a_quantization_config_that_is_not_an_object_is_one_error():
+    from importlib import resources
+
+    from epsim.model.config import model_from_hf_config
+
+    cfg = json.loads((resources.files("epsim.model") / "configs" / "deepseek-r1.json").read_text())
+    with pytest.raises(EpsimError, match="quantization_config must be an object, got 0.5"):
+        model_from_hf_config({**cfg, "quantization_config": 0.5})
