@@ -22,6 +22,7 @@ Kernels launched under none of the selected annotations are outside the scope.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,7 +90,8 @@ class KinetoTrace:
 
 
 def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """A finite number, else None (the event is skipped: NaN or inf would reach --json)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
 
@@ -148,6 +150,8 @@ def parse_trace(obj: Any, where: str = "trace") -> KinetoTrace:
         if not isinstance(ev, Mapping):
             continue
         cat, ph = ev.get("cat"), ev.get("ph")
+        if not isinstance(cat, str):  # a list or object as the category: no event of ours
+            continue
         if cat in GPU_KERNEL_CATS or cat in GPU_COPY_CATS:
             k = _gpu(ev)
             if k is not None:
