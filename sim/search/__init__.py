@@ -4,7 +4,10 @@
     tune.py       every point of a search space run, the best within the SLO and the frontier
     capacity.py   how many deployment units serve a target throughput within the SLO
     frontier.py   throughput per GPU against tok/s per user: the Pareto points per series
-    samplers.py   how a search picks its points: the grid or optuna's samplers (a registry)
+    samplers.py   how a search picks its points: the grid, optuna's samplers or bisection (a
+                  registry)
+    bisect.py     each deployment's highest concurrency or request rate within the SLO, by
+                  bisection as ``vllm bench sweep serve_sla``
     executors.py  where points run: serial, a process pool, a Ray cluster (a registry)
 
 Uses the root's ``epsim.sim.scenario`` and ``epsim.sim.serving.metrics``.

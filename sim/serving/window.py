@@ -34,7 +34,7 @@ import numpy as np
 from epsim.model.errors import EpsimError
 from epsim.sim.workload.spec import Requests, WorkloadSpec
 
-from .metrics import compute_metrics, good_requests
+from .metrics import NoSteadyWindow, compute_metrics, good_requests
 from .simulate import ServingRun
 from .tally import Gaps
 
@@ -99,9 +99,10 @@ def steady_window(send_s: np.ndarray, done_s: np.ndarray, concurrency: int | Non
     measured = (done_s > start) & (done_s <= end)
     measured[first_sent] = False
     if end <= start or not measured.any():
-        raise EpsimError(f"--measure steady: {n} requests leave no steady window after the "
-                         f"warm-up of {k}; give more --num-prompts (or omit it) or --measure "
-                         "burst")
+        raise NoSteadyWindow(
+            f"--measure steady: {n} requests leave no steady window after the warm-up of {k} "
+            "(every request sent before the warm-up completed: the load outruns the engine, "
+            "or too few --num-prompts); lower the load, omit --num-prompts, or --measure burst")
     return SteadyWindow(start, end, k, measured)
 
 
