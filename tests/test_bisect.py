@@ -180,3 +180,12 @@ def test_bisect_refusals_are_one_line(epsim, extra, needle):
     assert res.returncode == 2 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0]
+
+
+def test_plan_reports_each_units_boundary(epsim):
+    out = json.loads(epsim("plan", *TUNE[1:], "--concurrency", "1,256", "--slo",
+                           "mean_tpot_ms<=0.5", "--target-output-throughput", "100000",
+                           "--json").stdout)
+    (b,) = out["boundaries"]
+    assert b["hardware"] == "mi300x" and b["layout"] is None
+    assert out["plans"][0]["unit"]["concurrency"] == b["max_concurrency"]

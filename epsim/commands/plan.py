@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json({"slo": str(slo), "target_output_throughput": args.target_output_throughput,
                    "plans": [_stamped(c.as_dict()) for c in plans],
                    "interactivity_frontier": points,
+                   **({"boundaries": _boundaries(searched)} if args.search == "bisect" else {}),
                    "error_band": _stamped(plans[0].as_dict())["error_band"],
                    "diagnostics": search_diagnostics(executor, choose(args.search, space.size()),
                                                      time.perf_counter() - t0)})
@@ -117,6 +118,12 @@ def run(args: argparse.Namespace) -> int:
     print_columns(rows, list(rows[0]))
     print(f"error band (first plan): {band_text(_stamped(plans[0].as_dict())['error_band'])}")
     return 0
+
+
+def _boundaries(searched: list[UnitSearch]) -> list[dict[str, Any]]:
+    """Under --search bisect: each unit's deployments with their highest load in the SLO."""
+    return [{"hardware": u.hardware, "layout": list(u.layout) if u.layout else None, **b}
+            for u in searched for b in u.result.boundaries]
 
 
 def _stamped(plan: dict[str, Any]) -> dict[str, Any]:
