@@ -21,7 +21,6 @@ from collections.abc import Iterator, Sequence
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import OutputSet
 
-from . import __version__
 from .commands import COMMANDS
 from .specs import output_targets
 
@@ -35,12 +34,24 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class _Version(argparse.Action):
+    """``--version``: argparse's own would rewrap the lines into one paragraph."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from .stamp import version_text
+
+        sys.stdout.write(version_text() + "\n")
+        raise SystemExit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="epsim",
         description="Predict, tune and run expert-parallel inference of MoE LLMs.",
     )
-    parser.add_argument("--version", action="version", version=f"epsim {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version and every shipped profile's hash, and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for name in COMMANDS:

@@ -94,7 +94,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
     if profile is not None:
         budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
         per_rank.update({
-            "hardware": profile.name,
+            "hardware": profile.name, "provenance": profile.provenance(),
             "hbm_bytes": profile.hbm_bytes,
             "usable_bytes": budget.usable_bytes,
             "activation_reserve_bytes": budget.activation_reserve_bytes,

@@ -23,7 +23,7 @@ from ..common import (
     scenario_from_args,
 )
 from ..inputs import add_flag
-from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp, stamp_provenance
 
 # --------------------------------------------------------------------------------------------
 # Output
@@ -148,6 +148,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     if args.save_result:
         saved = vllm_result(runs[0], {**result, "burstiness": sc.workload.burstiness},
                             detailed=args.save_detailed, goodput=sc.goodput)
+        stamp_provenance(saved["epsim"])  # epsim's keys: provenance first, as in --json
         write_text_atomic(json.dumps(saved, default=_jsonable) + "\n", args.save_result)
     return result
 

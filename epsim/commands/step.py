@@ -114,7 +114,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                            explain=args.explain)
     wall = time.perf_counter() - started
     out: dict[str, Any] = {
-        "model": model.name, "hardware": profile.name,
+        "model": model.name, "hardware": profile.name, "provenance": profile.provenance(),
         "plan": {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "dp": plan.dp,
                  "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
                  "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype,
