@@ -9,9 +9,9 @@ import json
 import pytest
 from conftest import REPO
 
-import epsim
+import epsim as package
 from epsim.frontier_chart import chart_footer
-from epsim.sim.hardware.profile import load_profile, shipped_profiles
+from epsim.sim.hardware.profile import load_profile, profile_from_dict, shipped_profiles
 from epsim.stamp import footer_text, provenance, stamp_provenance
 
 PROFILES = REPO / "sim" / "hardware" / "profiles"
@@ -71,14 +71,10 @@ def test_version_prints_the_version_and_every_shipped_profiles_hash(epsim):
     r = epsim("--version")
     assert r.returncode == 0 and r.stderr == ""
     lines = r.stdout.splitlines()
-    assert lines[0] == f"epsim {epsim_version()}"
+    assert lines[0] == f"epsim {package.__version__}"
     listed = dict(line.split() for line in lines[2:])
     assert listed == {name: _digest(name) for name in shipped_profiles()}
-    assert len(listed) == 6
-
-
-def epsim_version() -> str:
-    return epsim.__version__
+    assert len(listed) == len(shipped_profiles()) > 0
 
 
 def test_step_describe_and_balance_json(epsim):
@@ -174,7 +170,6 @@ def test_the_hash_is_the_files_and_tells_two_profiles_apart(tmp_path):
     # a profile built from a dict (no file) digests its canonical JSON
     raw = load_profile("mi300x").raw
     canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"))
-    from epsim.sim.hardware.profile import profile_from_dict
     assert profile_from_dict(raw).profile_hash == hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -199,7 +194,7 @@ def test_footer_text_names_version_profile_hash_set_and_tables():
                      {**PLANTED, "hardware_profile": "x2", "profile_hash": "cd" * 32,
                       "table_sources": {}})
     assert footer_text(two).splitlines()[0] == (
-        f"epsim {epsim.__version__} | x1 sha256:abababababababab kernels lib | "
+        f"epsim {package.__version__} | x1 sha256:abababababababab kernels lib | "
         "x2 sha256:cdcdcdcdcdcdcdcd kernels lib")
     # long lists wrap under the width, nothing lost
     many = {**PLANTED, "table_sources": {f"t{i}": f"org/r@{i:040d}" for i in range(20)}}
@@ -209,14 +204,14 @@ def test_footer_text_names_version_profile_hash_set_and_tables():
     # the chart's footer: its points' provenance
     assert chart_footer([{"provenance": PLANTED}, {"provenance": PLANTED}]) == footer_text(
         provenance(PLANTED))
-    assert chart_footer([]) == f"epsim {epsim.__version__}"
+    assert chart_footer([]) == f"epsim {package.__version__}"
 
 
 def test_stamp_completes_nested_results_once():
     row = {"figure": 1.0, "provenance": {k: PLANTED[k] for k in PLANTED if k != "epsim_version"}}
     out = stamp_provenance({"results": [row, row], "n": 2})
     assert list(out) == ["provenance", "results", "n"]
-    assert row["provenance"]["epsim_version"] == epsim.__version__
+    assert row["provenance"]["epsim_version"] == package.__version__
     assert list(row) == ["figure", "provenance"]  # after the figures
     assert out["provenance"]["hardware_profile"] == "x1"
     again = stamp_provenance(json.loads(json.dumps(out)))
