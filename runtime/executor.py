@@ -138,6 +138,8 @@ class RankRuntime:
                                  KV_STORAGE[opts.kv_dtype], self.device)
         if self.mtp and opts.check:  # the check replays each step's writes (rejected drafts')
             self.cache.journal = {}
+        if model.attention.sparse:
+            self.cache.enable_index(model.attention.index_head_dim, self.dtype)
         if opts.prefill:  # the cache fills in prefill(); its last logits give the tokens
             self.lengths = torch.zeros(b, dtype=torch.int64, device=self.device)
             self.tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
@@ -148,6 +150,10 @@ class RankRuntime:
                 pos = torch.arange(ctx - 1, device=self.device).repeat(b)
                 self.cache.write(layer, seqs, pos, c.to(self.device).reshape(-1, self.latent),
                                  pe.to(self.device).reshape(-1, self.rope))
+                if model.attention.sparse:
+                    keys = W.initial_index_keys(model, opts.seed, rank, layer, b, ctx - 1)
+                    self.cache.write_index(layer, seqs, pos, keys.to(self.device).reshape(
+                        b * (ctx - 1), -1))
             self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
             self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
         # under MTP the drafts the next step verifies (drawn for the first)

@@ -245,8 +245,37 @@ def _attention_decode(rt: RankView, op: Op, ins: Values, st: MicrobatchState
         rows = st.seq_ids - st.seqs.start
         c, pe = c.index_select(0, rows), pe.index_select(0, rows)
     o_lat = kernels.mla_decode_absorbed(ins["q_lat"], q[..., rt.nope:].contiguous(), c, pe,
-                                        st.positions + 1, rt.softmax_scale)
+                                        st.positions + 1, rt.softmax_scale,
+                                        keep=ins.get("topk_idx"))
     return {op.outputs[0]: o_lat}
+
+
+def _rope_front(x: torch.Tensor, st: MicrobatchState, width: int) -> torch.Tensor:
+    """``x [t, ..., d]`` with its first ``width`` dims rotated (the indexer's RoPE part comes
+    first, DeepSeek-V3.2-Exp ``inference/model.py``)."""
+    return torch.cat([kernels.apply_rope(x[..., :width], st.cos, st.sin), x[..., width:]], -1)
+
+
+def _indexer(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    """DSA's lightning indexer: normalise (LayerNorm) and rotate the new tokens' index keys,
+    cache them, score every cached key for each query and keep its ``topk`` best (a ``[t, L]``
+    mask over the entries attention reads). The released model rotates queries and keys by a
+    Hadamard matrix before quantising them to FP8: an orthogonal map that leaves the dot
+    products, and so the choice, unchanged; the runtime keeps them unquantised."""
+    heads, dim, topk = op.dims["heads"], op.dims["head_dim"], op.dims["topk"]
+    t = st.num_tokens
+    k = torch.nn.functional.layer_norm(ins["index_k"].float(), (dim,), rt.weight(op, ".k_norm").float(),
+                                       rt.weight(op, ".k_norm.bias").float(), 1e-6)
+    k = _rope_front(k.to(rt.dtype), st, rt.rope)
+    q = _rope_front(ins["index_q"].view(t, heads, dim), st, rt.rope)
+    rt.cache.write_index(op.layer, st.seq_ids, st.positions, k)
+    upto = rt.cache.capacity if rt.static else int(st.positions.max()) + 1
+    keys = rt.cache.read_index(op.layer, st.seqs, upto)
+    if t != keys.shape[0]:  # several queries per sequence (prefill): each its sequence's keys
+        keys = keys.index_select(0, st.seq_ids - st.seqs.start)
+    weights = ins["index_w"] * (heads ** -0.5 * dim ** -0.5)
+    keep = kernels.indexer_keep(q, weights, keys, st.positions + 1, topk)
+    return {op.outputs[0]: keep}
 
 
 def _attention_prefill(rt: RankView, op: Op, ins: Values, st: MicrobatchState
@@ -266,6 +295,8 @@ def _attention_prefill(rt: RankView, op: Op, ins: Values, st: MicrobatchState
     v = kv[..., n:].reshape(seqs, length, H, rt.v_dim)
     scores = torch.einsum("sqhd,skhd->shqk", q_full, k_full) * rt.softmax_scale
     causal = torch.ones(length, length, dtype=torch.bool, device=rt.device).tril()
+    if "topk_idx" in ins:  # DSA: each query attends only its kept entries
+        causal = causal & ins["topk_idx"].view(seqs, length, -1)[:, None, :, :length]
     scores = scores.masked_fill(~causal, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
     attn_v = torch.einsum("shqk,skhd->sqhd", probs, v).reshape(t, H, rt.v_dim)
@@ -391,4 +422,5 @@ OP_IMPLS: dict[str, Impl] = {
     "combine": _combine,
     "lm_head": _lm_head,
     "sample": _sample,
+    "indexer": _indexer,
 }

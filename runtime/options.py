@@ -120,6 +120,9 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
     # the last decode step attends context + steps - 1 tokens (under MTP each step may advance
     # 1 + mtp and verifies mtp past its start, and the draft passes run mtp - 1 further)
     check_context_length(model, opts.context + opts.steps - 1, f"--context {opts.context} + --steps {opts.steps} - 1")
+    if opts.mtp and model.attention.sparse:
+        raise EpsimError(f"--mtp with {model.name}'s sparse attention (DSA) is not implemented "
+                         "in the runtime")
     if opts.mtp:
         check_context_length(model, cache_positions(opts),
                              f"--context {opts.context} + --steps {opts.steps} x (1 + --mtp "

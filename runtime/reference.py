@@ -154,6 +154,8 @@ class _Dense:
         self.pe_cache = torch.zeros(n_layers, seqs, cap, self.a.qk_rope_head_dim)
         self.kv_err = 0.0
         self.writes: StepWrites | None = None  # this step's (MTP), else the final cache
+        # DSA's index keys, as the indexer caches them (unquantised, as the runtime keeps them)
+        self.i_cache = torch.zeros(n_layers, seqs, cap, self.a.index_head_dim)
 
     def weight(self, layer: int, name: str) -> torch.Tensor:
         return self.w[weight_key(layer, name)]
@@ -186,6 +188,7 @@ class _Dense:
         residual = x if residual is None else residual + x
         h = kernels.rms_norm(residual, self.weight(layer, "attn_norm"), eps)
         # -- MLA, plain form: per-head K and V expanded from the latent --------------------
+        q_a = h
         if a.q_lora_rank:
             q_a = kernels.rms_norm(h @ self.weight(layer, "attn.q_a"),
                                    self.weight(layer, "attn.q_a_norm"), eps)
@@ -213,11 +216,43 @@ class _Dense:
             mask = torch.ones(T, T, dtype=torch.bool).tril()
         else:  # each token sees the cache up to its own position
             mask = (torch.arange(c_all.shape[1])[None, None, :] <= pos[:, :, None])[:, None]
+        if a.sparse:  # DSA: only the entries the indexer keeps
+            mask = mask & self.indexer_keep(layer, h, q_a, pos, cos, sin, causal_prompt)[:, None]
         scores = scores.masked_fill(~mask, float("-inf"))
         attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
         residual = residual + attn.reshape(rows, -1) @ self.weight(layer, "attn.o_proj")
         h = kernels.rms_norm(residual, self.weight(layer, "ffn_norm"), eps)
         return self.ffn(layer, h, moe_ffn), residual
+
+    def indexer_keep(self, layer: int, h: torch.Tensor, q_a: torch.Tensor, pos: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, causal_prompt: bool) -> torch.Tensor:
+        """DSA's indexer, one query at a time: ``[S, T, L]`` the cache entries each query of
+        ``pos [S, T]`` keeps (its ``index_topk`` best by ``sum_h w_h relu(q_h . k)``)."""
+        a = self.a
+        heads, dim, p = a.index_n_heads, a.index_head_dim, a.qk_rope_head_dim
+        S, T = pos.shape
+
+        def rotate_front(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([kernels.apply_rope(x[..., :p], cos, sin), x[..., p:]], dim=-1)
+
+        q = rotate_front((q_a @ self.weight(layer, "attn.indexer.wq_b")).view(S * T, heads, dim))
+        k = torch.nn.functional.layer_norm(
+            h @ self.weight(layer, "attn.indexer.wk"), (dim,),
+            self.weight(layer, "attn.indexer.k_norm"),
+            self.weight(layer, "attn.indexer.k_norm.bias"), 1e-6)
+        k = rotate_front(k)
+        w = h @ self.weight(layer, "attn.indexer.weights_proj") * (heads * dim) ** -0.5
+        self.i_cache[layer, torch.arange(S).repeat_interleave(T), pos.reshape(-1)] = k
+        keys = k.view(S, T, dim) if causal_prompt else self.i_cache[layer, :, :int(pos.max()) + 1]
+        keep = torch.zeros(S, T, keys.shape[1], dtype=torch.bool)
+        for s in range(S):
+            for t in range(T):
+                row, limit = s * T + t, (t if causal_prompt else int(pos[s, t])) + 1
+                scores = (torch.relu(keys[s, :limit] @ q[row].T) * w[row]).sum(-1) + 0.0
+                # equal scores: the earlier entry first (Python's sort is stable)
+                chosen = sorted(range(limit), key=lambda j: -float(scores[j]))[:a.index_topk]
+                keep[s, t, chosen] = True
+        return keep
 
     def ffn(self, layer: int, h: torch.Tensor, moe_ffn: bool) -> torch.Tensor:
         moe = self.m.moe
@@ -321,6 +356,10 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
             ref.store(layer, drawn_pos, torch.cat([c for c, _ in drawn]).reshape(seqs * (
                 context - 1), -1), torch.cat([pe for _, pe in drawn]).reshape(
                 seqs * (context - 1), -1))
+            if model.attention.sparse:
+                ref.i_cache[layer, :, :context - 1] = torch.cat([
+                    W.initial_index_keys(model, seed, rk, layer, batch, context - 1)
+                    for rk in range(world)])
     out: list[ReferenceStep] = []
     drafts_out: list[DraftStep] = []
     drafts = torch.cat([W.initial_drafts(model, seed, rk, batch, mtp) for rk in range(world)])

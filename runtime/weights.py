@@ -15,6 +15,10 @@ Layout (``x @ W`` everywhere, i.e. ``[in, out]``):
     L{l}.attn.kv_a_norm [kv_lora]
     L{l}.attn.kv_b    [heads, nope+v, kv_lora]      (split into q_absorb / v_absorb by the runtime)
     L{l}.attn.o_proj  [heads*v, hidden]
+  with DSA (DeepSeek-V3.2's lightning indexer, ``index_n_heads`` x ``index_head_dim``):
+    L{l}.attn.indexer.wq_b [q_lora, iheads*idim]  L{l}.attn.indexer.wk [hidden, idim]
+    L{l}.attn.indexer.weights_proj [hidden, iheads]
+    L{l}.attn.indexer.k_norm / L{l}.attn.indexer.k_norm.bias [idim] (a LayerNorm)
     L{l}.mlp.gate_up  [hidden, 2*inter]  L{l}.mlp.down [inter, hidden]
     L{l}.moe.router   [hidden, experts]  L{l}.moe.router.bias [experts] (e_score_correction_bias)
     L{l}.moe.shared.gate_up [hidden, 2*shared_inter]  L{l}.moe.shared.down [shared_inter, hidden]
@@ -87,6 +91,8 @@ def dense_weights(model: ModelConfig, seed: int, draft: bool = False) -> dict[st
         norm(layer, "attn.kv_a_norm", r)
         lin(layer, "attn.kv_b", r, heads, nope + v, r)
         lin(layer, "attn.o_proj", heads * v, heads * v, h)
+        if a.sparse:
+            _indexer_weights(w, model, seed, layer)
         if is_moe:
             moe = model.moe
             # a wider router spread makes the top-k choice far from ties
@@ -112,6 +118,29 @@ def dense_weights(model: ModelConfig, seed: int, draft: bool = False) -> dict[st
         w[weight_key(d, "mtp.embed")] = w[embed]
         w[weight_key(d, "mtp.lm_head")] = w[weight_key(NO_LAYER, "lm_head")]
     return w
+
+
+def _indexer_weights(w: dict[str, torch.Tensor], model: ModelConfig, seed: int,
+                     layer: int) -> None:
+    """DSA's indexer of ``layer`` into ``w`` (layout in the module docstring)."""
+    a, h = model.attention, model.hidden_size
+    heads, dim = a.index_n_heads, a.index_head_dim
+    shapes = {"attn.indexer.wq_b": ((a.q_lora_rank or 0), heads * dim),
+              "attn.indexer.wk": (h, dim), "attn.indexer.weights_proj": (h, heads)}
+    for name, (fan_in, out) in shapes.items():
+        key = weight_key(layer, name)
+        w[key] = randn(seed, key, (fan_in, out), std=fan_in ** -0.5)
+    key = weight_key(layer, "attn.indexer.k_norm")
+    w[key] = randn(seed, key, (dim,), std=0.1, mean=1.0)
+    w[key + ".bias"] = randn(seed, key + ".bias", (dim,), std=0.1)
+
+
+def initial_index_keys(model: ModelConfig, seed: int, rank: int, layer: int, seqs: int,
+                       cached: int) -> torch.Tensor:
+    """DSA: the indexer keys ``[seqs, cached, index_head_dim]`` of the drawn cached tokens
+    (normalised and rotated, as the indexer caches them), beside :func:`initial_cache`."""
+    return randn(seed, f"cache/rank{rank}/L{layer}/index", (seqs, cached,
+                                                           model.attention.index_head_dim))
 
 
 def expert_weights(model: ModelConfig, seed: int, layer: int,
