@@ -176,6 +176,15 @@ class StepBuilder(OpShapes):
         cat = "attention"
         qkv = self.gemm(layer, "attn.qkv_proj", cat, t, (heads + 2 * kv_heads) * d, h,
                         out="qkv", deps=[norm])
+        if a.qk_norm:  # per-head RMSNorm of queries and keys before RoPE (Qwen3, GLM-4.5)
+            width = (heads + kv_heads) * d
+            qkv = self.emitter.emit(
+                layer, "attn.qk_norm", "norm", cat, outputs=("qkv",),
+                dims={"tokens": t, "width": width, "residual": 0, "head_dim": d},
+                dtype=ACT, flops=5.0 * t * width,
+                bytes_read=t * width * act_bytes + 2 * d * act_bytes,
+                bytes_written=t * width * act_bytes, weight_bytes=2 * d * act_bytes,
+            )
         # partial RoPE (GLM) rotates a share of each head; NoPE layers (Llama-4) none
         rotates = layer not in a.nope_layers
         rope_width = int((heads + kv_heads) * d * a.rotary_fraction) if rotates else 0

@@ -347,6 +347,7 @@ def llama4(cfg: Mapping[str, Any], name: str) -> ModelConfig:
         layer_types=tuple("chunked" if r and chunk else "full" for r in rope),
         chunk_size=chunk if any(rope) else None,
         nope_layers=tuple(i for i, r in enumerate(rope) if not r),
+        qk_l2_norm=bool(text.get("use_qk_norm", False)),
     )
     weight_dtype, expert_dtype = dtypes(text, name)
     return ModelConfig(

@@ -49,7 +49,10 @@ class AttentionConfig:
         heads and head width, and the keys each query's sparse attention keeps. Example: 64,
         128, 2048; 0 without an indexer (dense attention).
     sinks: learned attention-sink logits per head (GPT-OSS).
-    qk_norm: per-head RMSNorm on queries and keys (Qwen3).
+    qk_norm: per-head RMSNorm on queries and keys (Qwen3, GLM-4.5 with ``use_qk_norm``).
+    qk_l2_norm: a weightless per-head L2 norm of queries and keys after RoPE on the RoPE layers
+        (Llama-4 with ``use_qk_norm``: Scout); not in the op graph (no parameters, fused into
+        the attention kernels), so the runtime refuses such a model.
     bias: biases on the q/k/v/o projections (GPT-OSS).
     """
 
@@ -66,6 +69,7 @@ class AttentionConfig:
     sliding_window: int | None = None
     sinks: bool = False
     qk_norm: bool = False
+    qk_l2_norm: bool = False
     bias: bool = False
     o_bias: bool = False
     chunk_size: int | None = None
