@@ -281,7 +281,8 @@ def _indexer(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str
     products, and so the choice, unchanged; the runtime keeps them unquantised."""
     heads, dim, topk = op.dims["heads"], op.dims["head_dim"], op.dims["topk"]
     t = st.num_tokens
-    k = torch.nn.functional.layer_norm(ins["index_k"].float(), (dim,), rt.weight(op, ".k_norm").float(),
+    k = torch.nn.functional.layer_norm(ins["index_k"].float(), (dim,),
+                                       rt.weight(op, ".k_norm").float(),
                                        rt.weight(op, ".k_norm.bias").float(), 1e-6)
     k = _rope_front(k.to(rt.dtype), st, rt.rope)
     q = _rope_front(ins["index_q"].view(t, heads, dim), st, rt.rope)

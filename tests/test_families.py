@@ -45,6 +45,24 @@ def test_parameter_counts_match_the_model_cards(name):
     assert counts.activated_per_token == pytest.approx(active, rel=0.10)
 
 
+@pytest.mark.parametrize("name", ["deepseek-v3.2-exp", "glm-4.5", "llama-4-maverick-17b-128e"])
+def test_describe_reports_the_cards_figures_and_the_layer_pattern(capsys, name):
+    from epsim.cli import main
+    assert main(["describe", "--model", name, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    total, active = CARDS[name]
+    assert d["total_params"] == pytest.approx(total, rel=0.02)
+    assert d["activated_params_per_token"] == pytest.approx(active, rel=0.10)
+    assert len(d["moe_layer_indices"]) == d["moe_layers"]
+    pattern = {"deepseek-v3.2-exp": ({"full": 61}, 2048), "glm-4.5": ({"full": 92}, None),
+               "llama-4-maverick-17b-128e": ({"chunked": 36, "full": 12}, None)}[name]
+    assert d["attention_layers"] == pattern[0]
+    sparse = d["sparse_attention"]
+    assert (sparse["index_topk"] if sparse else None) == pattern[1]
+    assert main(["describe", "--model", name]) == 0
+    assert "attention " in capsys.readouterr().out
+
+
 def test_glm_attention_has_qkv_biases_and_qk_norm_but_no_output_bias():
     parts = attention_params_per_layer(load_model("glm-4.5"))
     h, q, kv = 5120, 96 * 128, 8 * 128

@@ -42,8 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def attention_pattern(model: ModelConfig) -> dict[str, Any]:
     """Which layers are MoE and how each layer attends: ``attention_layers`` counts layers by
-    type (``full``, ``sliding``, ``chunked``), ``attention_chunk`` is Llama-4's chunk, ``nope_layers``
-    its layers without RoPE, ``sparse_attention`` DSA's indexer (None for dense attention)."""
+    type (``full``, ``sliding``, ``chunked``), ``attention_chunk`` is Llama-4's chunk,
+    ``nope_layers`` its layers without RoPE, ``sparse_attention`` DSA's indexer (None for
+    dense attention)."""
     a = model.attention
     counts: dict[str, int] = {}
     for kind in a.layer_types:
@@ -168,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     if info["kv_window_bytes_per_sequence"]["fp8"]:
         win = info["kv_window_bytes_per_sequence"]
         rows.append(("KV window / seq", f"fp8 {human_bytes(win['fp8'])}, "
-                                        f"bf16 {human_bytes(win['bf16'])} (sliding/chunked layers)"))
+                                        f"bf16 {human_bytes(win['bf16'])} "
+                                        "(sliding/chunked layers)"))
     print_table(rows, title=f"{info['model']}")
     if "plan" in info:
         plan, pr = info["plan"], info["per_rank"]
