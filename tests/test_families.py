@@ -229,6 +229,22 @@ def test_indexer_keeps_the_planted_best_keys():
     assert keep.tolist() == [[True, True, False, False, False]]
 
 
+def test_the_reference_sees_what_the_runtime_sees():
+    from types import SimpleNamespace
+
+    from epsim.runtime.reference import _Dense
+    from dataclasses import replace
+    for name in ("tiny-llama4", "gpt-oss-120b"):  # chunked and NoPE; sliding and full
+        a = load_model(name).attention
+        if a.sliding_window:  # a window shorter than the positions checked
+            a = replace(a, sliding_window=3)
+        ref = SimpleNamespace(a=a)
+        for layer in range(4):
+            seen = visible(a, layer, torch.arange(12)[:, None], torch.arange(12)[None, :])
+            want = [[_Dense.sees(ref, layer, i, j) for j in range(12)] for i in range(12)]
+            assert seen.tolist() == want, (name, layer)
+
+
 def test_chunked_visibility():
     a = load_model("tiny-llama4").attention
     seen = visible(a, 0, torch.tensor([[5]]), torch.arange(8)[None, :])
@@ -269,3 +285,21 @@ def test_the_runtime_refuses_what_it_does_not_implement():
     with pytest.raises(EpsimError, match="L2 norm"):
         validate(RunOptions(model="llama-4-scout-17b-16e", world_size=1, batch=1, context=4,
                             steps=2))
+
+
+def test_the_chunk_and_the_top_k_decide_what_is_attended(tmp_path):
+    """The agreement above is not vacuous: past the chunk (top-k) the tiny models decode other
+    tokens than the same model with a chunk (top-k) wider than the context."""
+    from importlib import resources
+    base = resources.files("epsim.model") / "configs"
+    llama = json.loads((base / "tiny-llama4.json").read_text())
+    llama["text_config"]["attention_chunk_size"] = 64
+    v32 = json.loads((base / "tiny-deepseek-v32.json").read_text())
+    v32["index_topk"] = 64
+    (tmp_path / "llama.json").write_text(json.dumps(llama))
+    (tmp_path / "v32.json").write_text(json.dumps(v32))
+    run = RunOptions(model="tiny-llama4", world_size=1, batch=4, context=9, steps=3)
+    grid = [run, run.with_(model=str(tmp_path / "llama.json")),
+            run.with_(model="tiny-deepseek-v32"), run.with_(model=str(tmp_path / "v32.json"))]
+    tokens = [r["next_tokens"] for r in launch_local(grid, 1)]
+    assert tokens[0] != tokens[1] and tokens[2] != tokens[3]
