@@ -230,10 +230,10 @@ def test_indexer_keeps_the_planted_best_keys():
 
 
 def test_the_reference_sees_what_the_runtime_sees():
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from epsim.runtime.reference import _Dense
-    from dataclasses import replace
     for name in ("tiny-llama4", "gpt-oss-120b"):  # chunked and NoPE; sliding and full
         a = load_model(name).attention
         if a.sliding_window:  # a window shorter than the positions checked
