@@ -13,7 +13,7 @@ A query at position ``c - 1`` (``c`` tokens up to and including itself) attends,
     sparse     ``min(c, index_topk)``: DSA keeps the top-k keys its indexer scores (DeepSeek-V3.2)
 
 DSA's indexer (DeepSeek-V3.2-Exp ``inference/model.py`` class Indexer; SGLang
-``python/sglang/srt/layers/attention/nsa/nsa_indexer.py`` at 9c570b08, which calls DeepGEMM's
+``python/sglang/srt/layers/attention/nsa/nsa_indexer.py`` at 005e8bf8, which calls DeepGEMM's
 ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``) scores every earlier key for every query:
 ``logit[s] = sum_h w_h * relu(q_h . k_s)`` over ``index_n_heads`` heads of ``index_head_dim``,
 queries and keys in FP8 (one fp32 scale per key), then keeps the ``index_topk`` best. Per

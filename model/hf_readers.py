@@ -262,7 +262,8 @@ def glm4_moe(cfg: Mapping[str, Any], name: str) -> ModelConfig:
     """GLM-4.5/4.6/4.7 (``glm4_moe``): GQA with q/k/v biases, optional per-head q/k RMSNorm
     (``use_qk_norm``) and RoPE on ``partial_rotary_factor`` of each head; layers from
     ``first_k_dense_replace`` on are MoE with sigmoid routing, a score-correction bias and
-    shared experts, as DeepSeek-V3's (SGLang ``python/sglang/srt/models/glm4_moe.py``)."""
+    shared experts, as DeepSeek-V3's (SGLang ``python/sglang/srt/models/glm4_moe.py`` at
+    005ffc65: q/k norm before RoPE, ``Glm4MoeGate`` with ``e_score_correction_bias``)."""
     layers = positive_int(cfg, "num_hidden_layers", name)
     first_dense = _non_negative(cfg, "first_k_dense_replace", name)
     moe_inter = positive_int(cfg, "moe_intermediate_size", name)
@@ -331,7 +332,7 @@ def llama4(cfg: Mapping[str, Any], name: str) -> ModelConfig:
     is MoE when ``(layer + 1) % interleave_moe_layer_step == 0``, else a dense FFN of
     ``intermediate_size_mlp``; MoE layers route top-1 with a sigmoid weight on the expert's
     input, beside one shared expert; RoPE layers attend chunks of ``attention_chunk_size``, the
-    NoPE layers the whole context (vLLM ``vllm/model_executor/models/llama4.py``)."""
+    NoPE layers the whole context (vLLM ``vllm/model_executor/models/llama4.py`` at 0121c95e)."""
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else cfg
     layers = positive_int(text, "num_hidden_layers", name)
     step = _non_negative(text, "interleave_moe_layer_step", name)
