@@ -90,31 +90,7 @@ class StepBuilder(OpShapes):
         if a.sparse and q_a is not None:  # DSA: the indexer picks each query's keys
             cached.append(self._indexer(layer, norm, q_a))
         if self.batch.phase == "decode":
-            # absorbed MLA: queries move into the latent space, attention runs over the latent
-            q_lat = self.gemm(layer, "attn.q_absorb", cat, t, a.kv_lora_rank, a.qk_nope_head_dim,
-                              batch=heads, out="q_lat", deps=[q])
-            # the step's q = 1 + mtp queries per sequence read its ctx entries once (the
-            # cache and the new tokens); query i attends the ctx - q + 1 + i before it
-            q_len, ctx = self.new_tokens, self.kv_len
-            topk = a.index_topk
-            attended = keys_sum("full", ctx - q_len + 1, ctx, topk=topk)
-            # DSA gathers each query's top-k rows: at most min(ctx, q_len * topk) distinct ones
-            rows = min(ctx, q_len * topk) if topk else ctx
-            seqs = self.seqs
-            core = self.emitter.emit(
-                layer, "attn.core", "attention_decode", cat, deps=[q_lat, *cached, q],
-                outputs=("o_lat",),
-                dims={"seqs": seqs, "heads": heads, "context": ctx, "qk_dim": latent,
-                      "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.plan.kv_dtype,
-                      "query_tokens": q_len, "topk": topk,
-                      "keys": min(ctx, topk) if topk else ctx},
-                dtype=ACT,
-                flops=2.0 * seqs * heads * attended * (latent + a.kv_lora_rank) + rope_flops,
-                bytes_read=seqs * rows * latent * kv_cache_dt + t * heads * latent * act_bytes,
-                bytes_written=t * heads * a.kv_lora_rank * act_bytes + t * latent * kv_cache_dt,
-            )
-            attn = self.gemm(layer, "attn.v_absorb", cat, t, a.v_head_dim, a.kv_lora_rank,
-                             batch=heads, out="attn_v", deps=[core])
+            attn = self._mla_decode(layer, q, cached, heads, rope_flops)
         else:
             # prefill: expand the latent into per-head K and V, then causal attention
             new = self.new_tokens
@@ -138,6 +114,38 @@ class StepBuilder(OpShapes):
             )
         return self.gemm(layer, "attn.o_proj", cat, t, h, heads * a.v_head_dim, out="attn_out",
                          deps=[attn])
+
+    def _mla_decode(self, layer: int, q: str, cached: Sequence[Read], heads: int,
+                    rope_flops: float) -> str:
+        """Absorbed MLA decode: queries move into the latent space (``attn.q_absorb``),
+        attention runs over the latent cache (under DSA over each query's top-k entries), the
+        result leaves it (``attn.v_absorb``)."""
+        act_bytes, a, t, cat = self.act_elem_bytes, self.model.attention, self.tokens, "attention"
+        latent = a.kv_lora_rank + a.qk_rope_head_dim
+        kv_cache_dt = bytes_per_element(self.plan.kv_dtype)
+        q_lat = self.gemm(layer, "attn.q_absorb", cat, t, a.kv_lora_rank, a.qk_nope_head_dim,
+                          batch=heads, out="q_lat", deps=[q])
+        # the step's q = 1 + mtp queries per sequence read its ctx entries once (the
+        # cache and the new tokens); query i attends the ctx - q + 1 + i before it
+        q_len, ctx = self.new_tokens, self.kv_len
+        topk = a.index_topk
+        attended = keys_sum("full", ctx - q_len + 1, ctx, topk=topk)
+        # DSA gathers each query's top-k rows: at most min(ctx, q_len * topk) distinct ones
+        rows = min(ctx, q_len * topk) if topk else ctx
+        seqs = self.seqs
+        core = self.emitter.emit(
+            layer, "attn.core", "attention_decode", cat, deps=[q_lat, *cached, q],
+            outputs=("o_lat",),
+            dims={"seqs": seqs, "heads": heads, "context": ctx, "qk_dim": latent,
+                  "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.plan.kv_dtype,
+                  "query_tokens": q_len, "topk": topk, "keys": min(ctx, topk) if topk else ctx},
+            dtype=ACT,
+            flops=2.0 * seqs * heads * attended * (latent + a.kv_lora_rank) + rope_flops,
+            bytes_read=seqs * rows * latent * kv_cache_dt + t * heads * latent * act_bytes,
+            bytes_written=t * heads * a.kv_lora_rank * act_bytes + t * latent * kv_cache_dt,
+        )
+        return self.gemm(layer, "attn.v_absorb", cat, t, a.v_head_dim, a.kv_lora_rank,
+                         batch=heads, out="attn_v", deps=[core])
 
     def _indexer(self, layer: int, norm: str, q_a: str) -> Read:
         """DSA's lightning indexer (``epsim.model.attention_keys``): its query heads from the
