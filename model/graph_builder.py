@@ -195,6 +195,16 @@ class StepBuilder(OpShapes):
             )
         # partial RoPE (GLM) rotates a share of each head; NoPE layers (Llama-4) none
         rotates = layer not in a.nope_layers
+        if a.qk_l2_norm and rotates:
+            # Llama-4's weightless per-head norm follows RoPE; a rotation keeps a head's norm,
+            # so normalising first is the same
+            width = (heads + kv_heads) * d
+            qkv = self.emitter.emit(
+                layer, "attn.qk_l2_norm", "norm", cat, outputs=("qkv",),
+                dims={"tokens": t, "width": width, "residual": 0, "head_dim": d},
+                dtype=ACT, flops=4.0 * t * width, bytes_read=t * width * act_bytes,
+                bytes_written=t * width * act_bytes,
+            )
         rope_width = int((heads + kv_heads) * d * a.rotary_fraction) if rotates else 0
         rope_flops = 3.0 * t * rope_width
         if rope_width and not self.plan.fusion.fused_rope:

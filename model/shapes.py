@@ -50,9 +50,8 @@ class AttentionConfig:
         128, 2048; 0 without an indexer (dense attention).
     sinks: learned attention-sink logits per head (GPT-OSS).
     qk_norm: per-head RMSNorm on queries and keys (Qwen3, GLM-4.5 with ``use_qk_norm``).
-    qk_l2_norm: a weightless per-head L2 norm of queries and keys after RoPE on the RoPE layers
-        (Llama-4 with ``use_qk_norm``: Scout); not in the op graph (no parameters, fused into
-        the attention kernels), so the runtime refuses such a model.
+    qk_l2_norm: a weightless per-head RMS norm of queries and keys after RoPE on the RoPE layers
+        (Llama-4 with ``use_qk_norm``: Scout; the op ``attn.qk_l2_norm``).
     bias: biases on the q/k/v/o projections (GPT-OSS).
     """
 

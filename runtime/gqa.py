@@ -11,7 +11,8 @@ rounding and the reference's check of stored entries are the MLA ones.
 What a query at position ``i`` sees (:func:`visible`): keys at ``j <= i``; in a sliding layer
 ``i - j < window``; in a chunked layer (Llama-4) the keys of its own chunk, ``j // chunk ==
 i // chunk``. RoPE rotates the first ``rotary_fraction`` of each head (GLM-4.5: half), none in a
-NoPE layer (Llama-4). Llama-4's NoPE layers scale queries by ``log(floor((i + 1) / floor_scale)
+NoPE layer (Llama-4); Llama-4 Scout then normalises each query and key head (a weightless RMS
+norm, which a rotation leaves unchanged, so the graph may run it before RoPE). Llama-4's NoPE layers scale queries by ``log(floor((i + 1) / floor_scale)
 + 1) * attn_scale + 1``, which is 1 below ``floor_scale`` (8192) tokens, the runtime's reach.
 """
 
@@ -57,11 +58,14 @@ def rotate(a: AttentionConfig, layer: int, qkv: torch.Tensor, cos: torch.Tensor,
     return torch.cat([turn(q).reshape(t, -1), turn(k).reshape(t, -1), v.reshape(t, -1)], -1)
 
 
-def qk_norm(a: AttentionConfig, qkv: torch.Tensor, weight: torch.Tensor,
+def qk_norm(a: AttentionConfig, qkv: torch.Tensor, weight: torch.Tensor | None,
             eps: float) -> torch.Tensor:
-    """Per-head RMSNorm of the queries (``weight[0]``) and keys (``weight[1]``)."""
+    """Per-head RMSNorm of the queries (``weight[0]``) and keys (``weight[1]``); ``weight``
+    None: without weights (Llama-4's ``attn.qk_l2_norm``)."""
     q, k, v = split_qkv(a, qkv)
     t = qkv.shape[0]
+    if weight is None:
+        weight = torch.ones(2, a.head_dim, dtype=qkv.dtype, device=qkv.device)
     return torch.cat([kernels.rms_norm(q, weight[0], eps).reshape(t, -1),
                       kernels.rms_norm(k, weight[1], eps).reshape(t, -1), v.reshape(t, -1)], -1)
 

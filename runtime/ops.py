@@ -176,7 +176,10 @@ def _embed(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, 
 
 
 def _norm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
-    w, eps = rt.weight(op), rt.model.rms_norm_eps
+    eps = rt.model.rms_norm_eps
+    if op.name == "attn.qk_l2_norm":  # Llama-4's weightless per-head norm
+        return {op.outputs[0]: gqa.qk_norm(rt.model.attention, _only(ins), None, eps)}
+    w = rt.weight(op)
     if op.name == "attn.qk_norm":  # GQA's per-head norm of queries and keys
         return {op.outputs[0]: gqa.qk_norm(rt.model.attention, _only(ins), w, eps)}
     if "residual" in op.outputs:

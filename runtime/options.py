@@ -112,9 +112,6 @@ def _check_runtime_model(model: ModelConfig) -> None:
     a, moe = model.attention, model.moe
     if a.kind == "gqa" and a.sinks:
         raise EpsimError(f"the runtime does not implement attention sinks ({model.name})")
-    if a.qk_l2_norm:
-        raise EpsimError(f"the runtime does not implement {model.name}'s weightless q/k L2 norm "
-                         "(Llama-4 use_qk_norm)")
     if moe.weight_on_input and moe.top_k != 1:
         raise EpsimError(f"{model.name}: a weight on the expert's input needs top-1 routing")
     if moe.scoring != "sigmoid" or moe.expert_bias:

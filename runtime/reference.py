@@ -262,6 +262,9 @@ class _Dense:
                                             torch.float32)
             q = torch.cat([kernels.apply_rope(q[..., :rot], cos, sin), q[..., rot:]], dim=-1)
             k = torch.cat([kernels.apply_rope(k[..., :rot], cos, sin), k[..., rot:]], dim=-1)
+            if a.qk_l2_norm:  # Llama-4 Scout: after RoPE, each head scaled to unit RMS
+                q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps)
+                k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)
         self.store(layer, pos, k.reshape(S * T, -1), v.reshape(S * T, -1), tag)
         if causal_prompt:
             keys, values = k.view(S, T, KV, d), v.view(S, T, KV, d)

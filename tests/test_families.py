@@ -282,8 +282,10 @@ def test_the_runtime_refuses_what_it_does_not_implement():
     with pytest.raises(EpsimError, match="--mtp"):
         validate(RunOptions(model="tiny-glm4-moe", world_size=1, batch=1, context=4, steps=2,
                             mtp=1))
-    with pytest.raises(EpsimError, match="L2 norm"):
-        validate(RunOptions(model="llama-4-scout-17b-16e", world_size=1, batch=1, context=4,
+    with pytest.raises(EpsimError, match="sinks"):
+        validate(RunOptions(model="gpt-oss-120b", world_size=1, batch=1, context=4, steps=2))
+    with pytest.raises(EpsimError, match="softmax"):
+        validate(RunOptions(model="qwen3-235b-a22b", world_size=1, batch=1, context=4,
                             steps=2))
 
 
@@ -333,4 +335,6 @@ def test_runtime_and_simulator_issue_the_same_ops_for_each_family():
             names = {e.op_id.split(".mb")[0] for e in measured["trace_events"]}
             if opts.model == "tiny-glm4-moe":
                 assert {"L0.attn.qk_norm", "L0.attn.rope"} <= names
+            if opts.model == "tiny-llama4":  # Scout's norm on the RoPE layers, not layer 3
+                assert "L0.attn.qk_l2_norm" in names and "L3.attn.qk_l2_norm" not in names
     assert {"indexer", "attention_prefill", "attention_decode", "rope"} <= kinds
