@@ -40,6 +40,8 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
 
+from .lifeline import stop_workers, watch_parent
+
 #: the result keys that measure the run rather than the deployment (they may differ between a
 #: serial and a parallel run of the same point)
 DIAGNOSTIC_KEYS = ("sim_wall_s", "step_sim_calls")
@@ -176,8 +178,16 @@ class PoolExecutor(Executor):
                                               else "spawn")
             if ctx.get_start_method() == "forkserver":
                 ctx.set_forkserver_preload(["epsim.sim.scenario"])  # each fork starts warm
-            self._pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            # workers end with this process, even killed (epsim.sim.search.lifeline)
+            self._pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                                initializer=watch_parent)
         return self._pool
+
+    def __exit__(self, exc_type: object, *_exc: object) -> None:
+        if exc_type is not None and self._pool is not None:  # a signal or error mid-search:
+            stop_workers(self._pool)  # no point waiting for points nobody will read
+            self._pool = None
+        self.close()
 
     def close(self) -> None:
         if self._pool is not None:

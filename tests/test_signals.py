@@ -1,0 +1,137 @@
+"""Signals during a search with two worker processes (tune, plan, sweep): the command ends with
+one line and 128 + the signal, no answer, no output file or temp file, and no process of its
+pool left; killed outright (SIGKILL), its pool workers, forkserver and resource tracker go too
+(epsim.sim.search.lifeline)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+SEARCH = ["--model", "deepseek-r1", "--hardware", "mi300x", "--isl", "1000", "--osl", "100",
+          "--workers", "2"]
+SLO = ["--slo", "median_itl_ms<=100"]
+#: long enough that it is still searching when the signal comes (it never finishes)
+COMMANDS = {
+    "tune": ["tune", *SEARCH, *SLO],
+    "plan": ["plan", *SEARCH, *SLO, "--target-output-throughput", "100000"],
+    "sweep": ["sweep", *SEARCH, "--concurrency", "64,128,256,512,1024,2048,4096",
+              "--kv-dtype", "fp8,bf16"],
+}
+WAIT_S = 240  # a bound on a loaded machine, not a timing claim
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from /proc."""
+    out: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if fields[0] != "Z":
+            out.setdefault(int(fields[1]), []).append(int(entry.name))
+    return out
+
+
+def descendants(pid: int) -> set[int]:
+    kids, found, todo = _children(), set(), [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if state[state.rindex(")") + 2] != "Z":
+            out.add(pid)
+    return out
+
+
+def wait_gone(pids: set[int]) -> set[int]:
+    deadline = time.monotonic() + 30
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)
+
+
+def start_search(argv: list[str], tmp_path: Path, *, group: bool = False
+                 ) -> tuple[subprocess.Popen, set[int], Path]:
+    """The command, started with an output file and its own $TMPDIR, once its pool runs: the
+    process, its pool's processes (forkserver, resource tracker, two workers)."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    out = tmp_path / "out" / "frontier.csv"
+    out.parent.mkdir()
+    flag = "--csv" if argv[0] == "sweep" else "--frontier-csv"
+    p = subprocess.Popen([sys.executable, "-m", "epsim", *argv, flag, str(out)], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "TMPDIR": str(tmpdir)}, start_new_session=group)
+    deadline = time.monotonic() + WAIT_S
+    pool: set[int] = set()
+    while len(pool) < 4 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        pool = descendants(p.pid)
+    if len(pool) < 4:
+        p.kill()
+        pytest.fail(f"the pool never started: {p.communicate()[1][-2000:]}")
+    time.sleep(1.0)  # the workers are on their points
+    return p, pool, out
+
+
+@pytest.mark.parametrize(("command", "sig"), [
+    ("tune", signal.SIGTERM), ("plan", signal.SIGHUP), ("sweep", signal.SIGINT)])
+def test_a_signal_ends_a_search_in_one_line_with_nothing_left(tmp_path, command, sig):
+    p, pool, out = start_search(COMMANDS[command], tmp_path)
+    try:
+        p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=WAIT_S)
+    finally:
+        p.kill()
+    assert p.returncode == 128 + sig, stderr  # 143, 129, 130: the shell's convention
+    assert stderr.splitlines() == [f"epsim {command}: error: terminated by {sig.name}"]
+    assert stdout == ""  # no answer from an interrupted search
+    assert wait_gone(pool) == set()
+    assert list(out.parent.iterdir()) == []  # neither the output nor a temp file
+    assert list((tmp_path / "tmpdir").iterdir()) == []  # the pool's pymp-* folder went too
+
+
+def test_a_signal_to_the_whole_process_group_is_one_line_not_one_per_worker(tmp_path):
+    """Ctrl-C reaches every process of the terminal's group: the workers leave it to the
+    command (one line), not one KeyboardInterrupt traceback each."""
+    p, pool, out = start_search(COMMANDS["sweep"], tmp_path, group=True)
+    try:
+        os.killpg(p.pid, signal.SIGINT)  # its own session: the group is the command's
+        _, stderr = p.communicate(timeout=WAIT_S)
+    finally:
+        p.kill()
+    assert p.returncode == 130
+    assert stderr.splitlines() == ["epsim sweep: error: terminated by SIGINT"]
+    assert wait_gone(pool) == set()
+    assert list(out.parent.iterdir()) == []
+
+
+def test_the_pool_goes_when_its_command_is_killed(tmp_path):
+    """SIGKILL runs no clean-up in the command: its workers see it gone and exit, and then the
+    forkserver and the resource tracker, whose pipes close (they used to wait for ever)."""
+    p, pool, out = start_search(COMMANDS["tune"], tmp_path)
+    p.kill()
+    p.communicate(timeout=WAIT_S)
+    assert p.returncode == -signal.SIGKILL
+    assert wait_gone(pool) == set()
+    assert list(out.parent.iterdir()) == []  # outputs are held in memory until the end
