@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from epsim.model import jsonout
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import write_text_atomic
 from epsim.sim.scenario import run_scenario
@@ -149,7 +149,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
         saved = vllm_result(runs[0], {**result, "burstiness": sc.workload.burstiness},
                             detailed=args.save_detailed, goodput=sc.goodput)
         stamp_provenance(saved["epsim"])  # epsim's keys: provenance first, as in --json
-        write_text_atomic(json.dumps(saved, default=_jsonable) + "\n", args.save_result)
+        write_text_atomic(jsonout.dumps(saved, default=_jsonable) + "\n", args.save_result)
     return result
 
 
