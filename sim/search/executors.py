@@ -41,6 +41,7 @@ from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
 
 from .lifeline import stop_workers, watch_parent
+from .reach import probe
 
 #: the result keys that measure the run rather than the deployment (they may differ between a
 #: serial and a parallel run of the same point)
@@ -234,6 +235,8 @@ class RayExecutor(Executor):
             raise EpsimError("--ray needs Ray (pip install 'epsim[ray]')") from None
         if not ray.is_initialized():
             address = None if self.address in (None, "local") else self.address
+            if address is not None:
+                probe(address)  # nothing there: one line now, not minutes of Ray's retries
             try:
                 ray.init(address=address, log_to_driver=False, include_dashboard=False,
                          logging_level="ERROR")
