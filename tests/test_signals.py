@@ -135,3 +135,19 @@ def test_the_pool_goes_when_its_command_is_killed(tmp_path):
     assert p.returncode == -signal.SIGKILL
     assert wait_gone(pool) == set()
     assert list(out.parent.iterdir()) == []  # outputs are held in memory until the end
+    assert list((tmp_path / "tmpdir").iterdir()) == []  # its pymp-* folder: a worker removed it
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["sweep", *SEARCH[:4], "--isl", "100,200000", "--osl", "10", "--workers", "2"],
+     "200000"),
+    (["tune", *SEARCH, *SLO, "--splits", "8x1,4x3"], "--splits 4x3"),
+    (["plan", *SEARCH, *SLO, "--target-output-throughput", "1e300"], "target"),
+])
+def test_a_refusal_comes_before_the_pool_and_leaves_tmpdir_empty(tmp_path, argv, match):
+    """Every value is checked before a worker process (or its pymp-* folder) is made."""
+    r = subprocess.run([sys.executable, "-m", "epsim", *argv], cwd=REPO, capture_output=True,
+                       text=True, timeout=WAIT_S, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.count("\n") == 1 and match in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -1,7 +1,6 @@
 """Work estimated before it starts (epsim/work.py): past the budget, one line and exit 2
 before anything is simulated, unless --force."""
 
-import os
 
 import pytest
 

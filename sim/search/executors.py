@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import multiprocessing.util
 import os
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -180,8 +181,9 @@ class PoolExecutor(Executor):
             if ctx.get_start_method() == "forkserver":
                 ctx.set_forkserver_preload(["epsim.sim.scenario"])  # each fork starts warm
             # workers end with this process, even killed (epsim.sim.search.lifeline)
-            self._pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
-                                                initializer=watch_parent)
+            self._pool = cf.ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=ctx, initializer=watch_parent,
+                initargs=(multiprocessing.util.get_temp_dir(),))
         return self._pool
 
     def __exit__(self, exc_type: object, *_exc: object) -> None:

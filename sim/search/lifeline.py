@@ -17,7 +17,9 @@ tracker, which wait for those pipes to close, stay too (with the caller's stdout
                     its workers now (they ignore SIGTERM) instead of waiting for their points
 
 Once every worker has gone, the forkserver and the resource tracker read end of file on their
-pipes and exit on their own.
+pipes and exit on their own. The command's ``pymp-*`` folder in ``$TMPDIR`` (the forkserver's
+socket), which the command removes when it exits but cannot when killed, is removed by the
+first worker that sees it gone.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -36,20 +39,23 @@ COMMAND_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ORPHAN_EXIT = 128 + signal.SIGKILL
 
 
-def _wait_then_exit(sentinel: int) -> None:
+def _wait_then_exit(sentinel: int, tempdir: str | None) -> None:
     multiprocessing.connection.wait([sentinel])
-    os._exit(ORPHAN_EXIT)  # no clean-up to run: the command that wanted the result is gone
+    if tempdir:  # the command's pymp-* folder, which its own exit would have removed
+        shutil.rmtree(tempdir, ignore_errors=True)
+    os._exit(ORPHAN_EXIT)  # nothing else to clean: the command that wanted the result is gone
 
 
-def watch_parent() -> None:
-    """Worker initializer: end this process as soon as the process that started the pool ends,
-    and leave the command's signals to the command."""
+def watch_parent(tempdir: str | None = None) -> None:
+    """Worker initializer: end this process as soon as the process that started the pool ends
+    (removing ``tempdir``, the command's multiprocessing folder in ``$TMPDIR``, which a killed
+    command leaves), and leave the command's signals to the command."""
     for sig in COMMAND_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is None:  # not a multiprocessing child: nothing to watch
         return
-    threading.Thread(target=_wait_then_exit, args=(parent.sentinel,), daemon=True,
+    threading.Thread(target=_wait_then_exit, args=(parent.sentinel, tempdir), daemon=True,
                      name="epsim-watch-parent").start()
 
 
