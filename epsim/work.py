@@ -169,3 +169,33 @@ def check_grid(command: str, args: argparse.Namespace, lists: dict[str, list]) -
         args, **{k: v[0] for k, v in lists.items() if k != "concurrency"}, concurrency=c)))
         for c in lists["concurrency"]]
     check(command, estimate(groups, workers_of(args)), args.force)
+
+
+@dataclass(frozen=True)
+class BalanceBudget:
+    """What ``balance`` may do without ``--force``. Its cost grows faster than the experts of
+    a layer (one layer of 2^16 experts over 8 GPUs: 3.6 s; of 2^18: 27 s, measured on the
+    loaded 2-core build machine), so the budget bounds a layer's experts and the cells
+    (snapshots x layers x experts) in all: 2^16 experts, as the largest real MoE by far, and
+    2^22 cells, 16 times DeepSeek-V3's 58 x 256 with 256 snapshots' worth of room."""
+
+    experts: int = 2**16
+    cells: int = 2**22
+
+
+BALANCE_BUDGET = BalanceBudget()
+
+
+def check_balance(shape: tuple[int, ...], force: bool,
+                  budget: BalanceBudget = BALANCE_BUDGET) -> None:
+    """One line when a load array of ``shape`` (``[snapshots,] layers, experts``) is past the
+    budget and not ``force``d; called after the file is read, before any balancing."""
+    cells, experts = math.prod(shape), shape[-1]
+    over = []
+    if experts > budget.experts:
+        over.append(f"{experts:,} experts a layer (budget {budget.experts:,})")
+    if cells > budget.cells:
+        over.append(f"{cells:,} loads in all (budget {budget.cells:,})")
+    if over and not force:
+        raise EpsimError(f"balance would place {'; '.join(over)}: add --force to run it "
+                         "anyway")

@@ -7,7 +7,15 @@ import pytest
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario
 from epsim.sim.workload.spec import WorkloadSpec
-from epsim.work import BYTES_PER_REQUEST, WorkBudget, WorkEstimate, check, estimate, point_requests
+from epsim.work import (
+    BYTES_PER_REQUEST,
+    WorkBudget,
+    WorkEstimate,
+    check,
+    check_balance,
+    estimate,
+    point_requests,
+)
 
 SMALL = WorkBudget(points=10, requests=1000, memory_fraction=0.5)
 
@@ -61,3 +69,26 @@ def test_ten_million_sharegpt_requests_are_refused(epsim):
     assert r.stderr.startswith("epsim predict: error: predict would run 10,000,000 simulated "
                                "requests (budget 4,000,000)")
     assert r.stderr.count("\n") == 1
+
+
+def test_balance_refuses_a_layer_past_its_budget_unless_forced():
+    check_balance((58, 256), False)  # DeepSeek-V3
+    check_balance((4, 58, 2**16), True)  # --force
+    with pytest.raises(EpsimError, match=r"place 2,000,000 experts a layer \(budget 65,536\): "):
+        check_balance((1, 2_000_000), False)
+    with pytest.raises(EpsimError, match=r"65,537 experts a layer \(budget 65,536\); "
+                                         r"4,194,368 loads in all \(budget 4,194,304\)"):
+        check_balance((64, 65_537), False)
+    with pytest.raises(EpsimError, match=r"^balance would place 4,194,560 loads in all"):
+        check_balance((16385, 256), False)
+
+
+def test_a_two_million_expert_load_file_is_refused_in_one_line(epsim, tmp_path):
+    loads = tmp_path / "loads.json"
+    loads.write_text('{"logical_count": [[' + ",".join(["1"] * 2_000_000) + "]]}")
+    r = epsim("balance", "--loads", str(loads), "--gpus", "8", "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "epsim balance: error: balance would place 2,000,000 experts a layer (budget 65,536): "
+        "add --force to run it anyway"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loads.json"]
