@@ -110,8 +110,8 @@ def _gb(n: float) -> str:
 
 
 def check(command: str, work: WorkEstimate, force: bool, budget: WorkBudget = BUDGET,
-          memory: int | None = None) -> None:
-    """One line when ``work`` is past ``budget`` and not ``force``d."""
+          memory: int | None = None, hint: str = "narrow the lists or --num-prompts") -> None:
+    """One line when ``work`` is past ``budget`` and not ``force``d (``hint``: what to change)."""
     memory = physical_memory() if memory is None else memory
     over = []
     if work.points > budget.points:
@@ -122,8 +122,8 @@ def check(command: str, work: WorkEstimate, force: bool, budget: WorkBudget = BU
         over.append(f"about {_gb(work.memory_bytes)} of memory (budget "
                     f"{budget.memory_fraction:.0%} of this machine's {_gb(memory)})")
     if over and not force:
-        raise EpsimError(f"{command} would run {'; '.join(over)}: narrow the lists or "
-                         "--num-prompts, or add --force to run it anyway")
+        raise EpsimError(f"{command} would run {'; '.join(over)}: {hint}, or add --force to "
+                         "run it anyway")
 
 
 def search_points(size: int, strategy: str, trials: int | None) -> int:
@@ -199,3 +199,18 @@ def check_balance(shape: tuple[int, ...], force: bool,
     if over and not force:
         raise EpsimError(f"balance would place {'; '.join(over)}: add --force to run it "
                          "anyway")
+
+
+#: bytes ``step`` holds per pair of ranks of its largest collective group (the collective
+#: models' rank x rank float64 matrices and their temporaries): measured as the peak RSS growth
+#: of ``step --nodes 512 --redundant-experts 3840`` (ep 4096: 460 MB) and ``--nodes 1024
+#: --redundant-experts 7936`` (ep 8192: 1.8 GB), 27 B a pair, rounded up
+STEP_BYTES_PER_RANK_PAIR = 32
+
+
+def check_step(ep: int, tp: int, force: bool, memory: int | None = None) -> None:
+    """``step``'s memory: its largest collective group's rank pairs (``--nodes 4096`` at ep
+    32768 would need about 34 GB), refused in one line past the budget unless ``force``d."""
+    ranks = max(ep, tp)
+    check("step", WorkEstimate(1, 0, ranks * ranks * STEP_BYTES_PER_RANK_PAIR), force,
+          memory=memory, hint=f"a smaller expert-parallel group than {ranks:,} GPUs")

@@ -13,6 +13,7 @@ from epsim.work import (
     WorkEstimate,
     check,
     check_balance,
+    check_step,
     estimate,
     point_requests,
 )
@@ -92,3 +93,13 @@ def test_a_two_million_expert_load_file_is_refused_in_one_line(epsim, tmp_path):
         "epsim balance: error: balance would place 2,000,000 experts a layer (budget 65,536): "
         "add --force to run it anyway"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loads.json"]
+
+
+def test_step_refuses_a_collective_group_whose_matrices_exceed_the_memory_budget():
+    check_step(ep=8192, tp=1, force=False, memory=8 * 10**9)  # 2.1 GB of 4 GB
+    with pytest.raises(EpsimError) as exc:
+        check_step(ep=32768, tp=1, force=False, memory=8 * 10**9)
+    assert str(exc.value) == (
+        "step would run about 34.4 GB of memory (budget 50% of this machine's 8.0 GB): a "
+        "smaller expert-parallel group than 32,768 GPUs, or add --force to run it anyway")
+    check_step(ep=32768, tp=1, force=True, memory=8 * 10**9)
