@@ -117,9 +117,22 @@ def _commit(outputs: OutputSet) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(argv)
+    # the handlers first: a signal while the commands' modules load is one line too
+    with _termination_as_error():
+        try:
+            args = parse(argv)
+        except (Terminated, KeyboardInterrupt) as exc:
+            signum = exc.exit_status - 128 if isinstance(exc, Terminated) else signal.SIGINT
+            sys.stderr.write(f"epsim: error: terminated by {signal.Signals(signum).name}\n")
+            return 128 + signum
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The parsed command, its outputs reserved before and committed after, every failure
+    and every ending signal one line."""
     try:
-        with _termination_as_error(), OutputSet() as outputs:
+        with OutputSet() as outputs:
             for what, path in output_targets(args):  # before any work
                 outputs.reserve(path, what)
             status = int(args.run(args) or 0)
@@ -130,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         sys.stderr.write(f"epsim {args.command}: error: {message}\n")
         return int(getattr(exc, "exit_status", 2))
-    except KeyboardInterrupt:  # SIGINT before the handler was in place
+    except KeyboardInterrupt:  # SIGINT outside the main thread's handler
         sys.stderr.write(f"epsim {args.command}: error: terminated by SIGINT\n")
         return 130
     except BrokenPipeError:
