@@ -7,7 +7,8 @@ flags alone, before any scenario is simulated (nothing is sampled or built to co
 
     points      serving simulations the command runs: sweep's grid (every list's length
                 multiplied); a search's grid (``--search grid``, or ``auto`` up to
-                ``GRID_MAX_POINTS``) or its optuna trials; plan's, once per unit searched
+                ``GRID_MAX_POINTS``), its optuna trials or its bisections' probe budget
+                (``probe_budget``: deployments x the most probes each); plan's, once per unit
                 (each hardware x unit layout); predict: 1
     requests    requests simulated over all points: each point's ``--num-prompts``, else its
                 concurrency (a burst run), else the steady window's first sizing
@@ -31,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario
+from epsim.sim.search.tune import SearchSpace
 from epsim.sim.serving.window import steady_num_prompts
 
 #: bytes of memory one simulated request holds while its point runs (its lengths, times and
@@ -126,13 +128,19 @@ def check(command: str, work: WorkEstimate, force: bool, budget: WorkBudget = BU
                          "run it anyway")
 
 
-def search_points(size: int, strategy: str, trials: int | None) -> int:
-    """The points a search of ``size`` evaluates (``epsim.sim.search.samplers.choose``)."""
+def search_points(space: SearchSpace, strategy: str, trials: int | None,
+                  variable: str | None = None) -> int:
+    """The points a search of ``space`` evaluates at most: its grid, its optuna trials, or its
+    bisections' probe budget (``epsim.sim.search.samplers.choose`` picks among them)."""
+    from epsim.sim.search.bisect import probe_budget
     from epsim.sim.search.samplers import DEFAULT_TRIALS, choose
 
-    if choose(strategy, size) == "grid":
-        return size
-    return min(trials or DEFAULT_TRIALS, size)
+    chosen = choose(strategy, space.size())
+    if chosen == "grid":
+        return space.size()
+    if chosen == "bisect":
+        return probe_budget(space.dimensions(), variable or "max_concurrency")
+    return min(trials or DEFAULT_TRIALS, space.size())
 
 
 def workers_of(args: argparse.Namespace) -> int:
@@ -143,14 +151,15 @@ def workers_of(args: argparse.Namespace) -> int:
     return args.workers if getattr(args, "workers", None) else default_workers()
 
 
-def check_search(command: str, args: argparse.Namespace, base: Scenario, size: int,
-                 concurrency: tuple[int, ...], units: int = 1) -> None:
-    """tune's and plan's work: ``units`` searches of ``size`` points, the concurrencies
-    equally often."""
-    points = units * search_points(size, args.search, args.trials)
-    each = points / max(1, len(concurrency))
+def check_search(command: str, args: argparse.Namespace, base: Scenario, space: SearchSpace,
+                 units: int = 1) -> None:
+    """tune's and plan's work: ``units`` searches of ``space``, its concurrencies equally
+    often."""
+    points = units * search_points(space, args.search, args.trials,
+                                   getattr(args, "sla_variable", None))
+    each = points / max(1, len(space.concurrency))
     groups = []
-    for c in concurrency:
+    for c in space.concurrency:
         w = base.workload
         own = w.num_prompts if w.kind.replays else None if w.measure == "steady" else c
         sc = base.with_(workload=replace(w, max_concurrency=c,

@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     searched: list[UnitSearch] = []
     base = search_base_from_args(args, hardware[0])
-    check_search("plan", args, base, space.size(), space.concurrency,
-                 units=len(hardware) * len(layouts))
+    check_search("plan", args, base, space, units=len(hardware) * len(layouts))
     bar = Progress("plan", enabled=not args.json)
     t0 = time.perf_counter()
     try:

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     check_prices(args.gpu_hour_usd, hardware)
     space = search_space_from_args(args)
     base = search_base_from_args(args, hardware[0])
-    check_search("tune", args, base, space.size(), space.concurrency)
+    check_search("tune", args, base, space)
     bar = Progress("tune", enabled=not args.json)
     t0 = time.perf_counter()
     try:
