@@ -6,6 +6,7 @@ import stat
 import subprocess
 
 import pytest
+from conftest import REPO
 
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import (
@@ -171,3 +172,29 @@ def _a_dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
     return p.pid
+
+
+def test_sweep_csv_and_plot_are_written_together_or_not_at_all(tmp_path, monkeypatch, capsys):
+    """The issue's case end to end: `sweep --csv A --plot B` with B turned into a folder while
+    the sweep worked (here: right after the plot was drawn) exits 2 and leaves A as it was."""
+    pytest.importorskip("matplotlib")
+    from epsim.cli import main
+    from epsim.commands import sweep
+
+    a, b = tmp_path / "a.csv", tmp_path / "b.png"
+    a.write_text("old")
+    drawn = sweep.write_plot
+
+    def draw_then_swap(points, rows, path):
+        drawn(points, rows, path)
+        b.mkdir()
+
+    monkeypatch.setattr(sweep, "write_plot", draw_then_swap)
+    status = main(["sweep", "--model", str(REPO / "model/configs/tiny-deepseek.json"), "--hardware",
+                   "mi300x", "--isl", "16", "--osl", "4", "--concurrency", "1,2", "--workers",
+                   "1", "--csv", str(a), "--plot", str(b)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.splitlines() == [
+        f"epsim sweep: error: cannot write {b}: it is a directory"]
+    assert a.read_text() == "old" and b.is_dir() and not any(b.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.png"]
