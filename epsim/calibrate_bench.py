@@ -11,10 +11,10 @@ and its overrides, MTP); ``--model``, ``--hardware``, ``--kernels``, ``--nodes``
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
+from epsim.model import jsonout
 from epsim.model.errors import EpsimError
 from epsim.sim.serving.presets import PREFILL_FIRST
 
@@ -100,7 +100,7 @@ def run_bench_fit(args: argparse.Namespace) -> int:
     obj = fitted_profile(report, str(args.hardware), args.from_bench, deployment)
     obj["provenance"] = scenario_profile(sc).provenance()  # the profile it was fitted from
     stamp_provenance(obj)
-    text = json.dumps(obj, indent=2) + "\n"
+    text = jsonout.dumps(obj, indent=2) + "\n"
     write_text_atomic(text, args.out)
     out = {"profile": args.out, "factors": report["factors"], "start": report["start"],
            "runs": report["runs"], "leave_one_out": report["leave_one_out"],

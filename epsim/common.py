@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from epsim.model import jsonout
 from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
@@ -350,9 +351,11 @@ def _dbo_from_args(v: Mapping[str, Any]) -> bool | None:
 
 def emit_json(obj: Mapping[str, Any], *profiles: Mapping[str, Any]) -> None:
     """One JSON object on stdout and nothing else there, its provenance first
-    (``epsim.stamp.stamp_provenance``: of the results it holds and of ``profiles``)."""
+    (``epsim.stamp.stamp_provenance``: of the results it holds and of ``profiles``); a
+    non-finite number is ``null`` (``epsim.model.jsonout``: never NaN or Infinity, which no
+    strict parser reads)."""
     out = stamp_provenance(dict(obj), *profiles)
-    sys.stdout.write(json.dumps(out, indent=2, sort_keys=False, default=_jsonable) + "\n")
+    sys.stdout.write(jsonout.dumps(out, indent=2, sort_keys=False, default=_jsonable) + "\n")
 
 
 def _jsonable(value: Any) -> Any:

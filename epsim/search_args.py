@@ -15,6 +15,7 @@ from epsim.sim.search.tune import OBJECTIVES, SearchOptions, SearchSpace
 
 from .common import add_scenario_args, scenario_from_args
 from .inputs import add_flag
+from .work import add_force_arg
 
 # --------------------------------------------------------------------------------------------
 # A search: scenario + SLO + search space (tune, plan)
@@ -64,6 +65,7 @@ def add_executor_args(parser: argparse.ArgumentParser, *, search: bool) -> None:
     add_flag(g, "--ray", default=None, metavar="auto|local|ADDRESS",
              help="run the points as Ray tasks: auto joins the running cluster, local starts "
              "one here, or a cluster address (pip install 'epsim[ray]')")
+    add_force_arg(g)
     if search:
         add_flag(g, "--search", default="auto",
                  help=f"every point (grid) or optuna's TPE sampler with the SLO as a constraint "

@@ -35,6 +35,7 @@ from ..search_args import (
     search_space_from_args,
 )
 from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..work import check_search
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     searched: list[UnitSearch] = []
     base = search_base_from_args(args, hardware[0])
+    check_search("plan", args, base, space, units=len(hardware) * len(layouts))
     bar = Progress("plan", enabled=not args.json)
     t0 = time.perf_counter()
     try:

@@ -31,6 +31,7 @@ from ..search_args import (
     search_space_from_args,
 )
 from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..work import check_search
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     check_prices(args.gpu_hour_usd, hardware)
     space = search_space_from_args(args)
     base = search_base_from_args(args, hardware[0])
+    check_search("tune", args, base, space)
     bar = Progress("tune", enabled=not args.json)
     t0 = time.perf_counter()
     try:

@@ -9,6 +9,8 @@
     bisect.py     each deployment's highest concurrency or request rate within the SLO, by
                   bisection as ``vllm bench sweep serve_sla``
     executors.py  where points run: serial, a process pool, a Ray cluster (a registry)
+    lifeline.py   a pool's workers end with their command, even killed; signals are its own
+    reach.py      a Ray address probed before Ray is asked: nothing there is one line in 5 s
 
 Uses the root's ``epsim.sim.scenario`` and ``epsim.sim.serving.metrics``.
 """
