@@ -134,15 +134,15 @@ def main() -> int:
     summary = {"checks": len(judged), "within": sum(r["within"] for r in judged),
                "median_abs_error": median, "bands": bands(rows)}
     if args.write_bands:
+        from epsim.model import jsonout
+        from epsim.model.outputs import write_text_atomic
         from epsim.stamp import model_version
         BANDS.parent.mkdir(parents=True, exist_ok=True)
         doc = {"about": "expected error of a prediction per regime, from bench/fidelity.py over "
                         "the published checks in bench/data/published_checks.json",
                "measured_on": {**model_version(), "date": dt.date.today().isoformat()},
                "regimes": summary["bands"]}
-        tmp = BANDS.with_suffix(".part")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(BANDS)
+        write_text_atomic(jsonout.dumps(doc, indent=1) + "\n", BANDS)  # whole or not at all
     if args.json:
         print(json.dumps({"rows": rows, **summary}))
         return 0

@@ -8,7 +8,9 @@ multi-node EP), five ``epsim predict --json`` cases (closed and open loop, engin
 MTP, disaggregation) and the README tour's deterministic commands (``describe``, ``step`` with and
 without ``--explain``, ``balance``, ``predict``, ``sweep``, ``tune``, ``plan``, ``run``). Keys
 and lines that measure this machine rather than the simulation (``sim_wall_s`` and other wall
-times, the real runtime's step times) are removed before writing. Each case runs in its own process, as a user runs it.
+times, the real runtime's step times) are removed before writing, and so is ``provenance`` (what
+made the output: a version bump alone is no change of behaviour; docs/provenance.md). Each case
+runs in its own process, as a user runs it.
 With ``--against`` it prints one line per case that differs and exits 1 if any does.
 """
 
@@ -87,11 +89,15 @@ MEASURED = re.compile(r"ms/step|step ms|tokens/s")
 # keys whose values measure this machine (wall clocks, search diagnostics), not the simulation
 VOLATILE = {"sim_wall_s", "wall_s", "elapsed_s", "search_wall_s", "points_per_s", "workers",
             "wall_ms", "host_wall_s", "diagnostics"}
+# what made the output, not what it computed: the epsim version, the profile's hash, the tables'
+# commits (docs/provenance.md); a changed figure still shows, a version bump alone does not
+NOT_COMPARED = {"provenance"}
 
 
 def strip_volatile(value):
     if isinstance(value, dict):
-        return {k: strip_volatile(v) for k, v in value.items() if k not in VOLATILE}
+        return {k: strip_volatile(v) for k, v in value.items()
+                if k not in VOLATILE and k not in NOT_COMPARED}
     if isinstance(value, list):
         return [strip_volatile(v) for v in value]
     return value

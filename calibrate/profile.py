@@ -325,6 +325,7 @@ def _borrowed_exchange(d: _Draft, obj: dict[str, Any], base: str | None) -> None
                          "communication figures from")
     b = load_profile(base)
     braw, beff = b.raw, b.require_efficiency()
+    obj["provenance"] = b.provenance()  # what the borrowed figures came from (docs/provenance.md)
     obj["fabric"] = dict(braw["fabric"])
     obj["nic_bandwidth_per_gpu"] = braw["nic_bandwidth_per_gpu"]
     obj["gpus_per_node"] = braw["gpus_per_node"]
@@ -384,9 +385,12 @@ def _by_world(table: dict[int, float]) -> dict[str, float]:
 
 def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
               base: str | None = None, log: Any = None,
-              exchange_fit: str = DEFAULT_EXCHANGE_FIT) -> dict[str, Any]:
+              exchange_fit: str = DEFAULT_EXCHANGE_FIT,
+              stamp: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
     """Measure, save the tables beside ``out``, fit, write the profile; returns the profile.
-    ``exchange_fit``: the exchange model (``calibrate/exchange_fits.py``).
+    ``exchange_fit``: the exchange model (``calibrate/exchange_fits.py``). ``stamp``: applied
+    to the profile object before it is written (the front door's provenance: the epsim
+    version, and the profile the figures were borrowed from, if any).
 
     ``device``: a kind of ``calibrate/devices.py``'s ``DEVICES``. ``"cuda"``: world size 1 on
     one GPU (no all-to-all: the communication figures come from ``base``, default ``h200``).
@@ -411,6 +415,8 @@ def calibrate(out: str | Path, device: str = "cpu", quick: bool = False,
                               exchange_fit)
     if probes:
         obj["calibration"]["probe"] = probe.probe_record(probes)
+    if stamp is not None:
+        stamp(obj)
     write_json_atomic(obj, out)
     return obj
 

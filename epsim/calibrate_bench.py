@@ -11,15 +11,16 @@ and its overrides, MTP); ``--model``, ``--hardware``, ``--kernels``, ``--nodes``
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
+from epsim.model import jsonout
 from epsim.model.errors import EpsimError
 from epsim.sim.serving.presets import PREFILL_FIRST
 
 from .common import add_engine_args, add_mtp_args, emit_json, print_table, scenario_from_args
 from .inputs import add_flag
+from .stamp import stamp_provenance
 
 #: the factors fitted without --factors (host joins them under every engine but
 #: prefill_first, which charges no host time)
@@ -76,6 +77,8 @@ def run_bench_fit(args: argparse.Namespace) -> int:
     from epsim.calibrate import plausible
     from epsim.calibrate.bench_fit import fit_bench, fitted_profile
     from epsim.model.outputs import write_text_atomic
+    from epsim.sim.hardware.profile import profile_from_bytes
+    from epsim.sim.scenario import scenario_profile
     from epsim.sim.workload.bench_results import read_bench_file
 
     if args.model is None or args.hardware is None:
@@ -95,7 +98,10 @@ def run_bench_fit(args: argparse.Namespace) -> int:
                   "graph": sc.graph, "eplb": sc.eplb, "kv_dtype": sc.kv_dtype, "mtp": sc.mtp,
                   "host_ms_per_step": sc.host_ms_per_step}
     obj = fitted_profile(report, str(args.hardware), args.from_bench, deployment)
-    write_text_atomic(json.dumps(obj, indent=2) + "\n", args.out)
+    obj["provenance"] = scenario_profile(sc).provenance()  # the profile it was fitted from
+    stamp_provenance(obj)
+    text = jsonout.dumps(obj, indent=2) + "\n"
+    write_text_atomic(text, args.out)
     out = {"profile": args.out, "factors": report["factors"], "start": report["start"],
            "runs": report["runs"], "leave_one_out": report["leave_one_out"],
            "iterations": report["iterations"], "evaluations": report["evaluations"],
@@ -105,7 +111,8 @@ def run_bench_fit(args: argparse.Namespace) -> int:
            "sources": {k: v for k, v in obj["sources"].items()
                        if k in ("efficiency.op_final_scale", "efficiency.host_ms_per_step")}}
     if args.json:
-        emit_json(out)
+        # the profile just written (staged until the command ends: its text, not the file)
+        emit_json(out, profile_from_bytes(text.encode(), args.out).provenance())
     else:
         _print(out)
     return 0

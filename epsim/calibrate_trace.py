@@ -124,7 +124,10 @@ def run_trace(args: argparse.Namespace) -> int:
     elif args.out:
         raise EpsimError("--out fits factors against the simulator: give --model")
     if args.json:
-        emit_json(out)
+        from epsim.sim.hardware.profile import load_profile
+
+        emit_json(out, *([load_profile(dep.hardware, kernels=dep.kernels).provenance()]
+                         if dep is not None else []))
     else:
         _print(out)
     return 0

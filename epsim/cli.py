@@ -5,7 +5,8 @@ Commands live in ``epsim.commands``, one module each with ``add_parser(subparser
 parsed and range-checked by ``epsim.inputs`` while the arguments are parsed; every output file a
 command names is then reserved (checked and staged) before the command runs, and written only
 if it succeeds, all of them together (``epsim.model.outputs``). Every user error is one line
-on stderr and exit status 2 (docs/design.md section 5); a run ended by SIGTERM exits 143.
+on stderr and exit status 2 (docs/design.md section 5); a command ended by SIGINT, SIGTERM or
+SIGHUP prints one line and exits 130, 143 or 129 (:class:`Terminated`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from collections.abc import Iterator, Sequence
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import OutputSet
 
-from . import __version__
 from .commands import COMMANDS
 from .specs import output_targets
 
@@ -35,12 +35,24 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class _Version(argparse.Action):
+    """``--version``: argparse's own would rewrap the lines into one paragraph."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from .stamp import version_text
+
+        sys.stdout.write(version_text() + "\n")
+        raise SystemExit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="epsim",
         description="Predict, tune and run expert-parallel inference of MoE LLMs.",
     )
-    parser.add_argument("--version", action="version", version=f"epsim {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the version and every shipped profile's hash, and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for name in COMMANDS:
@@ -54,9 +66,19 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-class Terminated(EpsimError):
-    """SIGTERM or SIGHUP arrived while a command worked: it ends with one line, its output files
-    discarded (the ``OutputSet`` leaves), exit status 128 + the signal."""
+#: the signals that end a command: each with one line and exit status 128 + the signal (130,
+#: 143, 129: the shell's convention)
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived while a command worked: it ends with one line, its
+    output files discarded (the ``OutputSet`` leaves), exit status 128 + the signal.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except EpsimError`` or
+    ``except Exception`` on the way (a search skipping a point that cannot run, a library's
+    retry) can take the signal for a failed point and go on: the search stops where it is and
+    no answer is built from what it had."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"terminated by {signal.Signals(signum).name}")
@@ -69,11 +91,11 @@ def _terminate(signum: int, _frame: object) -> None:
 
 @contextlib.contextmanager
 def _termination_as_error() -> Iterator[None]:
-    """SIGTERM / SIGHUP raise :class:`Terminated` in the command (the main thread only)."""
+    """The ending signals raise :class:`Terminated` in the command (the main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _terminate) for sig in ENDING_SIGNALS}
     try:
         yield
     finally:
@@ -81,22 +103,48 @@ def _termination_as_error() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(argv)
+def _commit(outputs: OutputSet) -> None:
+    """Rename the outputs into place with the ending signals held back, so that a signal cannot
+    stop the renames half-way (it is delivered right after, and the command ends on it)."""
+    if threading.current_thread() is not threading.main_thread():
+        outputs.commit()
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
     try:
-        with _termination_as_error(), OutputSet() as outputs:
+        outputs.commit()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # the handlers first: a signal while the commands' modules load is one line too
+    with _termination_as_error():
+        try:
+            args = parse(argv)
+        except (Terminated, KeyboardInterrupt) as exc:
+            signum = exc.exit_status - 128 if isinstance(exc, Terminated) else signal.SIGINT
+            sys.stderr.write(f"epsim: error: terminated by {signal.Signals(signum).name}\n")
+            return 128 + signum
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The parsed command, its outputs reserved before and committed after, every failure
+    and every ending signal one line."""
+    try:
+        with OutputSet() as outputs:
             for what, path in output_targets(args):  # before any work
                 outputs.reserve(path, what)
             status = int(args.run(args) or 0)
             if status == 0:
-                outputs.commit()
+                _commit(outputs)
             return status
-    except EpsimError as exc:
+    except (EpsimError, Terminated) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         sys.stderr.write(f"epsim {args.command}: error: {message}\n")
         return int(getattr(exc, "exit_status", 2))
-    except KeyboardInterrupt:
-        sys.stderr.write("epsim: interrupted\n")
+    except KeyboardInterrupt:  # SIGINT outside the main thread's handler
+        sys.stderr.write(f"epsim {args.command}: error: terminated by SIGINT\n")
         return 130
     except BrokenPipeError:
         return 0

@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from epsim.model import jsonout
 from epsim.model.errors import EpsimError
 from epsim.model.loads import shipped_loads
 from epsim.model.mtp import ACCEPTANCE_SOURCE, DEFAULT_ACCEPTANCE
@@ -52,6 +53,7 @@ from epsim.sim.workload.spec import DATASETS, WorkloadSpec
 from epsim.sim.workload.traces import shipped_traces
 
 from .inputs import add_flag
+from .stamp import row_provenance, stamp_provenance
 
 
 def loads_help(what: str) -> str:
@@ -359,9 +361,13 @@ def _dbo_from_args(v: Mapping[str, Any]) -> bool | None:
     return None
 
 
-def emit_json(obj: Mapping[str, Any]) -> None:
-    """One JSON object on stdout and nothing else there."""
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+def emit_json(obj: Mapping[str, Any], *profiles: Mapping[str, Any]) -> None:
+    """One JSON object on stdout and nothing else there, its provenance first
+    (``epsim.stamp.stamp_provenance``: of the results it holds and of ``profiles``); a
+    non-finite number is ``null`` (``epsim.model.jsonout``: never NaN or Infinity, which no
+    strict parser reads)."""
+    out = stamp_provenance(dict(obj), *profiles)
+    sys.stdout.write(jsonout.dumps(out, indent=2, sort_keys=False, default=_jsonable) + "\n")
 
 
 def _jsonable(value: Any) -> Any:
@@ -466,8 +472,11 @@ def _csv_cell(value: Any) -> str:
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     """The sweep as CSV: one column per key of the points' JSON (nested keys dotted, e.g.
-    ``step_breakdown_ms.attention``), in the JSON's order; written whole or not at all."""
-    flat = [flatten(r) for r in rows]
+    ``step_breakdown_ms.attention``), in the JSON's order, each row's provenance last
+    (``provenance.epsim_version``, ...: a row read alone says what made it); written whole or
+    not at all."""
+    flat = [flatten({**{k: v for k, v in r.items() if k != "provenance"},
+                     "provenance": row_provenance(r)}) for r in rows]
     columns = list(dict.fromkeys(k for r in flat for k in r))
     buf = io.StringIO()
     w = csv.writer(buf)

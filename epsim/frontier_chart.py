@@ -15,11 +15,12 @@ from epsim.sim.search.slo import SLO
 
 from .common import write_csv
 from .inputs import add_flag
+from .stamp import footer_text, provenance
 
 #: what a frontier point carries of its row besides the chart's axes (those the row has)
 CARRIED = ("hardware", "engine", "concurrency", "nodes", "gpus", "dp", "tp", "ep", "dbo",
            "kv_dtype", "isl", "osl", "request_rate", "output_throughput", "mean_tpot_ms",
-           "meets_slo")
+           "meets_slo", "provenance")
 
 
 def add_frontier_args(parser: argparse.ArgumentParser, *, prices: bool = True) -> None:
@@ -127,11 +128,20 @@ def write_frontier_plot(points: Sequence[Mapping[str, Any]], path: str, title: s
     # beside the axes: inside, it would hide the low-throughput, high-interactivity corner
     ax.legend(fontsize=8, title="Pareto line per series (faint: dominated)", title_fontsize=7,
               loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # under the axes: a chart passed around alone still says what made it
+    fig.text(0.01, -0.02, chart_footer(points), fontsize=6, color="0.4", va="top",
+             family="monospace")
     try:
         with staged_path(path) as tmp:
             fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
     finally:
         plt.close(fig)
+
+
+def chart_footer(points: Sequence[Mapping[str, Any]]) -> str:
+    """The chart's footer: the provenance of its points (``epsim.stamp.footer_text``)."""
+    marks = [p["provenance"] for p in points if isinstance(p.get("provenance"), Mapping)]
+    return footer_text(provenance(*marks))
 
 
 def chart_title(row: Mapping[str, Any], what: str) -> str:

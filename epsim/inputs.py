@@ -148,9 +148,10 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.sim.hardware.a2a import A2A_CHOICES
     from epsim.sim.hardware.profile import shipped_profiles
     from epsim.sim.scenario import parse_disagg
+    from epsim.sim.search.bisect import VARIABLES
     from epsim.sim.search.samplers import STRATEGIES
     from epsim.sim.search.slo import parse_slo
-    from epsim.sim.search.tune import OBJECTIVES
+    from epsim.sim.search.tune import OBJECTIVE_ALIASES, OBJECTIVES
     from epsim.sim.serving.config import DP_BALANCE
     from epsim.sim.serving.metrics import (
         parse_goodput_item,
@@ -174,7 +175,8 @@ def _lazy_flags() -> dict[str, Spec]:
         "--router": Choice(ROUTER_NAMES),
         "--engine": Choice(tuple(ENGINES)),
         "--factors": Choice(tuple(FACTORS)),
-        "--objective": Choice(tuple(OBJECTIVES)),
+        "--objective": Choice((*OBJECTIVES, *OBJECTIVE_ALIASES)),
+        "--sla-variable": Choice(tuple(VARIABLES)),
         "--search": Choice(tuple(STRATEGIES)),
         "--method": Choice(tuple(BALANCERS)),
         "--mode": Choice(tuple(MODES)),

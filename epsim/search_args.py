@@ -4,6 +4,7 @@ run (``sim/search/executors.py``) and how they are picked (``sim/search/samplers
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from epsim.model.errors import EpsimError
@@ -14,6 +15,7 @@ from epsim.sim.search.tune import OBJECTIVES, SearchOptions, SearchSpace
 
 from .common import add_scenario_args, scenario_from_args
 from .inputs import add_flag
+from .work import add_force_arg
 
 # --------------------------------------------------------------------------------------------
 # A search: scenario + SLO + search space (tune, plan)
@@ -24,6 +26,12 @@ from .inputs import add_flag
 DEFAULT_SEARCH_CONCURRENCY = tuple(2 ** i for i in range(13))  # 1 .. 4096
 #: the hardware tune and plan search when --hardware is not given
 DEFAULT_SEARCH_HARDWARE = "mi300x"
+#: the open-loop range ``--search bisect --sla-variable request_rate`` spans when
+#: --request-rate is not given, requests/s (vLLM's serve_sla spans 1..65536; a deployment of
+#: this tool's size serves far less, and the bottom must reach a strict TTFT's rate)
+DEFAULT_RATE_RANGE = (0.125, 1024.0)
+#: what --search bisect searches when --sla-variable is not given
+VARIABLES_DEFAULT = "max_concurrency"
 
 
 def add_search_args(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +44,8 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--slo", required=True,
              help='bounds on metric keys, e.g. "median_itl_ms<=100,p90_ttft_ms<=5000"')
     add_flag(g, "--objective", default=OBJECTIVES[0],
-             help=f"what to maximise (default {OBJECTIVES[0]})")
+             help=f"what to maximise (default {OBJECTIVES[0]}; goodput: vLLM's requests/s "
+             "meeting every --goodput per-request SLO)")
     add_flag(g, "--dbo", lists=True, default="on,off", help="DBO values to try (default on,off)")
     add_flag(g, "--graph", lists=True, default="on", help="graph-mode values to try (default on)")
     add_flag(g, "--splits", lists=True, default=None,
@@ -56,12 +65,19 @@ def add_executor_args(parser: argparse.ArgumentParser, *, search: bool) -> None:
     add_flag(g, "--ray", default=None, metavar="auto|local|ADDRESS",
              help="run the points as Ray tasks: auto joins the running cluster, local starts "
              "one here, or a cluster address (pip install 'epsim[ray]')")
+    add_force_arg(g)
     if search:
         add_flag(g, "--search", default="auto",
                  help=f"every point (grid) or optuna's TPE sampler with the SLO as a constraint "
                  f"(default auto: grid up to {GRID_MAX_POINTS} points)")
         add_flag(g, "--trials", default=None, metavar="N",
                  help=f"optuna's trials (default {DEFAULT_TRIALS}, at most the space's size)")
+        add_flag(g, "--sla-variable", default=VARIABLES_DEFAULT,
+                 help="--search bisect: the load bisected per deployment between the lowest "
+                 "and highest value of its list, max_concurrency (closed loop, --concurrency) "
+                 "or request_rate (open loop, --request-rate LO,HI, default "
+                 f"{DEFAULT_RATE_RANGE[0]:g},{DEFAULT_RATE_RANGE[1]:g}; no concurrency cap "
+                 f"unless --concurrency is given) (default {VARIABLES_DEFAULT})")
 
 
 def executor_from_args(args: argparse.Namespace) -> Executor:
@@ -70,7 +86,25 @@ def executor_from_args(args: argparse.Namespace) -> Executor:
 
 
 def search_options_from_args(args: argparse.Namespace, executor: Executor) -> SearchOptions:
-    return SearchOptions(strategy=args.search, trials=args.trials, executor=executor)
+    return SearchOptions(strategy=args.search, trials=args.trials, executor=executor,
+                         variable=args.sla_variable)
+
+
+def _rate_bisect(args: argparse.Namespace) -> bool:
+    return args.search == "bisect" and args.sla_variable == "request_rate"
+
+
+def _rates(args: argparse.Namespace) -> tuple[float | None, ...]:
+    """The request-rate dimension: a searched list, or the range an open-loop bisection spans."""
+    given = tuple(args.request_rate or ())
+    if not _rate_bisect(args):
+        return _searched(given or None)
+    if given in ((), (math.inf,)):  # the flag's default: the open loop not bounded
+        return DEFAULT_RATE_RANGE
+    if len(given) < 2 or not all(math.isfinite(r) for r in given):
+        raise EpsimError("--sla-variable request_rate bisects between the lowest and highest "
+                         "of --request-rate: give two finite rates, e.g. 0.5,64")
+    return given
 
 
 def search_diagnostics(executor: Executor, strategy: str, wall_s: float) -> dict[str, Any]:
@@ -93,7 +127,9 @@ def search_space_from_args(args: argparse.Namespace, *, units: bool = False) -> 
         nodes=(None,) if units else _searched(args.nodes),
         mtp=_searched(args.mtp), max_num_seqs=_searched(args.max_num_seqs),
         chunked_prefill_size=_searched(args.chunked_prefill_size),
-        concurrency=tuple(args.concurrency or DEFAULT_SEARCH_CONCURRENCY),
+        concurrency=tuple(args.concurrency or ((None,) if _rate_bisect(args)
+                                               else DEFAULT_SEARCH_CONCURRENCY)),
+        request_rate=_rates(args),
         # --no-dbo / --no-graph pin the knob off; otherwise the lists say what to try
         dbo=(False,) if args.no_dbo else tuple(args.dbo),
         graph=(False,) if args.no_graph else tuple(args.graph),
@@ -117,5 +153,5 @@ def search_base_from_args(args: argparse.Namespace, hardware: str) -> Scenario:
         mtp=first(args.mtp) or 0, max_num_seqs=first(args.max_num_seqs),
         chunked_prefill_size=first(args.chunked_prefill_size),
         isl=one("--isl", args.isl), osl=one("--osl", args.osl),
-        request_rate=one("--request-rate", args.request_rate),
+        request_rate=first(args.request_rate),
         kv_dtype=Scenario.kv_dtype)  # each point sets its own

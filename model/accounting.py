@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .attention_keys import INDEX_KEY_SCALE_BYTES
 from .config import ModelConfig
 from .dtypes import bytes_per_element
 from .errors import EpsimError
@@ -92,6 +93,8 @@ def attention_params_per_layer(model: ModelConfig) -> dict[str, int]:
         parts["kv_a_norm"] = a.kv_lora_rank
         parts["kv_b"] = a.kv_lora_rank * a.num_heads * (a.qk_nope_head_dim + a.v_head_dim)
         parts["o_proj"] = a.num_heads * a.v_head_dim * h
+        if a.sparse:
+            parts.update(indexer_params_per_layer(model))
         return parts
     bias = 1 if a.bias else 0
     q_out, kv_out = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
@@ -99,13 +102,24 @@ def attention_params_per_layer(model: ModelConfig) -> dict[str, int]:
         "q_proj": h * q_out + bias * q_out,
         "k_proj": h * kv_out + bias * kv_out,
         "v_proj": h * kv_out + bias * kv_out,
-        "o_proj": q_out * h + bias * h,
+        "o_proj": q_out * h + (h if a.o_bias else 0),
     }
     if a.sinks:
         parts["sinks"] = a.num_heads
     if a.qk_norm:
         parts["qk_norm"] = 2 * a.head_dim
     return parts
+
+
+def indexer_params_per_layer(model: ModelConfig) -> dict[str, int]:
+    """DSA's lightning indexer in one layer (DeepSeek-V3.2-Exp ``inference/model.py``, class
+    Indexer): ``wq_b`` from the compressed query to ``index_n_heads`` heads, ``wk`` one key head
+    from the hidden state, ``k_norm`` (a LayerNorm: weight and bias), ``weights_proj`` one
+    weight per head from the hidden state."""
+    a, h = model.attention, model.hidden_size
+    heads, dim = a.index_n_heads, a.index_head_dim
+    return {"indexer.wq_b": (a.q_lora_rank or 0) * heads * dim, "indexer.wk": h * dim,
+            "indexer.k_norm": 2 * dim, "indexer.weights_proj": h * heads}
 
 
 def expert_params(model: ModelConfig) -> int:
@@ -116,9 +130,10 @@ def expert_params(model: ModelConfig) -> int:
 
 
 def router_params_per_layer(model: ModelConfig) -> int:
-    """Router weight plus its bias (DeepSeek's score-correction bias, GPT-OSS's router bias)."""
-    with_bias = model.family in ("deepseek_v3", "gpt_oss")
-    return model.hidden_size * model.moe.num_experts + (model.moe.num_experts if with_bias else 0)
+    """Router weight plus its bias (DeepSeek's and GLM's score-correction bias, GPT-OSS's router
+    bias)."""
+    bias = model.moe.num_experts if model.moe.router_bias else 0
+    return model.hidden_size * model.moe.num_experts + bias
 
 
 def param_counts(model: ModelConfig) -> ParamCounts:
@@ -156,9 +171,11 @@ def _attention_weight_bytes_per_rank(model: ModelConfig, tp: int) -> float:
     parts = attention_params_per_layer(model)
     total = 0.0
     for name, count in parts.items():
-        if name in ("q_a_norm", "kv_a_norm", "qk_norm"):
+        if name in ("q_a_norm", "kv_a_norm", "qk_norm", "indexer.k_norm",
+                    "indexer.weights_proj"):
             total += count * ndt
-        elif name in ("q_a", "kv_a"):  # MLA's down-projections are not per head: replicated
+        elif name in ("q_a", "kv_a", "indexer.wq_b", "indexer.wk"):
+            # MLA's down-projections and DSA's indexer are not per head: replicated
             total += count * wdt
         elif name in ("k_proj", "v_proj"):
             shards = min(tp, a.num_kv_heads)  # KV heads are replicated once tp exceeds them
@@ -236,23 +253,38 @@ def kv_values_per_token_layer(model: ModelConfig, tp: int = 1) -> int:
     return 2 * kv_heads_per_rank * a.head_dim
 
 
+def index_key_bytes(model: ModelConfig) -> int:
+    """Bytes DSA's indexer caches per token and layer (0 without an indexer): one FP8 key of
+    ``index_head_dim`` values plus one fp32 scale per 128 of them, whatever the KV cache's dtype
+    (vLLM's DeepseekV32IndexerCache: ``head_dim + head_dim // 128 * 4``, 132 for V3.2)."""
+    a = model.attention
+    if not a.sparse:
+        return 0
+    return a.index_head_dim + -(-a.index_head_dim // 128) * INDEX_KEY_SCALE_BYTES
+
+
+def _layer_kv_bytes(model: ModelConfig, kv_dtype: str, tp: int) -> float:
+    return (kv_values_per_token_layer(model, tp) * bytes_per_element(kv_dtype)
+            + index_key_bytes(model))
+
+
 def kv_bytes_per_token(model: ModelConfig, kv_dtype: str, tp: int = 1,
                        draft_layers: int = 0) -> float:
     """Marginal KV bytes of one more cached token on one GPU (full-attention layers only;
-    ``draft_layers``: MTP draft layers caching it too, 1 under MTP)."""
+    ``draft_layers``: MTP draft layers caching it too, 1 under MTP); DSA's indexer keys
+    included."""
     full_layers = sum(1 for t in model.attention.layer_types if t == "full") + draft_layers
-    return full_layers * kv_values_per_token_layer(model, tp) * bytes_per_element(kv_dtype)
+    return full_layers * _layer_kv_bytes(model, kv_dtype, tp)
 
 
 def kv_bytes_for_sequence(model: ModelConfig, kv_dtype: str, tokens: int, tp: int = 1,
                           draft_layers: int = 0) -> float:
-    """KV bytes one sequence of ``tokens`` cached tokens holds on one GPU (windows capped;
-    ``draft_layers`` as :func:`kv_bytes_per_token`)."""
+    """KV bytes one sequence of ``tokens`` cached tokens holds on one GPU (sliding windows and
+    attention chunks capped; ``draft_layers`` as :func:`kv_bytes_per_token`)."""
     a = model.attention
-    per_layer = kv_values_per_token_layer(model, tp) * bytes_per_element(kv_dtype)
-    window = a.sliding_window or tokens
+    per_layer = _layer_kv_bytes(model, kv_dtype, tp)
     return sum(
-        per_layer * (min(tokens, window) if t == "sliding" else tokens) for t in a.layer_types
+        per_layer * min(tokens, a.kv_bound(t) or tokens) for t in a.layer_types
     ) + draft_layers * per_layer * tokens
 
 
@@ -262,12 +294,11 @@ def draft_kv_layers(plan: ParallelPlan) -> int:
 
 
 def kv_window_bytes_per_sequence(model: ModelConfig, kv_dtype: str, tp: int = 1) -> float:
-    """The fixed KV cost of a long sequence's sliding-window layers on one GPU (0 without them)."""
+    """The fixed KV cost of a long sequence's sliding-window and chunked layers on one GPU (0
+    without them): each caches at most its window or chunk."""
     a = model.attention
-    if not a.sliding_window:
-        return 0.0
-    sliding = sum(1 for t in a.layer_types if t == "sliding")
-    return sliding * a.sliding_window * kv_values_per_token_layer(model, tp) * bytes_per_element(kv_dtype)
+    bounded = sum(a.kv_bound(t) or 0 for t in a.layer_types)
+    return bounded * _layer_kv_bytes(model, kv_dtype, tp)
 
 
 @dataclass(frozen=True)

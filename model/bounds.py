@@ -74,12 +74,9 @@ MAX_CSV_FIELD = 131072
 #: a name given where a file may be meant (--model, --hardware, ...): 255 is the longest file
 #: name Linux file systems allow (NAME_MAX)
 MAX_NAME_CHARS = 255
-#: GPUs one expert-parallel group spans: the simulator's exchange and collective costs form
-#: dense [ranks x ranks] traffic matrices, 8 * ranks**2 bytes each: 512 MiB at 8,192 ranks
-#: (step at --nodes 1024 peaks at 1.9 GB), 8 GiB at --nodes 4096's 32,768
-MAX_EP_RANKS = 8192
-#: load statistics: snapshots x layers x experts cells (a dump of 10**4 windows of DeepSeek-R1's
-#: 61 x 256 is 1.6e8); balance's work grows with it
+#: load statistics: snapshots x layers x experts cells a file may hold (a dump of 10**4 windows
+#: of DeepSeek-R1's 61 x 256 is 1.6e8; 1.6 GB as float64); how much of it balance may work on
+#: is its work budget's (epsim/work.py: 2**16 experts a layer unless --force)
 MAX_LOAD_CELLS = 2 * 10**8
 
 

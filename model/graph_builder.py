@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from .attention_keys import indexer_cost, keys_sum
 from .dtypes import bytes_per_element
 from .graph_emit import ACT, OpShapes, Read
 from .ids import NO_LAYER
@@ -63,9 +64,10 @@ class StepBuilder(OpShapes):
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
         latent = a.kv_lora_rank + a.qk_rope_head_dim
         cat = "attention"
+        q_a = None
         if a.q_lora_rank:
             self.gemm(layer, "attn.q_a", cat, t, a.q_lora_rank, h, out="q_a", deps=[norm])
-            self.norm(layer, "attn.q_a_norm", cat, a.q_lora_rank, outputs=("q_a",))
+            q_a = self.norm(layer, "attn.q_a_norm", cat, a.q_lora_rank, outputs=("q_a",))
             q = self.gemm(layer, "attn.q_b", cat, t, heads * qk, a.q_lora_rank, out="q")
         else:
             q = self.gemm(layer, "attn.q_proj", cat, t, heads * qk, h, out="q", deps=[norm])
@@ -83,30 +85,12 @@ class StepBuilder(OpShapes):
             )
             rope_flops = 0.0
         # attention caches the latent and the (rotated) RoPE key of the new tokens
-        cached = [(kv, "k_pe"), (latent_norm, "c_kv")]
+        cached: list[Read] = [(kv, "k_pe"), (latent_norm, "c_kv")]
         kv_cache_dt = bytes_per_element(self.plan.kv_dtype)
+        if a.sparse and q_a is not None:  # DSA: the indexer picks each query's keys
+            cached.append(self._indexer(layer, norm, q_a))
         if self.batch.phase == "decode":
-            # absorbed MLA: queries move into the latent space, attention runs over the latent
-            q_lat = self.gemm(layer, "attn.q_absorb", cat, t, a.kv_lora_rank, a.qk_nope_head_dim,
-                              batch=heads, out="q_lat", deps=[q])
-            # the step's q = 1 + mtp queries per sequence read its ctx entries once (the
-            # cache and the new tokens); query i attends the ctx - q + 1 + i before it
-            q_len, ctx = self.new_tokens, self.kv_len
-            attended = ctx if q_len == 1 else q_len * ctx - q_len * (q_len - 1) / 2
-            seqs = self.seqs
-            core = self.emitter.emit(
-                layer, "attn.core", "attention_decode", cat, deps=[q_lat, *cached, q],
-                outputs=("o_lat",),
-                dims={"seqs": seqs, "heads": heads, "context": ctx, "qk_dim": latent,
-                      "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.plan.kv_dtype,
-                      "query_tokens": q_len},
-                dtype=ACT,
-                flops=2.0 * seqs * heads * attended * (latent + a.kv_lora_rank) + rope_flops,
-                bytes_read=seqs * ctx * latent * kv_cache_dt + t * heads * latent * act_bytes,
-                bytes_written=t * heads * a.kv_lora_rank * act_bytes + t * latent * kv_cache_dt,
-            )
-            attn = self.gemm(layer, "attn.v_absorb", cat, t, a.v_head_dim, a.kv_lora_rank,
-                             batch=heads, out="attn_v", deps=[core])
+            attn = self._mla_decode(layer, q, cached, heads, rope_flops)
         else:
             # prefill: expand the latent into per-head K and V, then causal attention
             new = self.new_tokens
@@ -114,14 +98,15 @@ class StepBuilder(OpShapes):
             kv_up = self.gemm(layer, "attn.kv_b", cat, t,
                               heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank,
                               out="kv_up", deps=[(latent_norm, "c_kv")])
-            attended = self.seqs * (new * self.batch.prefix + new * (new + 1) / 2)
-            prefix_read = self.seqs * self.batch.prefix * latent * kv_cache_dt
+            pre = self.batch.prefix
+            attended = self.seqs * keys_sum("full", pre + 1, pre + new, topk=a.index_topk)
+            prefix_read = self.seqs * pre * latent * kv_cache_dt
             attn = self.emitter.emit(
                 layer, "attn.core", "attention_prefill", cat, deps=[q, kv_up, *cached],
                 outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "new_tokens": new, "context": ctx,
                       "qk_dim": qk, "v_dim": a.v_head_dim, "kv_heads": heads,
-                      "kv_dtype": self.plan.kv_dtype},
+                      "kv_dtype": self.plan.kv_dtype, "topk": a.index_topk},
                 dtype=ACT,
                 flops=2.0 * heads * attended * (qk + a.v_head_dim) + rope_flops,
                 bytes_read=t * heads * (2 * qk + a.v_head_dim) * act_bytes + prefix_read,
@@ -129,6 +114,66 @@ class StepBuilder(OpShapes):
             )
         return self.gemm(layer, "attn.o_proj", cat, t, h, heads * a.v_head_dim, out="attn_out",
                          deps=[attn])
+
+    def _mla_decode(self, layer: int, q: str, cached: Sequence[Read], heads: int,
+                    rope_flops: float) -> str:
+        """Absorbed MLA decode: queries move into the latent space (``attn.q_absorb``),
+        attention runs over the latent cache (under DSA over each query's top-k entries), the
+        result leaves it (``attn.v_absorb``)."""
+        act_bytes, a, t, cat = self.act_elem_bytes, self.model.attention, self.tokens, "attention"
+        latent = a.kv_lora_rank + a.qk_rope_head_dim
+        kv_cache_dt = bytes_per_element(self.plan.kv_dtype)
+        q_lat = self.gemm(layer, "attn.q_absorb", cat, t, a.kv_lora_rank, a.qk_nope_head_dim,
+                          batch=heads, out="q_lat", deps=[q])
+        # the step's q = 1 + mtp queries per sequence read its ctx entries once (the
+        # cache and the new tokens); query i attends the ctx - q + 1 + i before it
+        q_len, ctx = self.new_tokens, self.kv_len
+        topk = a.index_topk
+        attended = keys_sum("full", ctx - q_len + 1, ctx, topk=topk)
+        # DSA gathers each query's top-k rows: at most min(ctx, q_len * topk) distinct ones
+        rows = min(ctx, q_len * topk) if topk else ctx
+        seqs = self.seqs
+        core = self.emitter.emit(
+            layer, "attn.core", "attention_decode", cat, deps=[q_lat, *cached, q],
+            outputs=("o_lat",),
+            dims={"seqs": seqs, "heads": heads, "context": ctx, "qk_dim": latent,
+                  "v_dim": a.kv_lora_rank, "kv_heads": 1, "kv_dtype": self.plan.kv_dtype,
+                  "query_tokens": q_len, "topk": topk, "keys": min(ctx, topk) if topk else ctx},
+            dtype=ACT,
+            flops=2.0 * seqs * heads * attended * (latent + a.kv_lora_rank) + rope_flops,
+            bytes_read=seqs * rows * latent * kv_cache_dt + t * heads * latent * act_bytes,
+            bytes_written=t * heads * a.kv_lora_rank * act_bytes + t * latent * kv_cache_dt,
+        )
+        return self.gemm(layer, "attn.v_absorb", cat, t, a.v_head_dim, a.kv_lora_rank,
+                         batch=heads, out="attn_v", deps=[core])
+
+    def _indexer(self, layer: int, norm: str, q_a: str) -> Read:
+        """DSA's lightning indexer (``epsim.model.attention_keys``): its query heads from the
+        compressed query, one key and the per-head weights from the layer's input, then one op
+        that normalises and rotates the key, caches it (FP8), scores every cached key and keeps
+        the ``index_topk`` best per query (``topk_idx``). The indexer is replicated over tp."""
+        a, h, t = self.model.attention, self.model.hidden_size, self.tokens
+        heads, dim, cat = a.index_n_heads, a.index_head_dim, "attention"
+        iq = self.gemm(layer, "attn.indexer.wq_b", cat, t, heads * dim, a.q_lora_rank or 0,
+                       out="index_q", deps=[q_a])
+        ik = self.gemm(layer, "attn.indexer.wk", cat, t, dim, h, out="index_k", deps=[norm])
+        # the head weights stay bf16 in the checkpoint (not among its FP8 weights)
+        iw = self.gemm(layer, "attn.indexer.weights_proj", cat, t, heads, h, out="index_w",
+                       deps=[norm], weight_elem_bytes=self.act_elem_bytes, dtype=ACT)
+        q_len = self.new_tokens
+        if self.batch.phase == "decode":
+            first, rows = self.kv_len - q_len + 1, self.kv_len
+        else:
+            first, rows = self.batch.prefix + 1, self.context
+        cost = indexer_cost(self.seqs, q_len, first, rows, heads, dim, a.index_topk,
+                            self.act_elem_bytes)
+        return self.emitter.emit(
+            layer, "attn.indexer", "indexer", cat, deps=[iq, ik, iw], outputs=("topk_idx",),
+            dims={"seqs": self.seqs, "query_tokens": q_len, "context": rows, "heads": heads,
+                  "head_dim": dim, "topk": a.index_topk},
+            dtype="fp8", flops=cost.flops, bytes_read=cost.bytes_read,
+            bytes_written=cost.bytes_written,
+        )
 
     def _gqa(self, layer: int, norm: str) -> str:
         act_bytes = self.act_elem_bytes
@@ -139,24 +184,51 @@ class StepBuilder(OpShapes):
         cat = "attention"
         qkv = self.gemm(layer, "attn.qkv_proj", cat, t, (heads + 2 * kv_heads) * d, h,
                         out="qkv", deps=[norm])
-        rope_width = (heads + kv_heads) * d
+        if a.qk_norm:  # per-head RMSNorm of queries and keys before RoPE (Qwen3, GLM-4.5)
+            width = (heads + kv_heads) * d
+            qkv = self.emitter.emit(
+                layer, "attn.qk_norm", "norm", cat, outputs=("qkv",),
+                dims={"tokens": t, "width": width, "residual": 0, "head_dim": d},
+                dtype=ACT, flops=5.0 * t * width,
+                bytes_read=t * width * act_bytes + 2 * d * act_bytes,
+                bytes_written=t * width * act_bytes, weight_bytes=2 * d * act_bytes,
+            )
+        # partial RoPE (GLM) rotates a share of each head; NoPE layers (Llama-4) none
+        rotates = layer not in a.nope_layers
+        if a.qk_l2_norm and rotates:
+            # Llama-4's weightless per-head norm follows RoPE; a rotation keeps a head's norm,
+            # so normalising first is the same
+            width = (heads + kv_heads) * d
+            qkv = self.emitter.emit(
+                layer, "attn.qk_l2_norm", "norm", cat, outputs=("qkv",),
+                dims={"tokens": t, "width": width, "residual": 0, "head_dim": d},
+                dtype=ACT, flops=4.0 * t * width, bytes_read=t * width * act_bytes,
+                bytes_written=t * width * act_bytes,
+            )
+        rope_width = int((heads + kv_heads) * d * a.rotary_fraction) if rotates else 0
         rope_flops = 3.0 * t * rope_width
-        if not self.plan.fusion.fused_rope:
+        if rope_width and not self.plan.fusion.fused_rope:
             qkv = self.emitter.emit(
                 layer, "attn.rope", "rope", cat, outputs=("qkv",),
                 dims={"tokens": t, "width": rope_width}, dtype=ACT, flops=rope_flops,
                 bytes_read=t * rope_width * act_bytes, bytes_written=t * rope_width * act_bytes,
             )
             rope_flops = 0.0
-        window = a.sliding_window if a.layer_types[layer] == "sliding" else None
+        kind = a.layer_type(layer)
+        # a chunked layer's cache holds at most its chunk, as a sliding layer's its window
+        window = a.kv_bound(kind)
+        chunk = a.chunk_size if kind == "chunked" else None
+        slide = a.sliding_window if kind == "sliding" and a.sliding_window else 0
         kv_dt = bytes_per_element(self.plan.kv_dtype)
         kv_row = 2 * kv_heads * d
         if self.batch.phase == "decode":
+            # one context for every sequence: a chunked layer is costed at its bound
             ctx = min(self.context, window) if window else self.context
             core = self.emitter.emit(
                 layer, "attn.core", "attention_decode", cat, deps=[qkv], outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "context": ctx, "qk_dim": d, "v_dim": d,
-                      "kv_heads": kv_heads, "kv_dtype": self.plan.kv_dtype, "window": window or 0},
+                      "kv_heads": kv_heads, "kv_dtype": self.plan.kv_dtype,
+                      "window": slide, "chunk": chunk or 0},
                 dtype=ACT,
                 flops=2.0 * self.seqs * heads * ctx * 2 * d + rope_flops,
                 bytes_read=self.seqs * ctx * kv_row * kv_dt + t * heads * d * act_bytes,
@@ -164,15 +236,14 @@ class StepBuilder(OpShapes):
             )
         else:
             new, pre = self.new_tokens, self.batch.prefix
-            if window:
-                attended = self.seqs * sum(min(pre + i, window) for i in range(1, new + 1))
-            else:
-                attended = self.seqs * (new * pre + new * (new + 1) / 2)
+            attended = self.seqs * keys_sum(kind, pre + 1, pre + new, window=a.sliding_window,
+                                            chunk=a.chunk_size)
             core = self.emitter.emit(
                 layer, "attn.core", "attention_prefill", cat, deps=[qkv], outputs=("attn_v",),
                 dims={"seqs": self.seqs, "heads": heads, "new_tokens": new,
                       "context": self.context, "qk_dim": d, "v_dim": d, "kv_heads": kv_heads,
-                      "kv_dtype": self.plan.kv_dtype, "window": window or 0},
+                      "kv_dtype": self.plan.kv_dtype, "window": slide,
+                      "chunk": chunk or 0},
                 dtype=ACT,
                 flops=2.0 * heads * attended * 2 * d + rope_flops,
                 bytes_read=t * (heads * d + kv_row) * act_bytes

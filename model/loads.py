@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .bounds import (
-    MAX_EXPERTS,
+    MAX_ID,
     MAX_LAYERS,
     MAX_LOAD_CELLS,
     check_count,
@@ -88,7 +88,7 @@ def _check_shape(shape: tuple[int, ...], where: str) -> None:
     sized from them (balance's grows with every cell)."""
     if len(shape) in (2, 3):
         check_count(shape[-2], MAX_LAYERS, "logical_count's layers", where)
-        check_count(shape[-1], MAX_EXPERTS, "logical_count's experts", where)
+        check_count(shape[-1], MAX_ID, "logical_count's experts", where)
         check_count(math.prod(shape), MAX_LOAD_CELLS, "logical_count's cells", where)
 
 

@@ -49,7 +49,7 @@ from .schedule import Schedule
 OP_KINDS: tuple[str, ...] = (
     "gemm", "grouped_gemm", "attention_decode", "attention_prefill", "norm", "rope", "router",
     "dispatch", "combine", "all_reduce", "all_gather", "elementwise", "embedding", "lm_head",
-    "sample",
+    "sample", "indexer",
 )
 COLLECTIVE_KINDS = frozenset({"dispatch", "combine", "all_reduce", "all_gather"})
 #: where an op's time is reported (the simulator's breakdown adds its own ``launch``)
@@ -74,6 +74,8 @@ KIND_DIMS: dict[str, tuple[str, ...]] = {
     "embedding": ("tokens", "hidden"),
     "lm_head": ("tokens", "hidden", "vocab"),
     "sample": ("tokens", "vocab"),
+    # DSA's lightning indexer: scores the cached keys, keeps the top-k per query
+    "indexer": ("seqs", "query_tokens", "context", "heads", "head_dim", "topk"),
 }
 
 PHASES = ("decode", "prefill")

@@ -5,12 +5,17 @@ Glossary:
                 may not exist yet; if it exists it must be a regular file (or a symlink to one,
                 which is then written through): a directory, a device, a FIFO or a socket is
                 refused, never replaced.
-    staging     each target gets a temp file beside it (same folder, so the final rename is
-                atomic on that file system). Creating it is the check that the folder is
-                writable, done before the command's work starts.
+    staging     a target's content is held in memory until the command succeeds; then it is
+                written to a temp file beside the target (same folder, so the final rename is
+                atomic on that file system), named ``.NAME.PID.XXXX.part``. Reserving a target
+                creates and removes such a file at once: the check that the folder is
+                writable, done before the command's work starts. A temp file whose writer's
+                process id no longer runs (killed while writing, which runs no clean-up) is
+                removed the next time that target is reserved.
     output set  the targets of one command (:class:`OutputSet`). Writers stage into it; only
-                when the command succeeds are the staged files renamed over their targets, all
-                of them; on any failure every staged file is removed and no target changes.
+                when the command succeeds are the staged files written and renamed over their
+                targets, all of them after every target was checked again; on any failure
+                every temp file is removed and no target changes.
     mode        a new file gets ``0o666 & ~umask`` (what ``open(path, "w")`` gives); a file that
                 is replaced keeps its mode.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import glob
 import os
 import stat
 import tempfile
@@ -83,29 +89,71 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~mask
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _temp_prefix(real: Path) -> str:
+    return f".{real.name}.{os.getpid()}."
+
+
+def _sweep_stale(real: Path) -> None:
+    """Remove temp files of ``real`` left by an epsim process that no longer exists (killed
+    while writing: SIGKILL runs no clean-up). Their names carry the writer's process id."""
+    for tmp in real.parent.glob(f".{glob.escape(real.name)}.*.part"):
+        pid = tmp.name[len(real.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _new_temp(given: Path, real: Path) -> Path:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(real), suffix=".part", dir=real.parent)
+    except OSError as exc:
+        raise EpsimError(f"cannot write {given}: {exc.strerror}") from None
+    os.close(fd)
+    return Path(tmp)
+
+
 class _Staged:
-    """One target and its temp file beside it."""
+    """One target and its content, held in memory until the set commits: no temp file waits
+    on disk while the command works, so a kill (SIGKILL runs no clean-up) leaves none."""
 
     def __init__(self, given: Path, real: Path) -> None:
         self.given, self.real = given, real
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".part", dir=real.parent)
-        except OSError as exc:
-            raise EpsimError(f"cannot write {given}: {exc.strerror}") from None
-        os.close(fd)
-        self.tmp = Path(tmp)
-        self.written = False
+        _sweep_stale(real)
+        _new_temp(given, real).unlink()  # the folder is writable: checked now, before work
+        self.data: bytes | None = None
+        self.tmp: Path | None = None  # on disk only while a writer fills it, or at commit
 
-    def commit(self) -> None:
-        check_output_target(self.given)  # it may have changed while the command worked
+    def write_temp(self) -> None:
+        """Commit's first phase: the content into a temp file beside the target."""
+        self.tmp = _new_temp(self.given, self.real)
         try:
+            self.tmp.write_bytes(self.data or b"")
             os.chmod(self.tmp, _new_file_mode(self.real))
-            os.replace(self.tmp, self.real)
         except OSError as exc:
             raise EpsimError(f"cannot write {self.given}: {exc.strerror}") from None
 
+    def rename(self) -> None:
+        """Commit's last phase (every target checked first)."""
+        assert self.tmp is not None
+        try:
+            os.replace(self.tmp, self.real)
+        except OSError as exc:
+            raise EpsimError(f"cannot write {self.given}: {exc.strerror}") from None
+        self.tmp = None
+
     def discard(self) -> None:
-        self.tmp.unlink(missing_ok=True)
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+            self.tmp = None
 
 
 class OutputSet:
@@ -145,21 +193,39 @@ class OutputSet:
     def holds(self, path: str | os.PathLike[str]) -> bool:
         return Path(os.path.realpath(path)) in self._staged
 
-    def temp_for(self, path: str | os.PathLike[str]) -> Path:
-        """The staged temp file of a reserved ``path`` (a writer fills it)."""
+    def put(self, path: str | os.PathLike[str], data: bytes) -> None:
+        """Hold ``data`` as the content of a reserved ``path`` (written at :meth:`commit`)."""
+        self._staged[Path(os.path.realpath(path))].data = data
+
+    @contextlib.contextmanager
+    def temp_for(self, path: str | os.PathLike[str]) -> Iterator[Path]:
+        """A temp file beside a reserved ``path`` for a writer that needs a path (a plot's
+        ``savefig``); read back into memory and removed when the block ends."""
         staged = self._staged[Path(os.path.realpath(path))]
-        staged.written = True
-        return staged.tmp
+        tmp = _new_temp(staged.given, staged.real)
+        try:
+            yield tmp
+            staged.data = tmp.read_bytes()
+        except OSError as exc:
+            raise EpsimError(f"cannot write {staged.given}: {exc.strerror}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def commit(self) -> None:
-        """Rename every written temp file over its target; unwritten reservations vanish."""
+        """Every written target into place, or none: each one's temp file is written, then
+        every target is checked again (one may have changed while the command worked, e.g.
+        become a folder), and only then are they renamed. Unwritten reservations vanish."""
         staged, self._staged = self._staged, {}
+        written = [s for s in staged.values() if s.data is not None]
         try:
-            for s in staged.values():
-                if s.written:
-                    s.commit()
+            for s in written:
+                s.write_temp()
+            for s in written:
+                check_output_target(s.given)
+            for s in written:
+                s.rename()
         finally:
-            for s in staged.values():
+            for s in written:
                 s.discard()
 
     def discard(self) -> None:
@@ -175,24 +241,27 @@ def staged_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     An error inside the block leaves ``path`` as it was."""
     outs = _ACTIVE.get()
     if outs is not None and outs.holds(path):
-        yield outs.temp_for(path)
+        with outs.temp_for(path) as tmp:
+            yield tmp
         return
-    single = OutputSet()
-    single.reserve(path)
-    try:
-        yield single.temp_for(path)
+    with OutputSet() as single:
+        single.reserve(path)
+        with single.temp_for(path) as tmp:
+            yield tmp
         single.commit()
-    finally:
-        single.discard()
 
 
 def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> None:
-    """Write ``data`` to ``path`` whole or not at all (see :func:`staged_path`)."""
-    with staged_path(path) as tmp:
-        try:
-            tmp.write_bytes(data)
-        except OSError as exc:
-            raise EpsimError(f"cannot write {path}: {exc.strerror}") from None
+    """Write ``data`` to ``path`` whole or not at all: held by the active output set when it
+    holds ``path``, else written and renamed into place at once."""
+    outs = _ACTIVE.get()
+    if outs is not None and outs.holds(path):
+        outs.put(path, data)
+        return
+    with OutputSet() as single:
+        single.reserve(path)
+        single.put(path, data)
+        single.commit()
 
 
 def write_text_atomic(text: str, path: str | os.PathLike[str]) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from .bounds import MAX_EP_RANKS
 from .config import ModelConfig
 from .errors import EpsimError
 
@@ -142,11 +141,6 @@ class ParallelPlan:
             raise EpsimError(
                 f"ep {self.ep} must be 1 (tensor-parallel MoE) or the world size {self.world_size}"
             )
-        if self.ep > MAX_EP_RANKS:
-            raise EpsimError(f"ep {self.ep} exceeds the {MAX_EP_RANKS} GPUs one EP group may "
-                             "span (docs/inputs.md: the simulator's traffic matrices are "
-                             "[ranks x ranks]); predict and sweep split more nodes into instances with "
-                             "--instance-nodes")
         if self.microbatches not in (1, 2):
             raise EpsimError(f"microbatches must be 1 or 2 (DBO), got {self.microbatches}")
         if self.kv_dtype not in KV_DTYPES:

@@ -17,12 +17,12 @@ back (rounding start and duration separately made them overlap by 1 ns).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import jsonout
 from .outputs import write_text_atomic
 
 #: stream name -> Chrome ``tid``
@@ -153,7 +153,7 @@ def to_chrome_trace(events: Iterable[TraceEvent], metadata: Mapping[str, Any] | 
 
 def write_json_atomic(obj: Any, path: str | os.PathLike[str]) -> None:
     """Write ``obj`` as JSON to ``path`` whole or not at all (:func:`write_text_atomic`)."""
-    write_text_atomic(json.dumps(obj), path)
+    write_text_atomic(jsonout.dumps(obj), path)
 
 
 def write_chrome_trace(events: Iterable[TraceEvent], path: str | os.PathLike[str],

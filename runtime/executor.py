@@ -35,7 +35,7 @@ from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 
-from . import comm, kernels
+from . import comm, gqa, kernels
 from . import weights as W
 from .backends import select_exchange, select_moe_backend
 from .kv_cache import KV_STORAGE, LatentCache
@@ -112,7 +112,9 @@ class RankRuntime:
         self.dtype = TORCH_DTYPES[opts.dtype]
         self.static = opts.static_shapes
         a = model.attention
-        self.heads, self.nope, self.rope = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+        # GQA (no MLA dims): its RoPE tables span the rotated part of a head
+        self.heads, self.nope, self.rope = (a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+                                            if a.kind == "mla" else gqa.rotary_dim(a))
         self.latent, self.v_dim = a.kv_lora_rank, a.v_head_dim
         self.softmax_scale = (self.nope + self.rope) ** -0.5
         self.w = self._load_weights()
@@ -134,10 +136,13 @@ class RankRuntime:
         self.mtp = plan.mtp
         cache_layers = model.num_layers + (1 if self.mtp else 0)  # + the draft layer's own
         capacity = cache_positions(opts) if self.mtp else ctx + opts.steps
-        self.cache = LatentCache(cache_layers, b, capacity, self.latent, self.rope,
+        c_width, pe_width = W.cache_widths(model)
+        self.cache = LatentCache(cache_layers, b, capacity, c_width, pe_width,
                                  KV_STORAGE[opts.kv_dtype], self.device)
         if self.mtp and opts.check:  # the check replays each step's writes (rejected drafts')
             self.cache.journal = {}
+        if model.attention.sparse:
+            self.cache.enable_index(model.attention.index_head_dim, self.dtype)
         if opts.prefill:  # the cache fills in prefill(); its last logits give the tokens
             self.lengths = torch.zeros(b, dtype=torch.int64, device=self.device)
             self.tokens = torch.zeros(b, dtype=torch.int64, device=self.device)
@@ -146,8 +151,12 @@ class RankRuntime:
                 c, pe = W.initial_cache(model, opts.seed, rank, layer, b, ctx - 1)
                 seqs = torch.arange(b, device=self.device).repeat_interleave(ctx - 1)
                 pos = torch.arange(ctx - 1, device=self.device).repeat(b)
-                self.cache.write(layer, seqs, pos, c.to(self.device).reshape(-1, self.latent),
-                                 pe.to(self.device).reshape(-1, self.rope))
+                self.cache.write(layer, seqs, pos, c.to(self.device).reshape(-1, c_width),
+                                 pe.to(self.device).reshape(-1, pe_width))
+                if model.attention.sparse:
+                    keys = W.initial_index_keys(model, opts.seed, rank, layer, b, ctx - 1)
+                    self.cache.write_index(layer, seqs, pos, keys.to(self.device).reshape(
+                        b * (ctx - 1), -1))
             self.lengths = torch.full((b,), ctx - 1, dtype=torch.int64, device=self.device)
             self.tokens = W.initial_tokens(model, opts.seed, rank, b).to(self.device)
         # under MTP the drafts the next step verifies (drawn for the first)
@@ -166,11 +175,12 @@ class RankRuntime:
         layers = self.model.num_layers + (1 if self.plan.mtp else 0)
         for layer in range(layers):
             key = partial(weight_key, layer)
-            kv_b = w[key("attn.kv_b")]  # [H, nope + v, r]
-            w[key("attn.q_absorb")] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
-            w[key("attn.v_absorb")] = kv_b[:, self.nope:, :].transpose(1, 2).contiguous()
-            # prefill's up-projection as a plain GEMM: [r, H * (nope + v)]
-            w[key("attn.kv_b")] = kv_b.permute(2, 0, 1).reshape(self.latent, -1).contiguous()
+            if self.model.attention.kind == "mla":
+                kv_b = w[key("attn.kv_b")]  # [H, nope + v, r]
+                w[key("attn.q_absorb")] = kv_b[:, :self.nope, :].contiguous()  # [H, nope, r]
+                w[key("attn.v_absorb")] = kv_b[:, self.nope:, :].transpose(1, 2).contiguous()
+                # prefill's up-projection as a plain GEMM: [r, H * (nope + v)]
+                w[key("attn.kv_b")] = kv_b.permute(2, 0, 1).reshape(self.latent, -1).contiguous()
             if key("moe.shared.gate_up") in w:
                 gate, up = w[key("moe.shared.gate_up")].chunk(2, dim=1)
                 w[key("moe.shared.gate")], w[key("moe.shared.up")] = (gate.contiguous(),

@@ -72,7 +72,7 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 
 def mla_decode_absorbed(q_lat: torch.Tensor, q_pe: torch.Tensor, c_cache: torch.Tensor,
                         pe_cache: torch.Tensor, lengths: torch.Tensor,
-                        softmax_scale: float) -> torch.Tensor:
+                        softmax_scale: float, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed MLA decode attention over a latent KV cache (one new token per sequence).
 
     Args:
@@ -82,6 +82,7 @@ def mla_decode_absorbed(q_lat: torch.Tensor, q_pe: torch.Tensor, c_cache: torch.
         pe_cache: ``[t, L, p]`` rotated RoPE keys.
         lengths: ``[t]`` valid cache entries per sequence (the new token included).
         softmax_scale: 1/sqrt(n + p).
+        keep: ``[t, L]`` the entries each query may attend (DSA's top-k), None for all.
 
     Returns:
         ``[t, H, r]`` attention output in the latent space (multiply by W_UV next).
@@ -92,9 +93,33 @@ def mla_decode_absorbed(q_lat: torch.Tensor, q_pe: torch.Tensor, c_cache: torch.
     scores = scores * softmax_scale
     positions = torch.arange(c_cache.shape[1], device=c_cache.device)
     valid = positions[None, :] < lengths[:, None]
+    if keep is not None:
+        valid = valid & keep
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q_lat.dtype)
     return torch.einsum("thl,tlr->thr", probs, c_cache)
+
+
+def indexer_keep(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                 lengths: torch.Tensor, topk: int) -> torch.Tensor:
+    """DSA's lightning indexer: which cached entries each query keeps.
+
+    ``q [t, H, d]`` the indexer's query heads, ``weights [t, H]`` their weights (scales
+    folded in), ``keys [t, L, d]`` each query's sequence's index keys, ``lengths [t]`` its
+    valid entries (the query's own included). Scores ``sum_h w_h * relu(q_h . k_l)`` and keeps
+    the ``topk`` best valid entries, the earlier of equal scores first: ``[t, L]`` bool.
+    """
+    scores = torch.einsum("thd,tld->thl", q.float(), keys.float()).relu()
+    scores = torch.einsum("thl,th->tl", scores, weights.float())
+    positions = torch.arange(keys.shape[1], device=keys.device)
+    valid = positions[None, :] < lengths[:, None]
+    # ties (keys every head's ReLU zeroes score exactly 0) go to the earlier entry, as a stable
+    # sort leaves them: a rule the dense reference can follow (+ 0.0 turns -0.0 into 0.0)
+    scores = scores.masked_fill(~valid, float("-inf")) + 0.0
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    chosen = order[:, :min(topk, keys.shape[1])]
+    keep = torch.zeros_like(valid).scatter_(1, chosen, True)
+    return keep & valid
 
 
 # -- routing ------------------------------------------------------------------------------------

@@ -6,6 +6,10 @@ Glossary:
     rope key   ``pe``: the rotated ``qk_rope_head_dim`` part, shared by every head.
     storage    the dtype entries are kept in (``KV_STORAGE``): bf16, or float8_e4m3fn with one
                fp32 scale per token row; reads widen them to the compute dtype.
+    index key  DSA (DeepSeek-V3.2): the lightning indexer's normalised, rotated key of each
+               token (``index_head_dim`` values), kept in the compute dtype here (the released
+               kernels store it in FP8; the simulator costs it so), so the runtime's top-k
+               choice and the reference's are taken from the same values.
 """
 
 from __future__ import annotations
@@ -37,6 +41,22 @@ class LatentCache:
         # every write of a step as stored (widened), when a check replays a step whose entries
         # a later step overwrites (MTP's rejected drafts): {(layer, tag): [(seqs, pos, c, pe)]}
         self.journal: dict[tuple[int, int | None], list[tuple[torch.Tensor, ...]]] | None = None
+        self.index: list[torch.Tensor] = []  # DSA's index keys per layer (enable_index)
+
+    def enable_index(self, dim: int, dtype: torch.dtype) -> None:
+        """Keep DSA's index keys too: per layer ``[B, capacity, dim]`` in ``dtype``."""
+        seqs, device = self.c[0].shape[0], self.c[0].device
+        self.index = [torch.zeros(seqs, self.capacity, dim, dtype=dtype, device=device)
+                      for _ in self.c]
+
+    def write_index(self, layer: int, seqs: torch.Tensor, positions: torch.Tensor,
+                    keys: torch.Tensor) -> None:
+        """Store index keys ``[t, dim]`` of sequences ``seqs [t]`` at ``positions [t]``."""
+        self.index[layer][seqs, positions] = keys.to(self.index[layer].dtype)
+
+    def read_index(self, layer: int, seqs: slice, upto: int) -> torch.Tensor:
+        """``[t, upto, dim]`` index keys of sequences ``seqs``."""
+        return self.index[layer][seqs, :upto]
 
     def take_journal(self) -> dict[tuple[int, int | None], tuple[torch.Tensor, ...]]:
         """The writes since the last call, concatenated per ``(layer, tag)``; starts a new one."""

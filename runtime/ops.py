@@ -33,7 +33,7 @@ from epsim.model.opgraph import Op
 from epsim.model.placement import remap
 from epsim.model.plan import ParallelPlan
 
-from . import comm, kernels
+from . import comm, gqa, kernels
 from .backends import MoEFn
 from .kv_cache import LatentCache
 
@@ -128,10 +128,13 @@ class MicrobatchState:
 @dataclass(frozen=True)
 class TopK:
     """The router's choice per token: ``slots [t, k]`` physical expert slots (the placement's
-    remap of the chosen experts) and ``weights [t, k]`` (routed scaling included)."""
+    remap of the chosen experts) and ``weights [t, k]`` (routed scaling included);
+    ``input_weights [t, 1]``: a top-1 router's weight on the expert's input (Llama-4; then
+    ``weights`` are ones), None when the weights scale the outputs."""
 
     slots: torch.Tensor
     weights: torch.Tensor
+    input_weights: torch.Tensor | None = None
 
 
 Values = Mapping[str, Any]
@@ -173,7 +176,12 @@ def _embed(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, 
 
 
 def _norm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
-    w, eps = rt.weight(op), rt.model.rms_norm_eps
+    eps = rt.model.rms_norm_eps
+    if op.name == "attn.qk_l2_norm":  # Llama-4's weightless per-head norm
+        return {op.outputs[0]: gqa.qk_norm(rt.model.attention, _only(ins), None, eps)}
+    w = rt.weight(op)
+    if op.name == "attn.qk_norm":  # GQA's per-head norm of queries and keys
+        return {op.outputs[0]: gqa.qk_norm(rt.model.attention, _only(ins), w, eps)}
     if "residual" in op.outputs:
         # fused add + RMSNorm: the residual stream absorbs the block outputs, then normalise
         blocks = [v for name, v in ins.items() if name != "residual"]
@@ -191,6 +199,10 @@ def _norm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, A
     return out
 
 
+#: GEMMs that may carry a bias (``weight_key + ".bias"``): GLM's q/k/v, GPT-OSS's projections
+_BIASED_GEMMS = frozenset({"attn.qkv_proj", "attn.o_proj"})
+
+
 def _gemm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     # several inputs are concatenated in the graph's order (MTP's eh_proj: [embedding; hidden])
     x = _only(ins) if len(ins) == 1 else torch.cat(list(ins.values()), dim=-1)
@@ -202,6 +214,10 @@ def _gemm(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, A
         y = torch.einsum("tbk,bkn->tbn", x.view(t, batch, -1)[..., :op.dims["k"]], w)
     else:
         y = x.reshape(t, -1) @ w  # heads flattened into features (o_proj)
+    if op.name in _BIASED_GEMMS:
+        bias = rt.w.get(weight_key(op.layer, op.name + ".bias"))
+        if bias is not None:
+            y = y + bias
     return {op.outputs[0]: y}
 
 
@@ -221,6 +237,8 @@ def _rotate(rt: RankView, st: MicrobatchState, q: torch.Tensor, k_pe: torch.Tens
 
 
 def _rope(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    if "qkv" in ins:  # GQA
+        return {"qkv": gqa.rotate(rt.model.attention, op.layer, ins["qkv"], st.cos, st.sin)}
     q, k_pe = _rotate(rt, st, ins["q"], ins["k_pe"])
     return {"q": q.reshape(st.num_tokens, -1), "k_pe": k_pe}
 
@@ -236,6 +254,8 @@ def _attention_inputs(rt: RankView, ins: Values, st: MicrobatchState
 
 def _attention_decode(rt: RankView, op: Op, ins: Values, st: MicrobatchState
                       ) -> dict[str, Any]:
+    if "qkv" in ins:
+        return gqa.attention(rt, op, ins, st)
     q, k_pe = _attention_inputs(rt, ins, st)
     rt.cache.write(op.layer, st.seq_ids, st.positions, ins["c_kv"], k_pe, op.draft)
     # eager reads only the filled part; static shapes read the whole buffer, masked
@@ -245,8 +265,38 @@ def _attention_decode(rt: RankView, op: Op, ins: Values, st: MicrobatchState
         rows = st.seq_ids - st.seqs.start
         c, pe = c.index_select(0, rows), pe.index_select(0, rows)
     o_lat = kernels.mla_decode_absorbed(ins["q_lat"], q[..., rt.nope:].contiguous(), c, pe,
-                                        st.positions + 1, rt.softmax_scale)
+                                        st.positions + 1, rt.softmax_scale,
+                                        keep=ins.get("topk_idx"))
     return {op.outputs[0]: o_lat}
+
+
+def _rope_front(x: torch.Tensor, st: MicrobatchState, width: int) -> torch.Tensor:
+    """``x [t, ..., d]`` with its first ``width`` dims rotated (the indexer's RoPE part comes
+    first, DeepSeek-V3.2-Exp ``inference/model.py``)."""
+    return torch.cat([kernels.apply_rope(x[..., :width], st.cos, st.sin), x[..., width:]], -1)
+
+
+def _indexer(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
+    """DSA's lightning indexer: normalise (LayerNorm) and rotate the new tokens' index keys,
+    cache them, score every cached key for each query and keep its ``topk`` best (a ``[t, L]``
+    mask over the entries attention reads). The released model rotates queries and keys by a
+    Hadamard matrix before quantising them to FP8: an orthogonal map that leaves the dot
+    products, and so the choice, unchanged; the runtime keeps them unquantised."""
+    heads, dim, topk = op.dims["heads"], op.dims["head_dim"], op.dims["topk"]
+    t = st.num_tokens
+    k = torch.nn.functional.layer_norm(ins["index_k"].float(), (dim,),
+                                       rt.weight(op, ".k_norm").float(),
+                                       rt.weight(op, ".k_norm.bias").float(), 1e-6)
+    k = _rope_front(k.to(rt.dtype), st, rt.rope)
+    q = _rope_front(ins["index_q"].view(t, heads, dim), st, rt.rope)
+    rt.cache.write_index(op.layer, st.seq_ids, st.positions, k)
+    upto = rt.cache.capacity if rt.static else int(st.positions.max()) + 1
+    keys = rt.cache.read_index(op.layer, st.seqs, upto)
+    if t != keys.shape[0]:  # several queries per sequence (prefill): each its sequence's keys
+        keys = keys.index_select(0, st.seq_ids - st.seqs.start)
+    weights = ins["index_w"] * (heads ** -0.5 * dim ** -0.5)
+    keep = kernels.indexer_keep(q, weights, keys, st.positions + 1, topk)
+    return {op.outputs[0]: keep}
 
 
 def _attention_prefill(rt: RankView, op: Op, ins: Values, st: MicrobatchState
@@ -255,6 +305,8 @@ def _attention_prefill(rt: RankView, op: Op, ins: Values, st: MicrobatchState
     latents and RoPE keys go into the cache for the decode steps (no cached prefix here)."""
     if op.dims["new_tokens"] != op.dims["context"]:
         raise EpsimError("prefill with a cached prefix (chunked prefill) is not implemented")
+    if "qkv" in ins:
+        return gqa.attention(rt, op, ins, st)
     t, H, n, p = st.num_tokens, rt.heads, rt.nope, rt.rope
     q, k_pe = _attention_inputs(rt, ins, st)
     rt.cache.write(op.layer, st.seq_ids, st.positions, ins["c_kv"], k_pe)
@@ -266,6 +318,8 @@ def _attention_prefill(rt: RankView, op: Op, ins: Values, st: MicrobatchState
     v = kv[..., n:].reshape(seqs, length, H, rt.v_dim)
     scores = torch.einsum("sqhd,skhd->shqk", q_full, k_full) * rt.softmax_scale
     causal = torch.ones(length, length, dtype=torch.bool, device=rt.device).tril()
+    if "topk_idx" in ins:  # DSA: each query attends only its kept entries
+        causal = causal & ins["topk_idx"].view(seqs, length, -1)[:, None, :, :length]
     scores = scores.masked_fill(~causal, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
     attn_v = torch.einsum("shqk,skhd->sqhd", probs, v).reshape(t, H, rt.v_dim)
@@ -275,10 +329,14 @@ def _attention_prefill(rt: RankView, op: Op, ins: Values, st: MicrobatchState
 def _router(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> dict[str, Any]:
     moe = rt.model.moe
     logits = ins["h"].float() @ rt.weight(op).float()
+    # a router without a score-correction bias (Llama-4) chooses as one with a zero bias
+    bias = rt.w.get(weight_key(op.layer, op.name + ".bias"))
     ids, weights = kernels.route_grouped_sigmoid(
-        logits, rt.weight(op, ".bias"), moe.top_k, moe.n_group, moe.topk_group,
-        moe.routed_scaling_factor, moe.norm_topk_prob)
+        logits, torch.zeros_like(logits[0]) if bias is None else bias, moe.top_k, moe.n_group,
+        moe.topk_group, moe.routed_scaling_factor, moe.norm_topk_prob)
     slots = remap(ids, rt.l2p[op.layer], rt.replicas[op.layer], st.token_index)
+    if moe.weight_on_input:  # Llama-4 (top-1): the weight scales the expert's input
+        return {op.outputs[0]: TopK(slots, torch.ones_like(weights), weights)}
     return {op.outputs[0]: TopK(slots, weights)}
 
 
@@ -290,7 +348,8 @@ def _then(handle: comm.Pending, name: str) -> comm.Pending:
 
 def _dispatch(rt: RankView, op: Op, ins: Values, st: MicrobatchState) -> comm.Pending:
     topk = ins["topk"]
-    sent = rt.exchange.dispatch(ins["h"], topk.slots, topk.weights, capacity=st.num_tokens)
+    sent = rt.exchange.dispatch(_routed_rows(ins["h"], topk), topk.slots, topk.weights,
+                                capacity=st.num_tokens)
     return _then(sent, op.outputs[0])
 
 
@@ -303,7 +362,14 @@ def _received(ins: Values) -> comm.DispatchResult:
     norm's own rows with the router's choice (every slot is local)."""
     if "recv" in ins:
         return ins["recv"]
-    return comm.DispatchResult(ins["h"], ins["topk"].slots, ins["topk"].weights, None)
+    topk = ins["topk"]
+    return comm.DispatchResult(_routed_rows(ins["h"], topk), topk.slots, topk.weights, None)
+
+
+def _routed_rows(h: torch.Tensor, topk: TopK) -> torch.Tensor:
+    """The rows the routed experts read: the norm's, scaled by a top-1 router's weight when it
+    weighs the input (Llama-4)."""
+    return h if topk.input_weights is None else h * topk.input_weights.to(h.dtype)
 
 
 def _local_slots(rt: RankView, recv: comm.DispatchResult) -> torch.Tensor:
@@ -391,4 +457,5 @@ OP_IMPLS: dict[str, Impl] = {
     "combine": _combine,
     "lm_head": _lm_head,
     "sample": _sample,
+    "indexer": _indexer,
 }

@@ -107,12 +107,22 @@ def cache_positions(opts: RunOptions) -> int:
     return opts.context + opts.steps * (1 + opts.mtp) + 2 * opts.mtp
 
 
+def _check_runtime_model(model: ModelConfig) -> None:
+    """Refuse a model whose layers the runtime cannot execute exactly."""
+    a, moe = model.attention, model.moe
+    if a.kind == "gqa" and a.sinks:
+        raise EpsimError(f"the runtime does not implement attention sinks ({model.name})")
+    if moe.weight_on_input and moe.top_k != 1:
+        raise EpsimError(f"{model.name}: a weight on the expert's input needs top-1 routing")
+    if moe.scoring != "sigmoid" or moe.expert_bias:
+        raise EpsimError(f"the runtime implements sigmoid routing without expert biases; "
+                         f"{model.name} routes by {moe.scoring}")
+
+
 def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
     """Check the options; return the model, the plan and the expert placement they imply."""
     model = load_model(opts.model)
-    if model.attention.kind != "mla":
-        raise EpsimError(f"the runtime implements MLA models (DeepSeek-shaped); {model.name} "
-                         f"has {model.attention.kind} attention")
+    _check_runtime_model(model)
     for name in ("world_size", "batch", "context", "steps"):
         value = getattr(opts, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -120,6 +130,9 @@ def validate(opts: RunOptions) -> tuple[ModelConfig, ParallelPlan, Placement]:
     # the last decode step attends context + steps - 1 tokens (under MTP each step may advance
     # 1 + mtp and verifies mtp past its start, and the draft passes run mtp - 1 further)
     check_context_length(model, opts.context + opts.steps - 1, f"--context {opts.context} + --steps {opts.steps} - 1")
+    if opts.mtp and (model.attention.sparse or model.attention.kind != "mla"):
+        raise EpsimError(f"--mtp with {model.name} is not implemented in the runtime (its MTP "
+                         "module is DeepSeek's, over dense MLA)")
     if opts.mtp:
         check_context_length(model, cache_positions(opts),
                              f"--context {opts.context} + --steps {opts.steps} x (1 + --mtp "

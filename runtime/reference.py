@@ -150,10 +150,13 @@ class _Dense:
         self.seqs, self.storage, self.stored = seqs, KV_STORAGE[kv_dtype], stored
         n_layers = model.num_layers + (1 if draft else 0)
         # the cache as stored (rounded to the storage dtype), kept widened to fp32
-        self.c_cache = torch.zeros(n_layers, seqs, cap, self.a.kv_lora_rank)
-        self.pe_cache = torch.zeros(n_layers, seqs, cap, self.a.qk_rope_head_dim)
+        c_width, pe_width = W.cache_widths(model)  # GQA: keys and values
+        self.c_cache = torch.zeros(n_layers, seqs, cap, c_width)
+        self.pe_cache = torch.zeros(n_layers, seqs, cap, pe_width)
         self.kv_err = 0.0
         self.writes: StepWrites | None = None  # this step's (MTP), else the final cache
+        # DSA's index keys, as the indexer caches them (unquantised, as the runtime keeps them)
+        self.i_cache = torch.zeros(n_layers, seqs, cap, self.a.index_head_dim)
 
     def weight(self, layer: int, name: str) -> torch.Tensor:
         return self.w[weight_key(layer, name)]
@@ -178,14 +181,23 @@ class _Dense:
         """One decoder layer over ``x [S * T, h]`` at positions ``pos [S, T]`` -> (its FFN
         output, the residual stream); decode attends over the cache up to each token, a prompt
         causally over its own fresh K/V (it only stores the cache)."""
+        eps = self.m.rms_norm_eps
+        residual = x if residual is None else residual + x
+        h = kernels.rms_norm(residual, self.weight(layer, "attn_norm"), eps)
+        attend = self.mla if self.a.kind == "mla" else self.gqa
+        residual = residual + attend(layer, h, pos, causal_prompt, tag)
+        h = kernels.rms_norm(residual, self.weight(layer, "ffn_norm"), eps)
+        return self.ffn(layer, h, moe_ffn), residual
+
+    def mla(self, layer: int, h: torch.Tensor, pos: torch.Tensor, causal_prompt: bool,
+            tag: int | None) -> torch.Tensor:
+        """MLA in its plain form (per-head K and V expanded from the latent): ``[S * T, h]``."""
         a, eps = self.a, self.m.rms_norm_eps
         H, n, p, r = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank
         S, T = pos.shape
         rows = S * T
         cos, sin = kernels.rope_cos_sin(pos.reshape(-1), p, self.m.rope_theta, torch.float32)
-        residual = x if residual is None else residual + x
-        h = kernels.rms_norm(residual, self.weight(layer, "attn_norm"), eps)
-        # -- MLA, plain form: per-head K and V expanded from the latent --------------------
+        q_a = h
         if a.q_lora_rank:
             q_a = kernels.rms_norm(h @ self.weight(layer, "attn.q_a"),
                                    self.weight(layer, "attn.q_a_norm"), eps)
@@ -213,23 +225,113 @@ class _Dense:
             mask = torch.ones(T, T, dtype=torch.bool).tril()
         else:  # each token sees the cache up to its own position
             mask = (torch.arange(c_all.shape[1])[None, None, :] <= pos[:, :, None])[:, None]
+        if a.sparse:  # DSA: only the entries the indexer keeps
+            mask = mask & self.indexer_keep(layer, h, q_a, pos, cos, sin, causal_prompt)[:, None]
         scores = scores.masked_fill(~mask, float("-inf"))
         attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
-        residual = residual + attn.reshape(rows, -1) @ self.weight(layer, "attn.o_proj")
-        h = kernels.rms_norm(residual, self.weight(layer, "ffn_norm"), eps)
-        return self.ffn(layer, h, moe_ffn), residual
+        return attn.reshape(rows, -1) @ self.weight(layer, "attn.o_proj")
+
+    def sees(self, layer: int, i: int, j: int) -> bool:
+        """Whether the query at position ``i`` attends the key at ``j`` in ``layer``."""
+        a = self.a
+        kind = a.layer_type(layer)
+        if kind == "sliding" and a.sliding_window and i - j >= a.sliding_window:
+            return False
+        if kind == "chunked" and a.chunk_size and j // a.chunk_size != i // a.chunk_size:
+            return False
+        return j <= i
+
+    def gqa(self, layer: int, h: torch.Tensor, pos: torch.Tensor, causal_prompt: bool,
+            tag: int | None) -> torch.Tensor:
+        """GQA with each key/value head repeated for its query heads: ``[S * T, h]``."""
+        a, eps = self.a, self.m.rms_norm_eps
+        H, KV, d = a.num_heads, a.num_kv_heads, a.head_dim
+        S, T = pos.shape
+        qkv = h @ self.weight(layer, "attn.qkv_proj")
+        if a.bias:
+            qkv = qkv + self.weight(layer, "attn.qkv_proj.bias")
+        q = qkv[:, :H * d].reshape(S * T, H, d)
+        k = qkv[:, H * d:(H + KV) * d].reshape(S * T, KV, d)
+        v = qkv[:, (H + KV) * d:].reshape(S * T, KV, d)
+        if a.qk_norm:
+            norm_w = self.weight(layer, "attn.qk_norm")
+            q, k = kernels.rms_norm(q, norm_w[0], eps), kernels.rms_norm(k, norm_w[1], eps)
+        if layer not in a.nope_layers:
+            rot = int(d * a.rotary_fraction)
+            cos, sin = kernels.rope_cos_sin(pos.reshape(-1), rot, self.m.rope_theta,
+                                            torch.float32)
+            q = torch.cat([kernels.apply_rope(q[..., :rot], cos, sin), q[..., rot:]], dim=-1)
+            k = torch.cat([kernels.apply_rope(k[..., :rot], cos, sin), k[..., rot:]], dim=-1)
+            if a.qk_l2_norm:  # Llama-4 Scout: after RoPE, each head scaled to unit RMS
+                q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps)
+                k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps)
+        self.store(layer, pos, k.reshape(S * T, -1), v.reshape(S * T, -1), tag)
+        if causal_prompt:
+            keys, values = k.view(S, T, KV, d), v.view(S, T, KV, d)
+        else:
+            upto = int(pos.max()) + 1
+            keys = self.c_cache[layer, :, :upto].view(S, upto, KV, d)
+            values = self.pe_cache[layer, :, :upto].view(S, upto, KV, d)
+        keys = keys.repeat_interleave(H // KV, dim=2)
+        values = values.repeat_interleave(H // KV, dim=2)
+        scores = torch.einsum("sqhd,slhd->shql", q.view(S, T, H, d), keys) * d ** -0.5
+        seen = torch.tensor([[[self.sees(layer, int(pos[s, t]), j)
+                               for j in range(keys.shape[1])] for t in range(T)]
+                             for s in range(S)])
+        scores = scores.masked_fill(~seen[:, None], float("-inf"))
+        attn = torch.einsum("shql,slhd->sqhd", torch.softmax(scores, -1), values)
+        out = attn.reshape(S * T, -1) @ self.weight(layer, "attn.o_proj")
+        return out + self.weight(layer, "attn.o_proj.bias") if a.o_bias else out
+
+    def indexer_keep(self, layer: int, h: torch.Tensor, q_a: torch.Tensor, pos: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, causal_prompt: bool) -> torch.Tensor:
+        """DSA's indexer, one query at a time: ``[S, T, L]`` the cache entries each query of
+        ``pos [S, T]`` keeps (its ``index_topk`` best by ``sum_h w_h relu(q_h . k)``)."""
+        a = self.a
+        heads, dim, p = a.index_n_heads, a.index_head_dim, a.qk_rope_head_dim
+        S, T = pos.shape
+
+        def rotate_front(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([kernels.apply_rope(x[..., :p], cos, sin), x[..., p:]], dim=-1)
+
+        q = rotate_front((q_a @ self.weight(layer, "attn.indexer.wq_b")).view(S * T, heads, dim))
+        k = torch.nn.functional.layer_norm(
+            h @ self.weight(layer, "attn.indexer.wk"), (dim,),
+            self.weight(layer, "attn.indexer.k_norm"),
+            self.weight(layer, "attn.indexer.k_norm.bias"), 1e-6)
+        k = rotate_front(k)
+        w = h @ self.weight(layer, "attn.indexer.weights_proj") * (heads * dim) ** -0.5
+        self.i_cache[layer, torch.arange(S).repeat_interleave(T), pos.reshape(-1)] = k
+        keys = k.view(S, T, dim) if causal_prompt else self.i_cache[layer, :, :int(pos.max()) + 1]
+        keep = torch.zeros(S, T, keys.shape[1], dtype=torch.bool)
+        for s in range(S):
+            for t in range(T):
+                row, limit = s * T + t, (t if causal_prompt else int(pos[s, t])) + 1
+                scores = (torch.relu(keys[s, :limit] @ q[row].T) * w[row]).sum(-1) + 0.0
+                # equal scores: the earlier entry first (Python's sort is stable)
+                chosen = sorted(range(limit), key=lambda j: -float(scores[j]))[:a.index_topk]
+                keep[s, t, chosen] = True
+        return keep
 
     def ffn(self, layer: int, h: torch.Tensor, moe_ffn: bool) -> torch.Tensor:
         moe = self.m.moe
         if not moe_ffn:
             act = kernels.silu_and_mul(h @ self.weight(layer, "mlp.gate_up"))
             return act @ self.weight(layer, "mlp.down")
+        # no score-correction bias (Llama-4): routed as with a zero one
+        bias = self.w.get(weight_key(layer, "moe.router.bias"), torch.zeros(moe.num_experts))
         ids, weights = route_reference(
-            h @ self.weight(layer, "moe.router"), self.weight(layer, "moe.router.bias"),
-            moe.top_k, moe.n_group, moe.topk_group, moe.routed_scaling_factor,
-            moe.norm_topk_prob)
+            h @ self.weight(layer, "moe.router"), bias, moe.top_k, moe.n_group,
+            moe.topk_group, moe.routed_scaling_factor, moe.norm_topk_prob)
         gate_up, down = self.experts[layer]
-        x = kernels.moe_per_token(h, torch.tensor(ids), torch.tensor(weights), gate_up, down)
+        if moe.weight_on_input:  # Llama-4: each expert reads the token scaled by its weight
+            x = torch.zeros_like(h)
+            for i, (chosen, ws) in enumerate(zip(ids, weights, strict=True)):
+                for e, wt in zip(chosen, ws, strict=True):
+                    x[i] += kernels.silu_and_mul((h[i] * wt) @ gate_up[e]) @ down[e]
+        else:
+            x = kernels.moe_per_token(h, torch.tensor(ids), torch.tensor(weights), gate_up,
+                                      down)
         if moe.num_shared_experts:
             shared = kernels.silu_and_mul(h @ self.weight(layer, "moe.shared.gate_up"))
             x = x + shared @ self.weight(layer, "moe.shared.down")
@@ -321,6 +423,10 @@ def reference_decode(model: ModelConfig, seed: int, world: int, batch: int, cont
             ref.store(layer, drawn_pos, torch.cat([c for c, _ in drawn]).reshape(seqs * (
                 context - 1), -1), torch.cat([pe for _, pe in drawn]).reshape(
                 seqs * (context - 1), -1))
+            if model.attention.sparse:
+                ref.i_cache[layer, :, :context - 1] = torch.cat([
+                    W.initial_index_keys(model, seed, rk, layer, batch, context - 1)
+                    for rk in range(world)])
     out: list[ReferenceStep] = []
     drafts_out: list[DraftStep] = []
     drafts = torch.cat([W.initial_drafts(model, seed, rk, batch, mtp) for rk in range(world)])

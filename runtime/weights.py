@@ -15,6 +15,13 @@ Layout (``x @ W`` everywhere, i.e. ``[in, out]``):
     L{l}.attn.kv_a_norm [kv_lora]
     L{l}.attn.kv_b    [heads, nope+v, kv_lora]      (split into q_absorb / v_absorb by the runtime)
     L{l}.attn.o_proj  [heads*v, hidden]
+  GQA instead (GLM-4.5, Llama-4):
+    L{l}.attn.qkv_proj [hidden, (heads+2*kv_heads)*head_dim] (+ .bias)   L{l}.attn.o_proj (+ .bias)
+    L{l}.attn.qk_norm  [2, head_dim]                 (queries' and keys' RMSNorm weights)
+  with DSA (DeepSeek-V3.2's lightning indexer, ``index_n_heads`` x ``index_head_dim``):
+    L{l}.attn.indexer.wq_b [q_lora, iheads*idim]  L{l}.attn.indexer.wk [hidden, idim]
+    L{l}.attn.indexer.weights_proj [hidden, iheads]
+    L{l}.attn.indexer.k_norm / L{l}.attn.indexer.k_norm.bias [idim] (a LayerNorm)
     L{l}.mlp.gate_up  [hidden, 2*inter]  L{l}.mlp.down [inter, hidden]
     L{l}.moe.router   [hidden, experts]  L{l}.moe.router.bias [experts] (e_score_correction_bias)
     L{l}.moe.shared.gate_up [hidden, 2*shared_inter]  L{l}.moe.shared.down [shared_inter, hidden]
@@ -55,10 +62,6 @@ def dense_weights(model: ModelConfig, seed: int, draft: bool = False) -> dict[st
     """Every weight except the routed experts' (see :func:`expert_weights`), fp32 on the CPU;
     ``draft``: the MTP draft module's too (layer ``num_layers``)."""
     a, h = model.attention, model.hidden_size
-    if a.kind != "mla":
-        raise NotImplementedError("the runtime implements MLA (DeepSeek-shaped) models only")
-    heads, nope, rope = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
-    r, v = a.kv_lora_rank, a.v_head_dim
     w: dict[str, torch.Tensor] = {}
 
     def lin(layer: int, name: str, fan_in: int, *shape: int) -> None:
@@ -77,22 +80,17 @@ def dense_weights(model: ModelConfig, seed: int, draft: bool = False) -> dict[st
     for layer, is_moe in layers:
         norm(layer, "attn_norm", h)
         norm(layer, "ffn_norm", h)
-        if a.q_lora_rank:
-            lin(layer, "attn.q_a", h, h, a.q_lora_rank)
-            norm(layer, "attn.q_a_norm", a.q_lora_rank)
-            lin(layer, "attn.q_b", a.q_lora_rank, a.q_lora_rank, heads * (nope + rope))
+        if a.kind == "mla":
+            _mla_weights(w, model, seed, layer)
         else:
-            lin(layer, "attn.q_proj", h, h, heads * (nope + rope))
-        lin(layer, "attn.kv_a", h, h, r + rope)
-        norm(layer, "attn.kv_a_norm", r)
-        lin(layer, "attn.kv_b", r, heads, nope + v, r)
-        lin(layer, "attn.o_proj", heads * v, heads * v, h)
+            _gqa_weights(w, model, seed, layer)
         if is_moe:
             moe = model.moe
             # a wider router spread makes the top-k choice far from ties
             lin(layer, "moe.router", h // 16 or 1, h, moe.num_experts)
-            bias = weight_key(layer, "moe.router.bias")
-            w[bias] = randn(seed, bias, (moe.num_experts,), std=0.1)
+            if moe.router_bias:
+                bias = weight_key(layer, "moe.router.bias")
+                w[bias] = randn(seed, bias, (moe.num_experts,), std=0.1)
             if moe.num_shared_experts:
                 si = moe.shared_intermediate_size
                 lin(layer, "moe.shared.gate_up", h, h, 2 * si)
@@ -112,6 +110,81 @@ def dense_weights(model: ModelConfig, seed: int, draft: bool = False) -> dict[st
         w[weight_key(d, "mtp.embed")] = w[embed]
         w[weight_key(d, "mtp.lm_head")] = w[weight_key(NO_LAYER, "lm_head")]
     return w
+
+
+def _mla_weights(w: dict[str, torch.Tensor], model: ModelConfig, seed: int, layer: int) -> None:
+    """MLA's projections and norms of ``layer`` (and DSA's indexer) into ``w``."""
+    a, h = model.attention, model.hidden_size
+    heads, nope, rope = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+    r, v = a.kv_lora_rank, a.v_head_dim
+
+    def lin(name: str, fan_in: int, *shape: int) -> None:
+        key = weight_key(layer, name)
+        w[key] = randn(seed, key, shape, std=fan_in ** -0.5)
+
+    def norm(name: str, width: int) -> None:
+        key = weight_key(layer, name)
+        w[key] = randn(seed, key, (width,), std=0.1, mean=1.0)
+
+    if a.q_lora_rank:
+        lin("attn.q_a", h, h, a.q_lora_rank)
+        norm("attn.q_a_norm", a.q_lora_rank)
+        lin("attn.q_b", a.q_lora_rank, a.q_lora_rank, heads * (nope + rope))
+    else:
+        lin("attn.q_proj", h, h, heads * (nope + rope))
+    lin("attn.kv_a", h, h, r + rope)
+    norm("attn.kv_a_norm", r)
+    lin("attn.kv_b", r, heads, nope + v, r)
+    lin("attn.o_proj", heads * v, heads * v, h)
+    if a.sparse:
+        _indexer_weights(w, model, seed, layer)
+
+
+def _gqa_weights(w: dict[str, torch.Tensor], model: ModelConfig, seed: int, layer: int) -> None:
+    """GQA's projections of ``layer`` (their biases, its q/k norm where the model has them)."""
+    a, h = model.attention, model.hidden_size
+    qkv, out = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, a.num_heads * a.head_dim
+    for name, fan_in, shape, bias in (("attn.qkv_proj", h, (h, qkv), a.bias),
+                                      ("attn.o_proj", out, (out, h), a.o_bias)):
+        key = weight_key(layer, name)
+        w[key] = randn(seed, key, shape, std=fan_in ** -0.5)
+        if bias:
+            w[key + ".bias"] = randn(seed, key + ".bias", (shape[1],), std=0.1)
+    if a.qk_norm:  # [queries' weight, keys' weight]
+        key = weight_key(layer, "attn.qk_norm")
+        w[key] = randn(seed, key, (2, a.head_dim), std=0.1, mean=1.0)
+
+
+def cache_widths(model: ModelConfig) -> tuple[int, int]:
+    """Values per token the KV cache keeps in its two parts: MLA's latent and RoPE key, or
+    GQA's keys and values (``KV * head_dim`` each)."""
+    a = model.attention
+    if a.kind == "mla":
+        return a.kv_lora_rank, a.qk_rope_head_dim
+    return a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim
+
+
+def _indexer_weights(w: dict[str, torch.Tensor], model: ModelConfig, seed: int,
+                     layer: int) -> None:
+    """DSA's indexer of ``layer`` into ``w`` (layout in the module docstring)."""
+    a, h = model.attention, model.hidden_size
+    heads, dim = a.index_n_heads, a.index_head_dim
+    shapes = {"attn.indexer.wq_b": ((a.q_lora_rank or 0), heads * dim),
+              "attn.indexer.wk": (h, dim), "attn.indexer.weights_proj": (h, heads)}
+    for name, (fan_in, out) in shapes.items():
+        key = weight_key(layer, name)
+        w[key] = randn(seed, key, (fan_in, out), std=fan_in ** -0.5)
+    key = weight_key(layer, "attn.indexer.k_norm")
+    w[key] = randn(seed, key, (dim,), std=0.1, mean=1.0)
+    w[key + ".bias"] = randn(seed, key + ".bias", (dim,), std=0.1)
+
+
+def initial_index_keys(model: ModelConfig, seed: int, rank: int, layer: int, seqs: int,
+                       cached: int) -> torch.Tensor:
+    """DSA: the indexer keys ``[seqs, cached, index_head_dim]`` of the drawn cached tokens
+    (normalised and rotated, as the indexer caches them), beside :func:`initial_cache`."""
+    return randn(seed, f"cache/rank{rank}/L{layer}/index", (seqs, cached,
+                                                           model.attention.index_head_dim))
 
 
 def expert_weights(model: ModelConfig, seed: int, layer: int,
@@ -157,9 +230,10 @@ def initial_cache(model: ModelConfig, seed: int, rank: int, layer: int, seqs: in
     """The latent KV entries of the ``cached`` tokens before the first decode step (fp32).
 
     Stands in for a prefill: a normalised latent ``[seqs, cached, kv_lora]`` and an already
-    rotated RoPE key ``[seqs, cached, rope]``, per rank and layer.
+    rotated RoPE key ``[seqs, cached, rope]``, per rank and layer (GQA: the keys and values,
+    ``[seqs, cached, KV * head_dim]`` each, :func:`cache_widths`).
     """
-    a = model.attention
-    c = randn(seed, f"cache/rank{rank}/L{layer}/c", (seqs, cached, a.kv_lora_rank))
-    pe = randn(seed, f"cache/rank{rank}/L{layer}/pe", (seqs, cached, a.qk_rope_head_dim))
+    c_width, pe_width = cache_widths(model)
+    c = randn(seed, f"cache/rank{rank}/L{layer}/c", (seqs, cached, c_width))
+    pe = randn(seed, f"cache/rank{rank}/L{layer}/pe", (seqs, cached, pe_width))
     return c, pe

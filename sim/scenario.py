@@ -319,7 +319,7 @@ def _deployment_echo(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
                      plan: ParallelPlan, nodes: tuple[int, int], gpn: int) -> dict[str, Any]:
     """The deployment as the result reports it (before the disaggregation keys)."""
     total = sum(nodes)
-    return {"model": model.name, "hardware": profile.name,
+    return {"model": model.name, "hardware": profile.name, "provenance": profile.provenance(),
             "nodes": total, "gpus_per_node": gpn, "gpus": total * gpn,
             "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
             "dbo": plan.microbatches == 2, "eplb": sc.eplb, "graph": sc.graph, "kv_dtype": sc.kv_dtype,

@@ -305,6 +305,14 @@ def test_calibrate_from_bench_recovers_known_factors(epsim, tmp_path):
     record = obj["calibration"]["from_bench"]
     assert record["deployment"]["engine"] == "vllm" and record["deployment"]["dp"] == 8
     assert record["date"] in source and obj["name"] == "mi300x-bench-fit"
+    # provenance: the file names the profile it was fitted from, the JSON the file written
+    base = load_profile("mi300x")
+    assert obj["provenance"]["hardware_profile"] == "mi300x"
+    assert obj["provenance"]["profile_hash"] == base.profile_hash
+    assert obj["provenance"]["table_sources"] == base.provenance()["table_sources"]
+    assert report["provenance"]["hardware_profile"] == "mi300x-bench-fit"
+    assert report["provenance"]["profile_hash"] == hashlib.sha256(
+        fitted.read_bytes()).hexdigest()
     # the fitted profile loads and predicts the measured run it was fitted to
     r = epsim("validate", "--bench", files[1], *deployment, "--hardware", str(fitted), "--json")
     assert r.returncode == 0, r.stderr

@@ -226,7 +226,7 @@ def test_a_load_file_too_wide_or_deep(sandbox, shape):
     layers, experts = shape
     rows = [[1] * experts for _ in range(layers)]
     refused(sandbox, "load file size", "load file", json.dumps({"logical_count": rows}),
-            "logical_count's")
+            "experts" if layers == 1 else "logical_count's layers")
 
 
 def _trace(header: str, rows: list[tuple[str, str, str]]) -> str:

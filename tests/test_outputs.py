@@ -3,8 +3,10 @@ all of a command's together, never replacing a non-regular file, with the usual 
 
 import os
 import stat
+import subprocess
 
 import pytest
+from conftest import REPO
 
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import (
@@ -119,3 +121,80 @@ def test_a_folder_path_with_a_trailing_slash_is_refused(tmp_path):
     with pytest.raises(EpsimError, match="a file path is needed, not a folder"):
         check_output_target(f"{tmp_path}/newdir/")
     assert not (tmp_path / "newdir").exists()
+
+
+def test_a_target_turned_into_a_folder_before_commit_leaves_the_others_unchanged(tmp_path):
+    """sweep --csv A --plot B with B made a folder while the command worked: A keeps its old
+    content (every target is checked again before any is renamed), no temp file is left."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.png"
+    a.write_text("old")
+    with pytest.raises(EpsimError, match="b.png: it is a directory"), OutputSet() as outs:
+        outs.reserve(a, "--csv")
+        outs.reserve(b, "--plot")
+        write_text_atomic("new", a)
+        write_text_atomic("png", b)
+        b.mkdir()
+        outs.commit()
+    assert a.read_text() == "old" and b.is_dir() and not any(b.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.png"]
+
+
+def test_nothing_is_on_disk_between_reserve_and_commit(tmp_path):
+    """A kill (SIGKILL runs no clean-up) can leave no temp file: the content waits in memory."""
+    a = tmp_path / "a.csv"
+    with OutputSet() as outs:
+        outs.reserve(a, "--csv")
+        assert list(tmp_path.iterdir()) == []
+        write_text_atomic("1,2\n", a)
+        with staged_path(tmp_path / "a.csv") as tmp:  # a writer that needs a path
+            tmp.write_text("3,4\n")
+            assert list(tmp_path.iterdir()) == [tmp]  # only while it writes
+        assert list(tmp_path.iterdir()) == []
+        outs.commit()
+    assert a.read_text() == "3,4\n"
+
+
+def test_a_temp_file_of_a_dead_writer_is_removed_when_its_target_is_next_written(tmp_path):
+    target = tmp_path / "out.csv"
+    dead = _a_dead_pid()
+    stale = tmp_path / f".out.csv.{dead}.abcd1234.part"
+    ours = tmp_path / f".out.csv.{os.getpid()}.abcd1234.part"  # a live writer's: kept
+    other = tmp_path / f".other.csv.{dead}.abcd1234.part"  # another target's: kept
+    for p in (stale, ours, other):
+        p.write_text("")
+    write_text_atomic("x", target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["out.csv", ours.name, other.name])
+
+
+def _a_dead_pid() -> int:
+    """The id of a process that has exited (and been reaped)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_sweep_csv_and_plot_are_written_together_or_not_at_all(tmp_path, monkeypatch, capsys):
+    """The issue's case end to end: `sweep --csv A --plot B` with B turned into a folder while
+    the sweep worked (here: right after the plot was drawn) exits 2 and leaves A as it was."""
+    pytest.importorskip("matplotlib")
+    from epsim.cli import main
+    from epsim.commands import sweep
+
+    a, b = tmp_path / "a.csv", tmp_path / "b.png"
+    a.write_text("old")
+    drawn = sweep.write_plot
+
+    def draw_then_swap(points, rows, path):
+        drawn(points, rows, path)
+        b.mkdir()
+
+    monkeypatch.setattr(sweep, "write_plot", draw_then_swap)
+    status = main(["sweep", "--model", str(REPO / "model/configs/tiny-deepseek.json"), "--hardware",
+                   "mi300x", "--isl", "16", "--osl", "4", "--concurrency", "1,2", "--workers",
+                   "1", "--csv", str(a), "--plot", str(b)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.splitlines() == [
+        f"epsim sweep: error: cannot write {b}: it is a directory"]
+    assert a.read_text() == "old" and b.is_dir() and not any(b.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.png"]

@@ -24,6 +24,11 @@ def test_json_has_the_promised_keys_and_checks_against_the_reference(epsim, tmp_
     # tokens/s: every rank's sequences over the mean step
     assert summary["tokens_per_s"] == pytest.approx(2 * 2 / (summary["step_ms"]["mean"] / 1e3))
     assert summary["max_rel_err"] < 1e-4
+    # the runtime runs no hardware profile: the version alone (docs/provenance.md)
+    import epsim as package
+
+    assert summary["provenance"]["epsim_version"] == package.__version__
+    assert summary["provenance"]["hardware_profile"] is None
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
     assert {e["pid"] for e in events} == {0, 1}
     assert any(e["name"] == "L1.moe.dispatch.mb0" and e["tid"] == 1 for e in events)

@@ -67,6 +67,9 @@ def test_the_run_is_sized_for_the_window():
     assert steady_num_prompts(64, 8) == 2 * 64 + STEADY_COMPLETIONS_PER_RANK * 8
     # an open loop without a cap: a tenth each
     assert steady_num_prompts(None, 8) == 160
+    # below the ranks, only as many ranks as the cap can be busy: 16 completions each
+    assert steady_num_prompts(1, 8) == 2 + STEADY_COMPLETIONS_PER_RANK
+    assert steady_num_prompts(4, 8) == 8 + 4 * STEADY_COMPLETIONS_PER_RANK
 
 
 BASE = Scenario(model="deepseek-r1", hardware="mi300x",

@@ -228,6 +228,16 @@ def test_quick_calibrate_then_validate(epsim, tmp_path):
     assert {"attention_decode", "dispatch", "combine", "gemm"} <= set(case["per_kind_ms"])
     assert rep["disjoint_from_calibration"] is True
     assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
+    # provenance: the profile written is named by its file's hash, in calibrate's JSON and in
+    # what validate made with it; the file says which epsim wrote it
+    import hashlib
+
+    import epsim as package
+
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert summary["provenance"]["profile_hash"] == rep["provenance"]["profile_hash"] == digest
+    assert summary["provenance"]["hardware_profile"] == profile["name"] == "cpu"
+    assert profile["provenance"]["epsim_version"] == package.__version__
     # the profile is a hardware profile wherever one is accepted
     r = epsim("step", "--model", "tiny-deepseek", "--hardware", str(out),
               "--gpus-per-node", "2", "--dp", "2", "--ep", "2", "--batch", "4", "--context", "16", "--no-graph", "--json")

@@ -14,6 +14,7 @@ from epsim.model.trace import write_json_atomic
 
 from ..common import add_json_arg, emit_json, loads_help, print_table
 from ..inputs import add_flag
+from ..work import check_balance
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -48,6 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=loads_help("also measure the placement on these loads (held out)"))
     add_flag(p, "--out", metavar="PLACEMENT", help="write the placement JSON here")
     add_json_arg(p)
+    p.add_argument("--force", action="store_true",
+                   help="balance even past the work budget (2^16 experts a layer, 2^22 loads "
+                   "in all; docs/placement.md)")
     p.set_defaults(run=run)
 
 
@@ -65,6 +69,7 @@ def read_snapshots(names: tuple[str, ...]) -> np.ndarray:
 
 def run(args: argparse.Namespace) -> int:
     loads = read_snapshots(args.loads)
+    check_balance(loads.shape, args.force)  # before any balancing (epsim/work.py)
     eval_loads = read_loads(args.eval) if args.eval else None
     previous = (read_placement(args.previous, num_layers=loads.shape[-2],
                                num_experts=loads.shape[-1]) if args.previous else None)

@@ -16,6 +16,7 @@ from ..calibrate_bench import add_bench_args, run_bench_fit
 from ..calibrate_trace import add_trace_args, run_trace
 from ..common import add_json_arg, emit_json, print_table
 from ..inputs import add_flag
+from ..stamp import stamp_provenance
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -86,13 +87,21 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     log = None if args.json else (lambda msg: print(f"  ... {msg}", file=sys.stderr))
     obj = calibrate(args.out, device=args.device, quick=args.quick, base=args.base, log=log,
-                    exchange_fit=args.exchange_fit or DEFAULT_EXCHANGE_FIT)
+                    exchange_fit=args.exchange_fit or DEFAULT_EXCHANGE_FIT,
+                    stamp=stamp_provenance)
     wall = time.perf_counter() - t0
     eff = obj["efficiency"]
     tables = {k: str(v) for k, v in table_paths(args.out).items()}
     if args.json:
+        import json
+
+        from epsim.sim.hardware.profile import profile_from_bytes
+
+        # the profile just written (its bytes as write_json_atomic wrote them; the file itself
+        # is staged until the command ends): its name and hash identify it later
         emit_json({"profile": args.out, "tables": tables, "wall_s": wall,
-                   "efficiency": eff, "calibration": obj["calibration"]})
+                   "efficiency": eff, "calibration": obj["calibration"]},
+                  profile_from_bytes(json.dumps(obj).encode(), args.out).provenance())
         return 0
     rows = [("profile", args.out), ("tables", ", ".join(tables.values())),
             ("roofline", f"{obj['calibration']['fit']['flops'] / 1e9:.1f} GFLOP/s, "

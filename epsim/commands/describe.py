@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from epsim.model import accounting, load_model, make_plan
+from epsim.model import ModelConfig, accounting, load_model, make_plan
 from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES
 from epsim.sim.hardware.profile import load_profile
 
@@ -40,6 +40,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def attention_pattern(model: ModelConfig) -> dict[str, Any]:
+    """Which layers are MoE and how each layer attends: ``attention_layers`` counts layers by
+    type (``full``, ``sliding``, ``chunked``), ``attention_chunk`` is Llama-4's chunk,
+    ``nope_layers`` its layers without RoPE, ``sparse_attention`` DSA's indexer (None for
+    dense attention)."""
+    a = model.attention
+    counts: dict[str, int] = {}
+    for kind in a.layer_types:
+        counts[kind] = counts.get(kind, 0) + 1
+    sparse = ({"index_n_heads": a.index_n_heads, "index_head_dim": a.index_head_dim,
+               "index_topk": a.index_topk} if a.sparse else None)
+    return {"moe_layer_indices": list(model.moe_layers), "attention_layers": counts,
+            "attention_chunk": a.chunk_size, "sliding_window": a.sliding_window,
+            "nope_layers": list(a.nope_layers), "sparse_attention": sparse}
+
+
+def _attention_text(info: dict[str, Any]) -> str:
+    """``MLA, DSA top-2048 (indexer 64 x 128)`` or ``GQA: 36 chunked (8192), 12 full``."""
+    kinds = info["attention_layers"]
+    parts = [f"{n} {kind}" + (f" ({info['attention_chunk']})" if kind == "chunked" else "")
+             + (f" ({info['sliding_window']})" if kind == "sliding" else "")
+             for kind, n in kinds.items()]
+    text = f"{info['attention'].upper()}: {', '.join(parts)}"
+    sparse = info["sparse_attention"]
+    if sparse:
+        text += (f"; DSA top-{sparse['index_topk']} (indexer {sparse['index_n_heads']} x "
+                 f"{sparse['index_head_dim']})")
+    return text
+
+
 def describe(args: argparse.Namespace) -> dict[str, Any]:
     model = load_model(args.model)
     counts = accounting.param_counts(model)
@@ -61,6 +91,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
         "top_k": model.moe.top_k,
         "shared_experts": model.moe.num_shared_experts,
         "attention": model.attention.kind,
+        **attention_pattern(model),
         "weight_dtype": model.weight_dtype,
         "expert_weight_dtype": model.expert_weight_dtype,
         "kv_bytes_per_token": {
@@ -94,7 +125,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
     if profile is not None:
         budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
         per_rank.update({
-            "hardware": profile.name,
+            "hardware": profile.name, "provenance": profile.provenance(),
             "hbm_bytes": profile.hbm_bytes,
             "usable_bytes": budget.usable_bytes,
             "activation_reserve_bytes": budget.activation_reserve_bytes,
@@ -129,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         ("total parameters", human_count(info["total_params"])),
         ("activated / token", human_count(info["activated_params_per_token"])),
         ("layers", f"{info['layers']} ({info['moe_layers']} MoE, {info['dense_layers']} dense)"),
+        ("attention", _attention_text(info)),
         ("experts", f"{info['experts']} routed, top-{info['top_k']}, "
                     f"{info['shared_experts']} shared"),
         ("weights", f"{info['weight_dtype']} (experts {info['expert_weight_dtype']})"),
@@ -137,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     if info["kv_window_bytes_per_sequence"]["fp8"]:
         win = info["kv_window_bytes_per_sequence"]
         rows.append(("KV window / seq", f"fp8 {human_bytes(win['fp8'])}, "
-                                        f"bf16 {human_bytes(win['bf16'])} (sliding layers)"))
+                                        f"bf16 {human_bytes(win['bf16'])} "
+                                        "(sliding/chunked layers)"))
     print_table(rows, title=f"{info['model']}")
     if "plan" in info:
         plan, pr = info["plan"], info["per_rank"]

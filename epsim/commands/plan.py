@@ -35,6 +35,7 @@ from ..search_args import (
     search_space_from_args,
 )
 from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..work import check_search
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     searched: list[UnitSearch] = []
     base = search_base_from_args(args, hardware[0])
+    check_search("plan", args, base, space, units=len(hardware) * len(layouts))
     bar = Progress("plan", enabled=not args.json)
     t0 = time.perf_counter()
     try:
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json({"slo": str(slo), "target_output_throughput": args.target_output_throughput,
                    "plans": [_stamped(c.as_dict()) for c in plans],
                    "interactivity_frontier": points,
+                   **({"boundaries": _boundaries(searched)} if args.search == "bisect" else {}),
                    "error_band": _stamped(plans[0].as_dict())["error_band"],
                    "diagnostics": search_diagnostics(executor, choose(args.search, space.size()),
                                                      time.perf_counter() - t0)})
@@ -117,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
     print_columns(rows, list(rows[0]))
     print(f"error band (first plan): {band_text(_stamped(plans[0].as_dict())['error_band'])}")
     return 0
+
+
+def _boundaries(searched: list[UnitSearch]) -> list[dict[str, Any]]:
+    """Under --search bisect: each unit's deployments with their highest load in the SLO."""
+    return [{"hardware": u.hardware, "layout": list(u.layout) if u.layout else None, **b}
+            for u in searched for b in u.result.boundaries]
 
 
 def _stamped(plan: dict[str, Any]) -> dict[str, Any]:

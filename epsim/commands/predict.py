@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from epsim.model import jsonout
 from epsim.model.errors import EpsimError
 from epsim.model.outputs import write_text_atomic
 from epsim.sim.scenario import run_scenario
@@ -23,7 +23,9 @@ from ..common import (
     scenario_from_args,
 )
 from ..inputs import add_flag
-from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp, stamp_provenance
+from ..work import add_force_arg, estimate, point_requests
+from ..work import check as check_work
 
 # --------------------------------------------------------------------------------------------
 # Output
@@ -125,6 +127,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--save-detailed", action="store_true",
                    help="with --save-result: the per-request lists too (input_lens, "
                    "output_lens, ttfts, itls, start_times, ...), as vLLM's --save-detailed")
+    add_force_arg(p)
     p.set_defaults(run=run)
 
 
@@ -132,6 +135,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     if args.save_detailed and not args.save_result:
         raise EpsimError("--save-detailed needs --save-result FILE")
     sc = scenario_from_args(args)
+    check_work("predict", estimate([(1, point_requests(sc))], 1), args.force)
     runs: list[ServingRun] = []
     keep = bool(args.trace or args.save_result)
     bar = Progress("requests", enabled=not args.json)
@@ -148,7 +152,8 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     if args.save_result:
         saved = vllm_result(runs[0], {**result, "burstiness": sc.workload.burstiness},
                             detailed=args.save_detailed, goodput=sc.goodput)
-        write_text_atomic(json.dumps(saved, default=_jsonable) + "\n", args.save_result)
+        stamp_provenance(saved["epsim"])  # epsim's keys: provenance first, as in --json
+        write_text_atomic(jsonout.dumps(saved, default=_jsonable) + "\n", args.save_result)
     return result
 
 

@@ -31,6 +31,7 @@ from ..common import (
 )
 from ..inputs import add_flag
 from ..stamp import STEP_HEADLINE, band_text, regime_of, stamp
+from ..work import add_force_arg, check_step
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -79,6 +80,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--seed", default=0, help="routing sample seed (default 0)")
     add_flag(p, "--trace", metavar="OUT", help="write a Chrome trace JSON of every rank")
     add_json_arg(p)
+    add_force_arg(p)
     p.set_defaults(run=run)
 
 
@@ -95,6 +97,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                      graph_mode=not args.no_graph, mem_fraction=args.mem_fraction,
                      redundant_experts=args.redundant_experts, mtp=args.mtp)
     plan = with_implied_fusions(dbo_needs_ep(plan, asked=args.dbo), model, profile.plan_options)
+    check_step(plan.ep, plan.tp, args.force)  # before the collectives' rank x rank matrices
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
     budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
@@ -114,7 +117,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                            explain=args.explain)
     wall = time.perf_counter() - started
     out: dict[str, Any] = {
-        "model": model.name, "hardware": profile.name,
+        "model": model.name, "hardware": profile.name, "provenance": profile.provenance(),
         "plan": {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "dp": plan.dp,
                  "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
                  "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype,

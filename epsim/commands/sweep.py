@@ -34,6 +34,7 @@ from ..search_args import (
     executor_from_args,
     search_diagnostics,
 )
+from ..work import check_grid
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -48,14 +49,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+#: the swept flags, outermost first (the grid's order)
+SWEPT = ("hardware", "concurrency", "request_rate", "isl", "osl", "kv_dtype")
+
+
 def sweep(args: argparse.Namespace, progress: Callable[[int, int], None] | None = None,
           executor: Executor | None = None) -> list[dict[str, Any]]:
     """Every combination of the lists (hardware outermost), in ``itertools.product`` order, on
     ``executor``
     (serial by default); each row's wall time and step count under ``"diagnostics"``."""
-    grid = list(itertools.product(
-        as_list(args.hardware), as_list(args.concurrency), as_list(args.request_rate),
-        as_list(args.isl), as_list(args.osl), as_list(args.kv_dtype)))
+    grid = list(itertools.product(*(as_list(getattr(args, k)) for k in SWEPT)))
     scenarios = [scenario_from_args(args, hardware=hw, concurrency=conc, request_rate=rate,
                                     isl=isl, osl=osl, kv_dtype=kv)
                  for hw, conc, rate, isl, osl, kv in grid]
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()
     check_prices(args.gpu_hour_usd, args.hardware)
+    check_grid("sweep", args, {k: as_list(getattr(args, k)) for k in SWEPT})
     bar = Progress("sweep", enabled=not args.json)
     t0 = time.perf_counter()
     try:

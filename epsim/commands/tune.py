@@ -31,6 +31,7 @@ from ..search_args import (
     search_space_from_args,
 )
 from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..work import check_search
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -51,6 +52,8 @@ COLS = ("concurrency", "dp", "tp", "ep", "dbo", "graph", "kv_dtype", "output_thr
 def summary(res: TuneResult, slo: str) -> dict[str, Any]:
     out = {"slo": slo, "objective": res.objective, "search": res.strategy, "best": res.best,
            "frontier": res.frontier, "points": res.points, "skipped": res.skipped}
+    if res.strategy == "bisect":  # each deployment's highest load within the SLO
+        out["boundaries"] = res.boundaries
     if res.best is not None:  # the band of the answer: the best point's regime
         b = res.best
         stamp(out, regime_of(ep=b["ep"], disaggregated=bool(b.get("disagg"))),
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     check_prices(args.gpu_hour_usd, hardware)
     space = search_space_from_args(args)
     base = search_base_from_args(args, hardware[0])
+    check_search("tune", args, base, space)
     bar = Progress("tune", enabled=not args.json)
     t0 = time.perf_counter()
     try:
@@ -91,11 +95,28 @@ def run(args: argparse.Namespace) -> int:
         print("no point meets the SLO; the frontier:")
     else:
         b = res.best
-        print(f"best: concurrency {b['concurrency']}, dp {b['dp']} tp {b['tp']} ep {b['ep']}, "
-              f"DBO {'on' if b['dbo'] else 'off'}, graph {'on' if b['graph'] else 'off'}, "
-              f"KV {b['kv_dtype']}: {b[res.objective]:,.1f} tok/s "
+        rate = b.get("request_rate")  # the result's echo: a number, or "inf" (closed loop)
+        rate = f", {rate:g} req/s" if isinstance(rate, float | int) else ""
+        unit = "req/s" if res.objective == "request_goodput" else "tok/s"
+        cap = "open loop" if b["concurrency"] is None else f"concurrency {b['concurrency']}"
+        print(f"best: {cap}{rate}, dp {b['dp']} tp {b['tp']} "
+              f"ep {b['ep']}, DBO {'on' if b['dbo'] else 'off'}, graph "
+              f"{'on' if b['graph'] else 'off'}, KV {b['kv_dtype']}: "
+              f"{b[res.objective]:,.1f} {unit} "
               + ", ".join(f"{k} {b[k]:.1f}" for k, _, _ in slo.terms))
         print(f"error band: {band_text(summary(res, str(slo))['error_band'])}")
         print("frontier (throughput vs " + res.latency + "):")
     print_columns(res.frontier, cols)
+    print_boundaries(res.boundaries, args.sla_variable)
     return 0
+
+
+def print_boundaries(rows: list[dict[str, Any]], variable: str) -> None:
+    """Under --search bisect: each deployment's highest load meeting the SLO."""
+    if not rows:
+        return
+    print(f"highest {variable} meeting the SLO, per deployment (bisection):")
+    for row in rows:
+        knobs = ", ".join(f"{k} {v}" for k, v in row["deployment"].items() if v is not None)
+        found = "none" if row[variable] is None else f"{row[variable]:g}"
+        print(f"  {knobs or 'the deployment'}: {found} ({row['probes']} probes)")

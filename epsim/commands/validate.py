@@ -113,7 +113,9 @@ def run_grid(args: argparse.Namespace) -> int:
                       probe_scaling=not args.no_probe_scaling)
     report["wall_s"] = time.perf_counter() - t0
     if args.json:
-        emit_json(report)
+        from epsim.sim.hardware.profile import load_profile
+
+        emit_json(report, load_profile(args.profile).provenance())
         return 0
     print(f"epsim validate: {report['profile']} on {len(report['cases'])} configurations")
     print(f"  {'configuration':<40} {'measured ms':>11} {'passes':>8} {'predicted ms':>12} "
@@ -134,6 +136,7 @@ def run_grid(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from epsim.sim.replay import replay
+    from epsim.sim.scenario import scenario_profile
     from epsim.sim.serving.metrics import goodput_slos
     from epsim.sim.workload.bench_results import read_bench_file
 
@@ -153,7 +156,7 @@ def run_bench(args: argparse.Namespace) -> int:
         metric_percentiles=(50.0,), percentile_metrics=("ttft",), bench_client=bench.client)
     report = replay(bench, sc, goodput=goodput_slos(args.goodput))
     if args.json:
-        emit_json(report)
+        emit_json(report, scenario_profile(sc).provenance())
     else:
         print_bench_report(report)
     return 0

@@ -83,6 +83,15 @@ _DEEPSEEK_COMMON: dict[str, tuple[str, ...]] = {
     "sample": ("logits_temperature", "top_k_top_p", "sample"),
 }
 
+#: DSA's lightning indexer (DeepSeek-V3.2) as SGLang runs it (sgl-project/sglang
+#: python/sglang/srt/layers/attention/nsa/nsa_indexer.py 005e8bf8abf447d93cd14427efbf0b10bf42a326):
+#: the key's LayerNorm, RoPE of queries and key, the Hadamard rotation, FP8 quantisation, the
+#: index-cache write, DeepGEMM's (paged) MQA logits, the top-k; its three projections are GEMMs
+_SGLANG_INDEXER: dict[str, tuple[str, ...]] = {
+    "attn.indexer": ("layernorm", "rotary_embedding", "rotate_activation", "act_quant_fp8",
+                     "set_index_k_and_scale", "fp8_mqa_logits", "topk_transform"),
+}
+
 _VLLM = "vllm-project/vllm vllm/model_executor/models/deepseek_v2.py b863fe5bf4e19680572603b4e166faefc5725551"
 _SGLANG = "sgl-project/sglang python/sglang/srt/models/deepseek_v2.py 3e4a39ee73308590c5c753108bdcb8d333f7f1c6"
 
@@ -106,6 +115,7 @@ INVENTORIES: dict[str, Inventory] = {
     }),
     "sglang": Inventory("sglang", "SGLang (CUDA)", _SGLANG, {
         **_DEEPSEEK_COMMON,
+        **_SGLANG_INDEXER,
         # FlashInfer / FlashMLA decode: rotary, KV-cache write, split-KV kernel, combine
         "attn.core": ("rotary_embedding", "set_mla_kv_buffer", "mla_decode_splitkv",
                       "mla_decode_combine"),
@@ -127,6 +137,7 @@ INVENTORIES: dict[str, Inventory] = {
                        "3f02617653b8d762affee5011e1d9b2c6c1cc0cb"),
     "deepseek": Inventory("deepseek", "DeepSeek's inference stack (H800)", _SGLANG, {
         **_DEEPSEEK_COMMON,
+        **_SGLANG_INDEXER,
         "attn.core": ("rotary_embedding", "set_mla_kv_buffer", "flash_mla_splitkv",
                       "flash_mla_combine"),
         # DeepGEMM masked grouped GEMM: quantise, gate-up, SiLU-mul + quantise, down

@@ -198,6 +198,21 @@ class KernelSets:
                              f"{', '.join(self.names)}")
         return self.sets[name]
 
+    def cited(self, name: str) -> dict[str, str]:
+        """Where the tables set ``name`` times with were published, per source id: its own
+        tables' and points' sources, its speedups' and those of the sets it scales, each as
+        ``repository@commit`` (else ``repository#pr``, else the url). Example:
+        ``{"aiter-gemm-mi300x": "ROCm/aiter@e4048607a535ace3a2b51ded31b1c8c2d45c0879"}``."""
+        ids: list[str] = []
+        current = self.get(name)
+        while current is not None:
+            for table in current.tables.values():
+                ids += table.sources
+            ids += [source for _, source in current.speedup.values()]
+            current = self.get(current.relative_to) if current.relative_to else None
+        return {sid: _where(self.sources[sid]) if sid in self.sources else sid
+                for sid in sorted(set(ids))}
+
     def resolve(self, name: str, kind: str, dtype: str, scope: str, mode: str = "",
                 layout: str = ""
                 ) -> tuple[Table | None, float, tuple[tuple[str, float, str], ...]]:
@@ -224,6 +239,16 @@ class KernelSets:
 # --------------------------------------------------------------------------------------------
 # Parsing
 # --------------------------------------------------------------------------------------------
+
+
+def _where(src: Source) -> str:
+    """A source as one token a result can carry: ``repository@commit``, ``repository#pr`` or
+    the url (what a reader needs to fetch the exact table)."""
+    if src.repository and src.commit:
+        return f"{src.repository}@{src.commit}"
+    if src.repository and src.pr is not None:
+        return f"{src.repository}#{src.pr}"
+    return src.url or src.repository or src.id
 
 
 def _member(value: Any, names: Any) -> bool:

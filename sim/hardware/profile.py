@@ -112,10 +112,15 @@ Optional:
 
 Shipped profiles are built from public component measurements (``docs/hardware.md``); ``epsim
 calibrate`` writes profiles of the same schema. ``load_profile`` takes a shipped name or a path.
+
+Provenance (docs/provenance.md): a loaded profile knows the SHA-256 of its file's bytes
+(``profile_hash``: what ``sha256sum`` prints for the file), and ``provenance()`` is what a result
+carries of it: name, hash, kernel set and each of the set's tables' source commits.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -199,6 +204,8 @@ class HardwareProfile:
     kernels: KernelSets | None = None
     kernel_set: str = NONE
     a2a_mode: str = AUTO
+    #: SHA-256 hex digest of the file the profile was read from ("": built from a dict)
+    content_hash: str = ""
 
     @property
     def kernel_sets(self) -> tuple[str, ...]:
@@ -241,6 +248,23 @@ class HardwareProfile:
                 + "|" + self.a2a_mode)
 
     @property
+    def profile_hash(self) -> str:
+        """The SHA-256 hex digest of the profile file's bytes; a profile built from a dict (not
+        read from a file) digests its canonical JSON (keys sorted, no spaces) instead."""
+        if self.content_hash:
+            return self.content_hash
+        canonical = json.dumps(self.raw, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def provenance(self) -> dict[str, Any]:
+        """What a result carries of the profile that made it. Example: ``{"hardware_profile":
+        "mi300x", "profile_hash": "9f2c...", "kernel_set": "aiter", "table_sources":
+        {"aiter-gemm-mi300x": "ROCm/aiter@e4048607..."}}`` (``{}``: the roofline alone)."""
+        cited = self.kernels.cited(self.kernel_set) if self.kernels is not None else {}
+        return {"hardware_profile": self.name, "profile_hash": self.profile_hash,
+                "kernel_set": self.kernel_set, "table_sources": cited}
+
+    @property
     def roof(self) -> Roof:
         """The peaks the table guard judges kernel-table points against (``table_guard``)."""
         return Roof(self.peak_flops, self.hbm_bandwidth, self.fabric.gpu_bandwidth,
@@ -268,9 +292,22 @@ def shipped_profiles() -> list[str]:
     return shipped_names("epsim.sim.hardware", "profiles")
 
 
+def shipped_profile_hashes() -> dict[str, str]:
+    """Every shipped profile's ``profile_hash`` by name (``epsim --version`` prints them)."""
+    return {name: hashlib.sha256(_shipped_bytes(name)).hexdigest()
+            for name in shipped_profiles()}
 
-def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
-    """Validate a parsed profile object and build a :class:`HardwareProfile`."""
+
+def _shipped_bytes(name: str) -> bytes:
+    text = shipped_text("epsim.sim.hardware", "profiles", name)
+    return b"" if text is None else text.encode("utf-8")
+
+
+
+def profile_from_dict(obj: Any, where: str = "profile", content_hash: str = ""
+                      ) -> HardwareProfile:
+    """Validate a parsed profile object and build a :class:`HardwareProfile` (``content_hash``:
+    the digest of the file it was read from, if any)."""
     if not isinstance(obj, Mapping):
         raise EpsimError(f"{where}: a hardware profile must be a JSON object")
     for key in ("name", "peak_flops", "fabric", "sources"):
@@ -322,6 +359,7 @@ def profile_from_dict(obj: Any, where: str = "profile") -> HardwareProfile:
         raw=dict(obj),
         efficiency=parse_efficiency(obj["efficiency"], sources, where) if "efficiency" in obj else None,
         kernels=kernels, kernel_set=kernels.default if kernels is not None else NONE,
+        content_hash=content_hash,
     )
 
 
@@ -335,7 +373,7 @@ def load_profile(name_or_path: str | Path, kernels: str | None = None,
     if path.suffix == ".json" or is_file(path):
         if not path.is_file():
             raise EpsimError(f"hardware profile file not found: {path}")
-        where, text = str(path), path.read_text(encoding="utf-8", errors="replace")
+        where, data = str(path), path.read_bytes()
     else:
         shipped = shipped_text("epsim.sim.hardware", "profiles", text_name)
         if shipped is None:
@@ -343,5 +381,11 @@ def load_profile(name_or_path: str | Path, kernels: str | None = None,
                 f"unknown hardware {text_name!r}: not a shipped profile "
                 f"({', '.join(shipped_profiles())}) nor a path to a profile JSON"
             )
-        where, text = text_name, shipped
-    return profile_from_dict(parse_json(text, where, "profile JSON"), where).with_kernels(kernels).with_a2a_mode(a2a_mode)
+        where, data = text_name, shipped.encode("utf-8")
+    return profile_from_bytes(data, where).with_kernels(kernels).with_a2a_mode(a2a_mode)
+
+
+def profile_from_bytes(data: bytes, where: str = "profile") -> HardwareProfile:
+    """A profile from the bytes of its file (``profile_hash``: their SHA-256)."""
+    obj = parse_json(data.decode("utf-8", errors="replace"), where, "profile JSON")
+    return profile_from_dict(obj, where, hashlib.sha256(data).hexdigest())

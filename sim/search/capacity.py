@@ -20,9 +20,8 @@ from typing import Any
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, check_scenario, scenario_layout
 
-from .samplers import DEFAULT_TRIALS, choose
 from .slo import SLO
-from .tune import SearchOptions, SearchSpace, TuneResult, split_errors, tune
+from .tune import SearchOptions, SearchSpace, TuneResult, planned_points, split_errors, tune
 
 
 @dataclass(frozen=True)
@@ -209,9 +208,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
     cache = cache or StepCache()
     prices = gpu_hour_usd or {}
     opts = options or SearchOptions()
-    grid = choose(opts.strategy, space.size()) == "grid"
-    per_unit = space.size() if grid else (opts.trials or min(DEFAULT_TRIALS, space.size()))
-    bar = _Progress(per_unit, len(hardware) * len(unit_layouts), progress)
+    bar = _Progress(planned_points(space, opts), len(hardware) * len(unit_layouts), progress)
     plans: list[CapacityPlan] = []
     for hw in hardware:
         unit = _best_unit(base, slo, space, hw, unit_layouts, unit_nodes, num_prompts, cache,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import multiprocessing.util
 import os
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
+
+from .lifeline import stop_workers, watch_parent
+from .reach import probe
 
 #: the result keys that measure the run rather than the deployment (they may differ between a
 #: serial and a parallel run of the same point)
@@ -176,8 +180,17 @@ class PoolExecutor(Executor):
                                               else "spawn")
             if ctx.get_start_method() == "forkserver":
                 ctx.set_forkserver_preload(["epsim.sim.scenario"])  # each fork starts warm
-            self._pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            # workers end with this process, even killed (epsim.sim.search.lifeline)
+            self._pool = cf.ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=ctx, initializer=watch_parent,
+                initargs=(multiprocessing.util.get_temp_dir(),))
         return self._pool
+
+    def __exit__(self, exc_type: object, *_exc: object) -> None:
+        if exc_type is not None and self._pool is not None:  # a signal or error mid-search:
+            stop_workers(self._pool)  # no point waiting for points nobody will read
+            self._pool = None
+        self.close()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -224,6 +237,8 @@ class RayExecutor(Executor):
             raise EpsimError("--ray needs Ray (pip install 'epsim[ray]')") from None
         if not ray.is_initialized():
             address = None if self.address in (None, "local") else self.address
+            if address is not None:
+                probe(address)  # nothing there: one line now, not minutes of Ray's retries
             try:
                 ray.init(address=address, log_to_driver=False, include_dashboard=False,
                          logging_level="ERROR")

@@ -5,6 +5,8 @@
              a categorical choice per searched dimension, maximising the objective with the SLO
              as a constraint (each term's relative violation, <= 0 when met); seeded by the
              workload's seed; a point asked twice is simulated once
+    bisect   each deployment's highest concurrency or request rate meeting the SLO, by
+             bisection as ``vllm bench sweep serve_sla`` (``epsim.sim.search.bisect``)
     auto     grid when the space has at most ``GRID_MAX_POINTS`` points, else optuna
 
 Determinism: optuna asks ``OPTUNA_BATCH`` points at a time (a constant, not the worker count),
@@ -21,6 +23,7 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 
+from .bisect import bisect_search
 from .slo import SLO
 
 #: the largest space ``auto`` searches exhaustively (about a minute of tune on 16 cores at the
@@ -30,7 +33,7 @@ GRID_MAX_POINTS = 256
 DEFAULT_TRIALS = 128
 #: points optuna asks for at once (independent of the workers, so results do not depend on them)
 OPTUNA_BATCH = 8
-STRATEGIES = ("auto", "grid", "optuna")
+STRATEGIES = ("auto", "grid", "optuna", "bisect")
 
 #: one point's outcome: ``("ok", result)`` or ``("skip", reason)``
 Outcome = tuple[str, Any]
@@ -71,8 +74,8 @@ def _point_key(point: Mapping[str, Any]) -> tuple[Any, ...]:
 def optuna_search(points: Sequence[dict[str, Any]], evaluate: Evaluate,
                   progress: Callable[[int, int], None] | None, *, dimensions:
                   Sequence[tuple[str, tuple[Any, ...]]], objective: str, slo: SLO,
-                  trials: int, seed: int, point_at: Callable[[Mapping[str, Any]], dict[str, Any]]
-                  ) -> list[tuple[dict[str, Any], Outcome]]:
+                  trials: int, seed: int, point_at: Callable[[Mapping[str, Any]], dict[str, Any]],
+                  **_: Any) -> list[tuple[dict[str, Any], Outcome]]:
     """``trials`` asks of optuna's TPE sampler; each distinct point once, in first-ask order."""
     optuna = _import_optuna()
     study = optuna.create_study(direction="maximize", sampler=_sampler(optuna, seed, trials))
@@ -138,4 +141,4 @@ def _import_optuna() -> Any:
 
 #: every strategy that picks points, by name (``auto`` resolves to one of them: :func:`choose`)
 SEARCHES: dict[str, Callable[..., list[tuple[dict[str, Any], Outcome]]]] = {
-    "grid": grid, "optuna": optuna_search}
+    "grid": grid, "optuna": optuna_search, "bisect": bisect_search}

@@ -5,7 +5,10 @@
     search     which points run (``epsim.sim.search.samplers``: every one, or optuna's sampler) and
                where (``epsim.sim.search.executors``: serial, a process pool, Ray); the result is the
                same wherever they run
-    objective  the throughput key maximised (``OBJECTIVES``)
+    objective  the key maximised (``OBJECTIVES``): a throughput, or ``request_goodput``, vLLM's
+               goodput (requests/s meeting every ``--goodput`` per-request SLO)
+    bisection  ``--search bisect``: each deployment's highest load meeting the SLO
+               (``epsim.sim.search.bisect``), the deployments' knobs searched around it
     frontier   the points no other point beats on both the objective and the SLO's latency
 """
 
@@ -19,14 +22,19 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, check_scenario, run_scenario
+from epsim.sim.serving.metrics import NoSteadyWindow
 
+from .bisect import boundaries, probe_budget
 from .executors import Executor, split_diagnostics
 from .frontier import pareto_mask
 from .samplers import DEFAULT_TRIALS, SEARCHES, Outcome, choose
 from .slo import SLO, is_latency_key, with_slo_metrics
 
 #: the throughput keys ``tune`` may maximise
-OBJECTIVES = ("output_throughput", "decode_throughput", "total_token_throughput")
+OBJECTIVES = ("output_throughput", "decode_throughput", "total_token_throughput",
+              "request_goodput")
+#: what ``--objective`` may also be called (vLLM's word)
+OBJECTIVE_ALIASES = {"goodput": "request_goodput"}
 #: the frontier's latency axis when the SLO's first term is not a latency
 DEFAULT_LATENCY = "median_itl_ms"
 
@@ -40,12 +48,14 @@ class SearchSpace:
     splits: ``(dp, tp)`` pairs over the deployment's GPUs. Example: ``((8, 1), (4, 2))``;
         ``None`` entries mean the scenario's own.
     kv_dtype: Example: ``("fp8", "bf16")``.
+    request_rate: open-loop rates, requests/s (``(None,)``: the scenario's own). Example:
+        ``(0.5, 64.0)``, the range ``--search bisect --sla-variable request_rate`` bisects.
     hardware / nodes / mtp / max_num_seqs / chunked_prefill_size: further dimensions
         (``(None,)``: not searched, the scenario's own; a point names only searched ones).
         Example: ``max_num_seqs=(128, 256)``, the running-request cap per rank.
     """
 
-    concurrency: tuple[int, ...]
+    concurrency: tuple[int | None, ...]
     dbo: tuple[bool, ...] = (True,)
     graph: tuple[bool, ...] = (True,)
     splits: tuple[tuple[int, int] | None, ...] = (None,)
@@ -55,6 +65,7 @@ class SearchSpace:
     mtp: tuple[int | None, ...] = (None,)
     max_num_seqs: tuple[int | None, ...] = (None,)
     chunked_prefill_size: tuple[int | None, ...] = (None,)
+    request_rate: tuple[float | None, ...] = (None,)
 
     def dimensions(self) -> list[tuple[str, tuple[Any, ...]]]:
         """(point key, values) per dimension, outermost first; unsearched optional ones left
@@ -63,6 +74,8 @@ class SearchSpace:
         dims += [("split", self.splits), ("kv_dtype", self.kv_dtype), ("graph", self.graph),
                  ("dbo", self.dbo)]
         dims += [(k, getattr(self, k)) for k in OPTIONAL_DIMENSIONS[2:]]
+        if self.request_rate != (None,):
+            dims.append(("request_rate", self.request_rate))
         dims.append(("concurrency", self.concurrency))
         return [(k, v) for k, v in dims if k not in OPTIONAL_DIMENSIONS or v != (None,)]
 
@@ -85,7 +98,8 @@ OPTIONAL_DIMENSIONS = ("hardware", "nodes", "mtp", "max_num_seqs", "chunked_pref
 
 def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None) -> Scenario:
     """The scenario at one search point (num_prompts ``None``: as many as the concurrency, or
-    under ``measure="steady"`` as many as its window needs, ``sim/serving/window.py``)."""
+    under ``measure="steady"`` as many as its window needs, ``sim/serving/window.py``; an open
+    loop without a cap keeps the scenario's own)."""
     split = point.get("split")
     changes: dict[str, Any] = {"dbo": point["dbo"], "graph": point["graph"],
                                "kv_dtype": point["kv_dtype"]}
@@ -95,8 +109,12 @@ def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None)
         changes.update(dp=dp, tp=tp, ep=None)
     c = point["concurrency"]
     w = sc.workload  # a trace's rows; steady: None, sized by run_scenario for the plan's ranks
-    own = w.num_prompts if w.kind.replays else None if w.measure == "steady" else c
-    changes["workload"] = replace(sc.workload, max_concurrency=c, num_prompts=num_prompts or own)
+    own = (w.num_prompts if w.kind.replays or c is None and w.measure != "steady"
+           else None if w.measure == "steady" else c)
+    rate = point.get("request_rate")
+    changes["workload"] = replace(
+        sc.workload, max_concurrency=c, num_prompts=num_prompts or own,
+        request_rate=w.request_rate if rate is None else float(rate))
     return sc.with_(**changes)
 
 
@@ -116,7 +134,9 @@ class TuneResult:
     frontier: the objective/latency Pareto frontier over every point; points: every point
     simulated; objective / latency: the frontier's axes; skipped: the points that could not
     run, each ``{"point": {...}, "reason": "..."}`` (e.g. the weights do not fit at that split);
-    strategy: the search that picked the points (``"grid"`` or ``"optuna"``).
+    strategy: the search that picked the points (``"grid"``, ``"optuna"`` or ``"bisect"``).
+    boundaries: under ``bisect``, per deployment its highest load meeting the SLO
+        (``epsim.sim.search.bisect.boundaries``); empty otherwise.
     """
 
     best: dict[str, Any] | None
@@ -126,6 +146,7 @@ class TuneResult:
     latency: str
     skipped: list[dict[str, Any]] = field(default_factory=list)
     strategy: str = "grid"
+    boundaries: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _point_row(point: Mapping[str, Any], result: Mapping[str, Any], slo: SLO) -> dict[str, Any]:
@@ -163,32 +184,49 @@ def split_errors(base: Scenario, space: SearchSpace) -> dict[tuple[int, int], st
 
 def evaluate_point(job: tuple[Scenario, dict[str, Any], int | None], cache: StepCache
                    ) -> Outcome:
-    """One point of a search (an executor's task): ``("ok", result)``, or ``("skip", why)``
-    when it cannot run for its memory or shape (weights or one request's KV do not fit)."""
+    """One point of a search (an executor's task): ``("ok", result)``; ``("overload", why)``
+    when its steady window is empty (the load outruns the engine: over any SLO); ``("skip",
+    why)`` when it cannot run for its memory or shape (weights or one request's KV do not fit)."""
     base, point, num_prompts = job
     try:
         return "ok", run_scenario(apply_point(base, point, num_prompts), cache)
+    except NoSteadyWindow as exc:
+        return "overload", str(exc)
     except EpsimError as exc:
         return "skip", str(exc)
 
 
 def _plan_key(job: tuple[Scenario, dict[str, Any], int | None]) -> tuple[Any, ...]:
-    """Points that share step models: the same point but for its concurrency."""
-    return tuple(sorted((k, v) for k, v in job[1].items() if k != "concurrency"))
+    """Points that share step models: the same point but for its load (concurrency, rate)."""
+    return tuple(sorted((k, v) for k, v in job[1].items()
+                        if k not in ("concurrency", "request_rate")))
 
 
 @dataclass(frozen=True)
 class SearchOptions:
-    """How a search runs (none of it changes the result).
+    """How a search picks its points (``executor``, where they run, never changes the result).
 
-    strategy: ``"auto"``, ``"grid"`` or ``"optuna"`` (``epsim.sim.search.samplers``). trials: optuna's
-    asks (``None``: ``DEFAULT_TRIALS``, at most the space's size). executor: where points run
-    (``None``: serially in this process, with the caller's cache).
+    strategy: ``"auto"``, ``"grid"``, ``"optuna"`` or ``"bisect"`` (``epsim.sim.search.samplers``).
+    trials: optuna's asks (``None``: ``DEFAULT_TRIALS``, at most the space's size). variable:
+    what ``bisect`` searches, ``"max_concurrency"`` or ``"request_rate"`` (vLLM's
+    ``--sla-variable``). executor: where points run (``None``: serially in this process, with
+    the caller's cache).
     """
 
     strategy: str = "auto"
     trials: int | None = None
     executor: Executor | None = None
+    variable: str = "max_concurrency"
+
+
+def planned_points(space: SearchSpace, options: SearchOptions) -> int:
+    """How many points the search of ``space`` runs at most (its progress bar's total)."""
+    strategy = choose(options.strategy, space.size())
+    if strategy == "grid":
+        return space.size()
+    if strategy == "bisect":
+        return probe_budget(space.dimensions(), options.variable)
+    return options.trials or min(DEFAULT_TRIALS, space.size())
 
 
 def _search(base: Scenario, slo: SLO, space: SearchSpace, objective: str,
@@ -207,7 +245,7 @@ def _search(base: Scenario, slo: SLO, space: SearchSpace, objective: str,
     found = SEARCHES[strategy](space.points() if strategy == "grid" else [], evaluate,
                                progress, dimensions=space.dimensions(), objective=objective,
                                slo=slo, trials=trials, seed=base.workload.seed,
-                               point_at=space.point_at)
+                               point_at=space.point_at, variable=options.variable)
     return strategy, found
 
 
@@ -224,6 +262,10 @@ def tune(base: Scenario, slo: SLO, space: SearchSpace, *, objective: str = OBJEC
     if no point at all can run, the first such error is raised.
     """
     check_scenario(base)  # a point skipped for its lengths would hide why every point is
+    objective = OBJECTIVE_ALIASES.get(objective, objective)
+    if objective == "request_goodput" and not base.goodput:
+        raise EpsimError("--objective goodput counts the requests meeting every per-request SLO "
+                         "of --goodput (vLLM's goodput): give e.g. --goodput ttft:5000 tpot:100")
     if check_splits:
         for (dp, tp), why in split_errors(base, space).items():
             raise EpsimError(f"--splits {dp}x{tp}: {why}")
@@ -244,5 +286,6 @@ def tune(base: Scenario, slo: SLO, space: SearchSpace, *, objective: str = OBJEC
     latency = first_key if is_latency_key(first_key) else DEFAULT_LATENCY
     feasible = [r for r in rows if r["meets_slo"]]
     best = max(feasible, key=lambda r: r[objective]) if feasible else None
+    bounds = boundaries(found, options.variable, slo) if strategy == "bisect" else []
     return TuneResult(best, pareto_frontier(rows, objective, latency), rows, objective, latency,
-                      skipped, strategy)
+                      skipped, strategy, bounds)

@@ -48,6 +48,12 @@ from epsim.model.errors import EpsimError
 from .simulate import ServingRun
 from .tally import Weighted
 
+
+class NoSteadyWindow(EpsimError):
+    """``--measure steady`` found no window between the warm-up and the cool-down: every request
+    was sent before the warm-up's completions (an open loop faster than the engine drains, or
+    too few ``--num-prompts``). A search counts such a point as over its SLO."""
+
 METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILES = (10.0, 25.0, 50.0, 75.0, 90.0, 99.0)
 DEFAULT_PERCENTILE_METRICS = METRICS

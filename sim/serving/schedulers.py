@@ -307,7 +307,10 @@ class DecodeFirst(_VllmKV):
         side.running.flush()
         chunks: dict[int, Chunk] = {}
         decode: list[np.ndarray] = []
+        count = side.running.count(self.st)
         for r in range(side.ranks):
+            if not count[r] and not side.has_prompts(r):
+                continue  # an idle rank: nothing to grow, nothing to admit
             before = self.counters.preemptions
             ids = self.grow_or_preempt(r)
             decode.append(ids)

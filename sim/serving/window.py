@@ -19,7 +19,10 @@ events rather than by seconds, so the same rule holds at any scale:
 The step figures (``decode_throughput``, ``mean_decode_step_ms``, KV use, ...) and a run's
 per-instance entries stay whole-run figures. ``steady_num_prompts`` sizes a run whose
 ``num_prompts`` is not given so the window holds ``STEADY_COMPLETIONS_PER_RANK`` completions per
-decode rank (doubling it while the window holds fewer, ``MAX_DOUBLINGS`` times at most).
+decode rank that can be busy (all of them, or as many as the concurrency cap when it is lower:
+at concurrency 1 one request runs at a time on one rank, and its repeats on idle ranks would
+only lengthen the run), doubling it while the window holds fewer, ``MAX_DOUBLINGS`` times at
+most.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 from epsim.model.errors import EpsimError
 from epsim.sim.workload.spec import Requests, WorkloadSpec
 
-from .metrics import compute_metrics, good_requests
+from .metrics import NoSteadyWindow, compute_metrics, good_requests
 from .simulate import ServingRun
 from .tally import Gaps
 
@@ -61,10 +64,17 @@ def warmup_requests(n: int, concurrency: int | None) -> int:
     return min(n, concurrency) if concurrency else max(1, math.ceil(WARMUP_SHARE * n))
 
 
+def target_completions(concurrency: int | None, ranks: int) -> int:
+    """The completions a steady window is sized to hold: ``STEADY_COMPLETIONS_PER_RANK`` per
+    rank that can be busy (``min(ranks, concurrency)``). Example: ``(1, 8)`` -> 16."""
+    busy = min(max(1, ranks), concurrency) if concurrency else max(1, ranks)
+    return STEADY_COMPLETIONS_PER_RANK * busy
+
+
 def steady_num_prompts(concurrency: int | None, ranks: int) -> int:
-    """Requests enough for the window to hold ``STEADY_COMPLETIONS_PER_RANK`` per rank: a
-    closed loop loses about one concurrency's worth to each of warm-up and cool-down."""
-    want = STEADY_COMPLETIONS_PER_RANK * max(1, ranks)
+    """Requests enough for the window to hold ``target_completions``: a closed loop loses about
+    one concurrency's worth to each of warm-up and cool-down."""
+    want = target_completions(concurrency, ranks)
     if concurrency:
         return 2 * concurrency + want
     return math.ceil(want / (1 - 2 * WARMUP_SHARE))
@@ -99,9 +109,10 @@ def steady_window(send_s: np.ndarray, done_s: np.ndarray, concurrency: int | Non
     measured = (done_s > start) & (done_s <= end)
     measured[first_sent] = False
     if end <= start or not measured.any():
-        raise EpsimError(f"--measure steady: {n} requests leave no steady window after the "
-                         f"warm-up of {k}; give more --num-prompts (or omit it) or --measure "
-                         "burst")
+        raise NoSteadyWindow(
+            f"--measure steady: {n} requests leave no steady window after the warm-up of {k} "
+            "(every request sent before the warm-up completed: the load outruns the engine, "
+            "or too few --num-prompts); lower the load, omit --num-prompts, or --measure burst")
     return SteadyWindow(start, end, k, measured)
 
 
@@ -153,7 +164,7 @@ def measured_run(w: WorkloadSpec, ranks: int, requests: Requests | None,
         return run, compute_metrics(run, *measured)
     sized = requests is None and w.num_prompts is None
     n = steady_num_prompts(w.max_concurrency, ranks)
-    want = STEADY_COMPLETIONS_PER_RANK * max(1, ranks)
+    want = target_completions(w.max_concurrency, ranks)
     doubling = 0
     while True:
         if requests is None:

@@ -146,15 +146,27 @@ def _grouped_gemm_features(op: Op, top_k: int | None) -> dict[str, float] | None
             "hidden": d["hidden"], "inter": d["inter"]}
 
 
-def _attention_decode_features(op: Op, top_k: int | None) -> dict[str, float]:
+def _dense_attention(op: Op) -> bool:
+    """Whether a dense attention kernel's table describes ``op``: not DSA's sparse attention
+    over top-k gathered keys, nor a chunked prefill (a chunk's causal mask is not the
+    whole-prompt one tables measure); those fall back to the roofline."""
     d = op.dims
+    return not d.get("topk") and not (op.kind == "attention_prefill" and d.get("chunk"))
+
+
+def _attention_decode_features(op: Op, top_k: int | None) -> dict[str, float] | None:
+    d = op.dims
+    if not _dense_attention(op):
+        return None
     return {"batch": d["seqs"], "context": d["context"], "heads": d["heads"],
             "query_tokens": d.get("query_tokens", 1), "qk_dim": d["qk_dim"],
             "v_dim": d["v_dim"]}
 
 
-def _attention_prefill_features(op: Op, top_k: int | None) -> dict[str, float]:
+def _attention_prefill_features(op: Op, top_k: int | None) -> dict[str, float] | None:
     d = op.dims
+    if not _dense_attention(op):
+        return None
     new = d["new_tokens"]
     return {"batch": d["seqs"], "tokens": new, "context": max(d["context"], new),
             "heads": d["heads"], "qk_dim": d["qk_dim"], "v_dim": d["v_dim"]}
@@ -355,6 +367,7 @@ KIND_COSTING: dict[str, KindCosting] = {
     "embedding": _STREAMING,
     "lm_head": _COMPUTE,
     "sample": _STREAMING,
+    "indexer": _COMPUTE,
 }
 
 

@@ -117,7 +117,8 @@ def attention_math_dtype(op: Op) -> str:
 
 def attention_decode_time(op: Op, profile: HardwareProfile) -> float:
     d = op.dims
-    occ = attention_occupancy(profile, int(d["seqs"]), int(d["context"]))
+    # DSA's sparse decode splits the keys it gathers (``keys``), not the whole context
+    occ = attention_occupancy(profile, int(d["seqs"]), int(d.get("keys", d["context"])))
     kernel_rate = _eff(profile).attention_decode_flops.get(str(d.get("kv_dtype")))
     if kernel_rate is None:
         return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind) / occ
@@ -127,6 +128,14 @@ def attention_decode_time(op: Op, profile: HardwareProfile) -> float:
 
 def attention_prefill_time(op: Op, profile: HardwareProfile) -> float:
     return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind)
+
+
+def indexer_time(op: Op, profile: HardwareProfile) -> float:
+    """DSA's lightning indexer: no kernel table measures it, so a roofline on the FP8 matrix
+    rate (DeepGEMM's ``fp8_mqa_logits`` scores in FP8) and HBM, its FLOPs and bytes the graph's
+    (``epsim.model.attention_keys.indexer_cost``)."""
+    dtype = op.dtype if op.dtype in profile.peak_flops else "bf16"
+    return roofline(profile, op.flops, op.bytes, dtype, op.kind)
 
 
 def streaming_time(op: Op, profile: HardwareProfile) -> float:
@@ -211,6 +220,7 @@ COST_MODELS: dict[str, Callable[[Op, HardwareProfile], float]] = {
     "combine": _collective_nominal,
     "all_reduce": _collective_nominal,
     "all_gather": _collective_nominal,
+    "indexer": indexer_time,
 }
 
 
