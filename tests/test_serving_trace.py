@@ -46,7 +46,7 @@ def test_colocated_trace_by_hand(tmp_path):
         assert sum(s["args"].get("prompt_tokens", 0) for s in mine) == step.prefill_tokens
         assert sum(s["args"].get("seqs", 0) for s in mine) == step.decode_tokens
     # the three counter series, sampled at every step and once at the end
-    series = {(c["name"], k) for c in counters for k in c["args"]}
+    series = {(c["name"], k) for c in counters if c["process"] == "requests" for k in c["args"]}
     assert series == {("requests", "running"), ("requests", "queued"), ("KV cache", "use")}
     reqc = [c["args"] for c in counters if c["name"] == "requests"]
     assert len(reqc) == len(run.steps) + 1
@@ -54,6 +54,22 @@ def test_colocated_trace_by_hand(tmp_path):
     assert max(c["running"] for c in reqc) == 2 and reqc[-1] == {"running": 0, "queued": 0}
     kv = [c["args"]["use"] for c in counters if c["name"] == "KV cache"]
     assert kv[0] == 1  # both ranks' caches hold a whole request
+    # per rank, on the ranks' process: one running and one queued on each at the first step
+    per_rank = {}
+    for c in counters:
+        if c["process"] == "ranks":
+            per_rank.setdefault(c["name"], []).append(c["args"])
+    assert set(per_rank) == {"rank 0 requests", "rank 1 requests", "rank 0 KV cache",
+                             "rank 1 KV cache"}
+    for r in (0, 1):
+        reqs_r, kv_r = per_rank[f"rank {r} requests"], per_rank[f"rank {r} KV cache"]
+        assert reqs_r[0] == {"running": 1, "queued": 1} and kv_r[0] == {"use": 1}
+        assert reqs_r[-1] == {"running": 0, "queued": 0} and kv_r[-1] == {"use": 0}
+        assert len(reqs_r) == len(kv_r) == len(run.steps) + 1
+    # the ranks' counts add up to the global ones at every step
+    for n in range(len(run.steps)):
+        assert sum(per_rank[f"rank {r} requests"][n]["running"] for r in (0, 1)) == \
+            reqc[n]["running"]
     # one slice per request, send to last token
     req = sorted((s for s in slices if s["process"] == "requests"),
                  key=lambda s: s["args"]["request"])
