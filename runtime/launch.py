@@ -22,6 +22,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,8 @@ from .summary import step_record, summarise
 #: a test knows the rank is mid-run
 FAULT_ENV = "EPSIM_RUNTIME_FAULT"
 #: messages of ranks that failed only because a peer went away
+#: loopback interface names, in the order tried: Linux's, then macOS's and the BSDs'
+LOOPBACK_NAMES = ("lo", "lo0")
 _SECONDARY = re.compile(r"connection|closed|reset|broken pipe|timed out|timeout|peer|"
                         r"socket|gloo|nccl|abort", re.IGNORECASE)
 
@@ -60,14 +63,34 @@ class RunTerminated(EpsimError):
         self.exit_status = 128 + signum
 
 
+def loopback_interface() -> str | None:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS and the BSDs), or None
+    where neither exists."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:  # no interface listing on this system
+        return None
+    return next((name for name in LOOPBACK_NAMES if name in names), None)
+
+
 def local_rank_environment() -> dict[str, str]:
     """The environment of a locally spawned rank process: one compute thread (ranks share the
-    cores) and no torchrun variables leaking in from a parent launch. A rank imports the
-    installed ``epsim`` (editable or not), like its parent; it runs in the launch's temporary
-    folder, so no source tree in the user's working directory shadows the installed package."""
+    cores), its sockets on the loopback interface, and no torchrun variables leaking in from a
+    parent launch. A rank imports the installed ``epsim`` (editable or not), like its parent; it
+    runs in the launch's temporary folder, so no source tree in the user's working directory
+    shadows the installed package.
+
+    gloo (and NCCL's bootstrap) otherwise bind to the address the hostname resolves to, which on
+    a machine whose hostname maps to its network address would expose a purely local run to the
+    network; the ranks rendezvous through a file store, so no other socket is opened. A user's
+    own ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` (set for multi-node runs) is overridden
+    here: a local run stays local."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
+    lo = loopback_interface()
+    if lo is not None:
+        env.update(GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
     return env
 
 
