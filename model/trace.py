@@ -166,8 +166,9 @@ def _named_tracks(slices: list[TrackSlice], counters: list[CounterSample], first
     lane = _track_lanes([(x.process, x.track_id) for x in slices],
                         [_rounded(x.start_us, x.end_us) for x in slices])
     # a track's extra lanes take ids past every track id of its process
-    stride = {pid: 1 + max(x.track_id for x in slices if pids[x.process] == pid)
-              for pid in {pids[x.process] for x in slices}}
+    stride: dict[int, int] = {}
+    for x in slices:
+        stride[pids[x.process]] = max(stride.get(pids[x.process], 0), x.track_id + 1)
     tids = [x.track_id + k * stride[pids[x.process]] for x, k in zip(slices, lane, strict=True)]
     for x, k, tid in zip(slices, lane, tids, strict=True):
         threads.setdefault((pids[x.process], tid), _lane_name(x.track, k))
