@@ -460,9 +460,10 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     if requests is not None:
         check_requests_context(requests, model)
 
-    def simulate(req: Requests, steady: bool) -> ServingRun:  # steady: per-request gaps kept
-        return simulate_serving(req, config, *step_models, details=details or steady,
-                                max_concurrency=sc.workload.max_concurrency, progress=progress)
+    def simulate(req: Requests, steady: bool) -> ServingRun:  # steady: steps and gaps kept,
+        return simulate_serving(req, config, *step_models, details=details or steady,  # not the
+                                max_concurrency=sc.workload.max_concurrency,  # per-rank counts
+                                progress=progress, rank_counts=details)
 
     # sampling refuses requests beyond the context; steady: sized for its window
     run, metrics = measured_run(sc.workload, plan.dp * lay.decode_instances, requests,

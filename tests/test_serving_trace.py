@@ -108,3 +108,16 @@ def test_request_lanes_reuse_the_lowest_free_lane():
     end = np.array([1.0, 3.0, 2.0, 2.5, 3.0])
     # 0 ends as 2 starts (lane 0 again); 3 needs a new lane; 4 takes lane 0 after 2 ended
     assert request_lanes(start, end).tolist() == [0, 1, 0, 2, 0]
+
+
+def test_per_rank_counts_are_kept_only_when_asked():
+    cfg = ServingConfig(dp=2, kv_capacity_tokens=10**4)
+    kept = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), max_concurrency=4)
+    assert kept.steps[0].rank_running.tolist() == [2, 2]  # round robin: two on each rank
+    assert kept.steps[0].rank_queued.tolist() == [0, 0]
+    assert kept.steps[0].rank_kv_usage.tolist() == [0.021, 0.021]  # 2 x 105 of 10,000
+    # a search keeps its steps for a steady window, without the O(requests) counts a step
+    lean = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), max_concurrency=4,
+                            rank_counts=False)
+    assert len(lean.steps) == len(kept.steps)
+    assert all(s.rank_running is None and s.rank_kv_usage is None for s in lean.steps)

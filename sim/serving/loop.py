@@ -53,8 +53,9 @@ class StepRecord:
         admission, all engines, at the step's start after admission.
     instance: the instance of its engine's role that stepped (0 with one instance).
     rank_kv_usage / rank_running / rank_queued: ``[ranks]`` of the engine at the step's start
-        after admission, kept only with the steps (a serving trace's per-rank counters): each
-        rank's held KV share, the requests holding KV on it, and those waiting in its queue.
+        after admission, kept only when asked (``simulate_serving(rank_counts=True)``: a serving
+        trace's per-rank counters): each rank's held KV share, the requests holding KV on it,
+        and those waiting in its queue.
     """
 
     engine: str
@@ -100,7 +101,7 @@ def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int
 
 def _add_rank_counts(record: StepRecord, side: Side) -> None:
     """Fill ``record``'s per-rank counters from ``side`` as it is now (O(requests): only when
-    the steps are kept)."""
+    asked, ``Server.rank_counts``)."""
     kv, ranks = side.kv, side.queues.ranks
     record.rank_kv_usage = kv.used / kv.capacity
     record.rank_running = np.bincount(kv.rank[kv.held > 0], minlength=ranks)[:ranks]
@@ -143,10 +144,12 @@ class Server:
     """The loop's shared part: starts, costs and ends every side's steps the same way."""
 
     def __init__(self, st: RequestState, loop: EventLoop, counters: Counters,
-                 spec: DraftAcceptance, keep_steps: bool = True) -> None:
+                 spec: DraftAcceptance, keep_steps: bool = True, rank_counts: bool = False
+                 ) -> None:
         self.st, self.loop, self.counters, self.spec = st, loop, counters, spec
         self.steps: list[StepRecord] = []
         self.keep_steps = keep_steps
+        self.rank_counts = keep_steps and rank_counts
         self.tally = StepTally()
         self.peak = 0
         self.client: Client | None = None
@@ -176,7 +179,8 @@ class Server:
         record, peak = self.record(side, plan, t, counts)
         self.tally.add(record, peak)
         if self.keep_steps:
-            _add_rank_counts(record, side)
+            if self.rank_counts:
+                _add_rank_counts(record, side)
             self.steps.append(record)
         self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
 
