@@ -228,7 +228,7 @@ def test_a_rank_without_heartbeat_ends_the_run_naming_it(tmp_path):
 def test_a_hung_rank_whose_heartbeat_beats_is_named_within_the_stall_timeout(tmp_path):
     # rank 1 sleeps at step 2 with its heartbeat beating; rank 0 then waits for it in a
     # collective (the collective timeout, 120 s, is far off)
-    proc = _epsim(tmp_path, *RUN, "--steps", "50", "--stall-timeout", "3", fault="1:2:hang")
+    proc = _epsim(tmp_path, *RUN, "--steps", "50", "--stall-timeout", "5", fault="1:2:hang")
     pids: dict[int, int] = {}
     try:
         pids, _ = _wait_for_ranks(proc, marker="fault.1")
@@ -236,7 +236,7 @@ def test_a_hung_rank_whose_heartbeat_beats_is_named_within_the_stall_timeout(tmp
         assert proc.returncode == 2
         assert stderr.splitlines() == [
             "epsim run: error: rank 1 stopped making progress (no rank finished any work for "
-            "3 s; rank 1 is not waiting in a collective; its heartbeat still beats: hung)"]
+            "5 s; rank 1 is not waiting in a collective; its heartbeat still beats: hung)"]
         assert _wait_gone(pids.values(), within=5) == []
     finally:
         _cleanup(proc, pids.values())
