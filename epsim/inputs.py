@@ -250,6 +250,7 @@ FLAGS: dict[str, Spec] = {
     "--steps": Integer(1, 10**5),
     "--repeats": Integer(1, 1000),
     "--timeout": Integer(1, 86400),
+    "--stall-timeout": Integer(1, 86400),
     # calibrate --from-trace: MoE layers the trace's scope holds; its CPU annotations
     "--layers": Integer(1, 4096),
     "--annotations": Parsed(parse_annotations, "annotation names (comma list) or all"),

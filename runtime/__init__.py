@@ -20,7 +20,7 @@ Depends on ``model`` only, never on ``sim``.
     runtime.launch     local rank spawning, torchrun, fault handling
     runtime.summary    per-step records and rank 0's summary of a run (and its --check)
     runtime.lifecycle  local ranks tied to the parent: process group, parent-death signal,
-                       heartbeats, SIGTERM handling, run folders (also calibrate.comm_bench's)
+                       heartbeats, progress, SIGTERM handling, run folders (also calibrate.comm_bench's)
 """
 
 from .launch import launch_local, run_rank, under_torchrun

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from . import lifecycle
+
 
 @dataclass
 class Pending:
@@ -38,9 +40,10 @@ class Pending:
     finish: Callable[[], Any]
 
     def wait(self) -> Any:
-        for work in self.works:
-            if work is not None:
-                work.wait()
+        with lifecycle.waiting_on_peers():
+            for work in self.works:
+                if work is not None:
+                    work.wait()
         return self.finish()
 
 
@@ -116,7 +119,8 @@ def dispatch_dynamic(x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor
     _, send_token = mask.t().nonzero(as_tuple=True)
     send_counts = mask.sum(0).to(torch.int64)
     recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)  # small and blocking
+    with lifecycle.waiting_on_peers():
+        dist.all_to_all_single(recv_counts, send_counts, group=group)  # small and blocking
     send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
     x_send = x.index_select(0, send_token).contiguous()
     meta_send = _meta(slots.index_select(0, send_token), weights.index_select(0, send_token))

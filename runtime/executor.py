@@ -35,7 +35,7 @@ from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 
-from . import comm, gqa, kernels
+from . import comm, gqa, kernels, lifecycle
 from . import weights as W
 from .backends import select_exchange, select_moe_backend
 from .kv_cache import KV_STORAGE, LatentCache
@@ -372,6 +372,7 @@ class RankRuntime:
                 mark = [op, "compute", now(), None, None]
                 marks.append(mark)
                 result = OP_IMPLS[op.kind](self, op, {v: values[(p, v)] for p, v in reads}, state)
+                lifecycle.progress()
                 if isinstance(result, comm.Pending):
                     mark[1] = "comm"
                     mark[4] = now()  # the issuing call returned: how long it held the host

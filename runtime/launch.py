@@ -22,6 +22,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,8 @@ from .summary import step_record, summarise
 #: a test knows the rank is mid-run
 FAULT_ENV = "EPSIM_RUNTIME_FAULT"
 #: messages of ranks that failed only because a peer went away
+#: loopback interface names, in the order tried: Linux's, then macOS's and the BSDs'
+LOOPBACK_NAMES = ("lo", "lo0")
 _SECONDARY = re.compile(r"connection|closed|reset|broken pipe|timed out|timeout|peer|"
                         r"socket|gloo|nccl|abort", re.IGNORECASE)
 
@@ -60,14 +63,34 @@ class RunTerminated(EpsimError):
         self.exit_status = 128 + signum
 
 
+def loopback_interface() -> str | None:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS and the BSDs), or None
+    where neither exists."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:  # no interface listing on this system
+        return None
+    return next((name for name in LOOPBACK_NAMES if name in names), None)
+
+
 def local_rank_environment() -> dict[str, str]:
     """The environment of a locally spawned rank process: one compute thread (ranks share the
-    cores) and no torchrun variables leaking in from a parent launch. A rank imports the
-    installed ``epsim`` (editable or not), like its parent; it runs in the launch's temporary
-    folder, so no source tree in the user's working directory shadows the installed package."""
+    cores), its sockets on the loopback interface, and no torchrun variables leaking in from a
+    parent launch. A rank imports the installed ``epsim`` (editable or not), like its parent; it
+    runs in the launch's temporary folder, so no source tree in the user's working directory
+    shadows the installed package.
+
+    gloo (and NCCL's bootstrap) otherwise bind to the address the hostname resolves to, which on
+    a machine whose hostname maps to its network address would expose a purely local run to the
+    network; the ranks rendezvous through a file store, so no other socket is opened. A user's
+    own ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` (set for multi-node runs) is overridden
+    here: a local run stays local."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
+    lo = loopback_interface()
+    if lo is not None:
+        env.update(GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
     return env
 
 
@@ -108,7 +131,8 @@ def _agree(opts: RunOptions, rank: int, world: int) -> None:
 
     mine = (opts.digest(), torch.__version__)
     everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, mine)
+    with lifecycle.waiting_on_peers():
+        dist.all_gather_object(everyone, mine)
     differing = [r for r, d in enumerate(everyone) if d != everyone[0]]
     if differing:
         raise EpsimError(
@@ -143,10 +167,12 @@ def run_one(opts: RunOptions, rank: int, world: int) -> dict[str, Any] | None:
             result = captured.first() if step == 0 else captured.replay()
         writes = rt.cache.take_journal() if rt.cache.journal is not None else None
         steps.append(step_record(opts, result, writes=writes))
+        lifecycle.progress()
     # --check compares the reference with the cache as stored (runtime.reference's docstring)
     cache = rt.cache.widened() if opts.check else None
     gathered: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object((steps, cache), gathered, dst=0)
+    with lifecycle.waiting_on_peers():
+        dist.gather_object((steps, cache), gathered, dst=0)
     if rank != 0:
         return None
     assert gathered is not None
@@ -171,9 +197,11 @@ def run_rank(options: list[RunOptions], rank: int, world: int, init_method: str,
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
+    lifecycle.progress()  # joined: from here on the watchdog counts this rank's progress
     try:
         results = [run_one(opts, rank, world) for opts in options]
-        dist.barrier()
+        with lifecycle.waiting_on_peers():
+            dist.barrier()
     finally:
         dist.destroy_process_group()
     return results if rank == 0 else None  # type: ignore[return-value]
@@ -207,12 +235,14 @@ def worker_main(folder: str, rank: int) -> int:
 
 
 def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0,
-                 deadline_s: float | None = None) -> list[dict[str, Any]]:
+                 deadline_s: float | None = None,
+                 stall_s: float = lifecycle.STALL_S) -> list[dict[str, Any]]:
     """Spawn ``world`` local ranks, run ``options`` on them, return rank 0's summaries.
 
     Raises:
-        EpsimError: a rank failed or stopped responding (its message, the earliest root cause
-            first) or the run passed ``deadline_s`` (default ``4 * timeout_s``).
+        EpsimError: a rank failed, stopped responding or stopped making progress (no rank
+            finished any work for ``stall_s``; the message names the rank, the earliest root
+            cause first) or the run passed ``deadline_s`` (default ``4 * timeout_s``).
         RunTerminated: the parent got SIGTERM or SIGHUP during the launch (ranks stopped, the
             run's folder removed).
     """
@@ -235,7 +265,7 @@ def launch_local(options: list[RunOptions], world: int, timeout_s: float = 120.0
                 break  # _watch reports it
             ranks.spawn([sys.executable, "-m", "epsim.runtime.worker", folder, str(rank)],
                         env=env, cwd=folder, log_path=Path(folder, f"stderr.{rank}"))
-        failure = _watch(ranks, folder, deadline, signals)
+        failure = _watch(ranks, folder, deadline, signals, stall_s)
         if failure:
             raise EpsimError(failure)
         result = Path(folder, "result.pkl")
@@ -259,10 +289,10 @@ def _with_absolute_paths(opts: RunOptions) -> RunOptions:
 
 
 def _watch(ranks: lifecycle.RankProcesses, folder: str, deadline: float,
-           signals: lifecycle.TerminationSignals) -> str | None:
+           signals: lifecycle.TerminationSignals, stall_s: float) -> str | None:
     """Watch the ranks; when the run ends early kill them all and return the root-cause message
     (or raise :class:`RunTerminated`)."""
-    watchdog = lifecycle.Watchdog(folder, ranks.procs)
+    watchdog = lifecycle.Watchdog(folder, ranks.procs, stall_s=stall_s)
     outcome = lifecycle.watch(ranks, watchdog, signals, deadline)
     if outcome.kind == "done":
         return None

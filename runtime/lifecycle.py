@@ -13,8 +13,16 @@ The launching parent and its ranks are tied together both ways:
   ``FOLDER/heartbeat.<rank>`` every :data:`HEARTBEAT_INTERVAL_S`; :class:`Watchdog` names the rank
   whose heartbeat is older than :data:`HEARTBEAT_STALE_S`, or that Linux shows stopped (state
   ``T``, e.g. SIGSTOP) for :data:`STOPPED_LIMIT_S`. The heartbeat is a thread, so it shows that
-  the process is alive, not that it progresses: a rank blocked in a collective keeps beating and
-  is caught by the collective timeout instead.
+  the process is alive, not that it progresses.
+* **The parent notices a rank that stopped making progress.** A rank counts its finished work
+  (:func:`progress`: every op, step and start-up phase) and its heartbeat thread writes the count
+  and the time of the last one to ``FOLDER/progress.<rank>`` when it changed, with whether the
+  rank is waiting on its peers in a collective (:func:`waiting_on_peers`). When no rank has
+  finished anything for the stall timeout (:data:`STALL_S` by default), the run is hung: a rank
+  that hangs stops its peers too, in their next collective, so the rank named is one that is not
+  waiting on its peers (the longest without progress among them; among all ranks when every one
+  waits), whether or not its heartbeat still beats. Counting the run as a whole, not each rank,
+  keeps ranks that wait for a busy peer from being named.
 
 A run's folder is ``<tmp>/<prefix><parent pid>-XXXXXXXX``; a parent killed with SIGKILL cannot
 remove it, so every later launch removes the folders of parents that no longer exist
@@ -48,6 +56,11 @@ HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_STALE_S = 20.0
 #: a rank Linux shows stopped (state T) this long ends the run, before its heartbeat goes stale
 STOPPED_LIMIT_S = 5.0
+#: no rank finished any work (an op, a step) for this long: the run is hung and the rank that
+#: progressed last longest ago is named. Far above any op or step of a run this runtime makes
+#: (milliseconds on a CPU) and a loaded machine's hiccups; with the heartbeat's interval and the
+#: checks' it names a hung rank within 60 s (``epsim run --stall-timeout``)
+STALL_S = 40.0
 #: a heartbeat this old makes a rank a suspect when its peers fail waiting for it
 SUSPECT_AGE_S = 3 * HEARTBEAT_INTERVAL_S
 #: the parent polls its ranks this often, and reads heartbeats and process states this often
@@ -248,12 +261,19 @@ class Watchdog:
 
     def __init__(self, folder: str, procs: list[Any],
                  clock: Callable[[], float] = time.monotonic,
-                 state: Callable[[int], str | None] = proc_state) -> None:
+                 state: Callable[[int], str | None] = proc_state,
+                 stall_s: float | None = STALL_S) -> None:
         self._folder, self._procs, self._clock, self._state = folder, procs, clock, state
+        self._stall_s = stall_s
         now = clock()
         # a rank that has not beaten yet is as old as the watchdog (created once ranks spawn)
         self._fresh = [now] * len(procs)
         self._mtime: list[int | None] = [None] * len(procs)
+        # progress: rank -> the parent's time it last saw the count change, and the rank's own
+        # (monotonic) time of its last progress; ranks that never reported are not counted
+        self._progress_mtime: list[int | None] = [None] * len(procs)
+        self._progressed: dict[int, float] = {}
+        self._last_work: dict[int, tuple[bool, float]] = {}  # (waiting on peers, last work)
         self._stopped_since: dict[int, float] = {}
         self._checked = float("-inf")
 
@@ -265,10 +285,37 @@ class Watchdog:
                 mtime = None
             if mtime is not None and mtime != self._mtime[rank]:
                 self._mtime[rank], self._fresh[rank] = mtime, now
+            self._look_progress(rank, now)
             if p.poll() is None and self._state(p.pid) == "T":
                 self._stopped_since.setdefault(rank, now)
             else:
                 self._stopped_since.pop(rank, None)
+
+    def _look_progress(self, rank: int, now: float) -> None:
+        path = Path(self._folder, f"progress.{rank}")
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            if mtime == self._progress_mtime[rank]:
+                return
+            _, last, waits = path.read_text().split()
+            self._last_work[rank] = (int(waits) > 0, float(last))
+        except (OSError, ValueError):  # not written yet
+            return
+        self._progress_mtime[rank], self._progressed[rank] = mtime, now
+
+    def _stalled(self, now: float, alive: list[int]) -> str | None:
+        """Once no running rank progressed for the stall timeout: the rank that progressed last
+        longest ago, ranks waiting on their peers in a collective last (they are not the cause)."""
+        counted = [r for r in alive if r in self._progressed]
+        if self._stall_s is None or not counted or any(
+                now - self._progressed[r] < self._stall_s for r in counted):
+            return None
+        rank = min(counted, key=lambda r: (self._last_work[r], r))
+        why = ("every rank waits in a collective, rank {r} the longest" if
+               self._last_work[rank][0] else "rank {r} is not waiting in a collective")
+        beat = "still beats" if now - self._fresh[rank] < SUSPECT_AGE_S else "is late"
+        return (f"rank {rank} stopped making progress (no rank finished any work for "
+                f"{self._stall_s:g} s; {why.format(r=rank)}; its heartbeat {beat}: hung)")
 
     def check(self) -> str | None:
         """One line naming the rank (the longest silent) that stopped responding, or None."""
@@ -289,7 +336,7 @@ class Watchdog:
             _, rank = min(silent)
             return (f"rank {rank} stopped responding (no heartbeat for {HEARTBEAT_STALE_S:g} s; "
                     "stopped or hung)")
-        return None
+        return self._stalled(now, alive)
 
     def suspects(self) -> dict[int, str]:
         """Running ranks that are stopped or whose heartbeat is late (older than
@@ -364,13 +411,41 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
         return False
 
 
+#: this rank's finished work: [count, time.monotonic() of the last (:func:`progress`), the
+#: collectives it is blocked in (:func:`waiting_on_peers`)]
+_work: list[float] = [0, 0.0, 0]
+
+
+def progress() -> None:
+    """Count one finished piece of work (an op, a step, a start-up phase): the parent names the
+    rank that stopped making progress when the run hangs. Cheap enough for every op: it only
+    counts; the heartbeat thread writes the count out."""
+    _work[0] += 1
+    _work[1] = time.monotonic()
+
+
+@contextlib.contextmanager
+def waiting_on_peers() -> Iterator[None]:
+    """Mark a blocking collective: a rank stalled inside one waits for a peer; the watchdog names
+    a rank that is not waiting first."""
+    _work[2] += 1
+    try:
+        yield
+    finally:
+        _work[2] -= 1
+
+
 class _Heartbeat(threading.Thread):
-    """Touches ``FOLDER/heartbeat.<rank>`` every :data:`HEARTBEAT_INTERVAL_S`; exits the process
-    when the parent is gone (its pid no longer our parent's) or removed the run's folder."""
+    """Touches ``FOLDER/heartbeat.<rank>`` every :data:`HEARTBEAT_INTERVAL_S`, and writes
+    ``FOLDER/progress.<rank>`` ("count last-time") when :func:`progress` counted since; exits the
+    process when the parent is gone (its pid no longer our parent's) or removed the run's folder."""
 
     def __init__(self, folder: str, rank: int, parent: int | None) -> None:
         super().__init__(name=f"epsim-heartbeat-{rank}", daemon=True)
         self.path = Path(folder, f"heartbeat.{rank}")
+        self.progress_path = Path(folder, f"progress.{rank}")
+        self.progress_tmp = Path(folder, f"progress.{rank}.tmp")
+        self.written: tuple[float, float] = (0, 0)  # the count and waits last written
         self.parent = parent
         self.silenced = threading.Event()
         self.path.touch()  # the first beat, before the thread starts
@@ -381,9 +456,17 @@ class _Heartbeat(threading.Thread):
                 os._exit(1)  # orphaned: nobody will collect our results
             try:
                 os.utime(self.path)
+                self._write_progress()
             except OSError:
                 if not self.path.parent.is_dir():
                     os._exit(1)  # the parent removed the run: it is over
+
+    def _write_progress(self) -> None:
+        count, last, waits = _work
+        if (count, waits) != self.written:
+            self.progress_tmp.write_text(f"{count:.0f} {last!r} {waits:.0f}")
+            os.replace(self.progress_tmp, self.progress_path)  # the parent never reads half a line
+            self.written = (count, waits)
 
 
 _heartbeat: _Heartbeat | None = None

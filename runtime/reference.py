@@ -26,7 +26,7 @@ from epsim.model.config import ModelConfig
 from epsim.model.ids import NO_LAYER, weight_key
 from epsim.model.mtp import draft_layer, runtime_accepted
 
-from . import kernels
+from . import kernels, lifecycle
 from . import weights as W
 from .kv_cache import KV_STORAGE
 
@@ -347,6 +347,7 @@ class _Dense:
         for layer in range(m.num_layers):
             x, residual = self.layer(layer, x, residual, pos, causal_prompt,
                                      m.is_moe_layer(layer))
+            lifecycle.progress()  # rank 0 checks while its peers wait: its work shows
         out = (residual + x).view(*tokens.shape, -1)
         rows = out.reshape(-1, out.shape[-1]) if every_row else out[:, -1]
         hidden = kernels.rms_norm(rows, self.weight(NO_LAYER, "final_norm"), m.rms_norm_eps)

@@ -45,6 +45,8 @@ from epsim.model.config import ModelConfig
 from epsim.model.ids import NO_LAYER, expert_weight_key, weight_key
 from epsim.model.mtp import draft_layer
 
+from . import lifecycle
+
 
 def _generator(seed: int, key: str) -> torch.Generator:
     g = torch.Generator()
@@ -55,6 +57,7 @@ def _generator(seed: int, key: str) -> torch.Generator:
 def randn(seed: int, key: str, shape: Sequence[int], std: float = 1.0,
           mean: float = 0.0) -> torch.Tensor:
     """fp32 normal values for ``key``; the same on every process for the same seed."""
+    lifecycle.progress()  # building a large model's weights is work, not a hang
     return torch.randn(tuple(shape), generator=_generator(seed, key)) * std + mean
 
 

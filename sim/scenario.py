@@ -460,9 +460,9 @@ def run_scenario(sc: Scenario, cache: StepCache | None = None, *,
     if requests is not None:
         check_requests_context(requests, model)
 
-    def simulate(req: Requests, steady: bool) -> ServingRun:  # steady: per-request gaps kept
+    def simulate(req: Requests, steady: bool) -> ServingRun:  # steady: gaps, no rank counts
         return simulate_serving(req, config, *step_models, details=details or steady,
-                                max_concurrency=sc.workload.max_concurrency, progress=progress)
+            rank_counts=details, max_concurrency=sc.workload.max_concurrency, progress=progress)
 
     # sampling refuses requests beyond the context; steady: sized for its window
     run, metrics = measured_run(sc.workload, plan.dp * lay.decode_instances, requests,

@@ -225,9 +225,91 @@ def test_a_rank_without_heartbeat_ends_the_run_naming_it(tmp_path):
         _cleanup(proc, pids.values())
 
 
+def test_a_hung_rank_whose_heartbeat_beats_is_named_within_the_stall_timeout(tmp_path):
+    # rank 1 sleeps at step 2 with its heartbeat beating; rank 0 then waits for it in a
+    # collective (the collective timeout, 120 s, is far off)
+    proc = _epsim(tmp_path, *RUN, "--steps", "50", "--stall-timeout", "5", fault="1:2:hang")
+    pids: dict[int, int] = {}
+    try:
+        pids, _ = _wait_for_ranks(proc, marker="fault.1")
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 2
+        assert stderr.splitlines() == [
+            "epsim run: error: rank 1 stopped making progress (no rank finished any work for "
+            "5 s; rank 1 is not waiting in a collective; its heartbeat still beats: hung)"]
+        assert _wait_gone(pids.values(), within=5) == []
+    finally:
+        _cleanup(proc, pids.values())
+
+
 # --------------------------------------------------------------------------------------------
 # the rules, without processes
 # --------------------------------------------------------------------------------------------
+
+
+def _progress(folder: Path, rank: int, count: int, last: float, waits: int = 0) -> None:
+    """What a rank's heartbeat thread writes: its count of finished work, when the last was, and
+    the collectives it is blocked in."""
+    path = folder / f"progress.{rank}"
+    path.write_text(f"{count} {last!r} {waits}")
+    os.utime(path, ns=(count * 10**9, count * 10**9 + rank))
+
+
+def test_the_watchdog_names_the_rank_that_progressed_last_longest_ago(tmp_path):
+    clock, procs = _Clock(), [_FakeProc(10), _FakeProc(11), _FakeProc(12)]
+    dog = lifecycle.Watchdog(str(tmp_path), procs, clock=clock, state=lambda pid: "S",
+                             stall_s=10)
+    assert dog.check() is None  # nobody reported progress yet: not counted
+    for second in range(1, 30):
+        clock.now += 1
+        for rank in range(3):
+            _beat(tmp_path, rank, second)  # every heartbeat beats throughout
+        # rank 1 stops at 5 s; ranks 0 and 2 work on until they wait for it in a collective
+        # (from 8 s, 9 s); rank 0 had waited once before, at 3 s
+        for rank, stops in ((0, 8), (1, 5), (2, 9)):
+            if second <= stops:
+                _progress(tmp_path, rank, second, 500.0 + second, int(second in (3, stops)
+                                                                      and rank != 1))
+        # rank 2 progressed last at 9 s: the run is hung 10 s later
+        expected = None if second < 19 else (
+            "rank 1 stopped making progress (no rank finished any work for 10 s; rank 1 is not "
+            "waiting in a collective; its heartbeat still beats: hung)")
+        assert dog.check() == expected, second
+    # were rank 1 waiting too (a collective nobody completes), the longest without progress
+    _progress(tmp_path, 1, 5, 505.0, 1)
+    os.utime(tmp_path / "progress.1", ns=(99 * 10**9,) * 2)
+    for second in range(30, 40):  # entering the wait was news: 10 s more
+        clock.now += 1
+        for rank in range(3):
+            _beat(tmp_path, rank, second)
+        assert dog.check() is None, second
+    clock.now += 1
+    assert dog.check() == (
+        "rank 1 stopped making progress (no rank finished any work for 10 s; every rank waits "
+        "in a collective, rank 1 the longest; its heartbeat still beats: hung)")
+
+
+def test_a_rank_working_alone_keeps_its_waiting_peers_from_being_named(tmp_path):
+    clock, procs = _Clock(), [_FakeProc(10), _FakeProc(11)]
+    dog = lifecycle.Watchdog(str(tmp_path), procs, clock=clock, state=lambda pid: "S",
+                             stall_s=10)
+    for second in range(1, 40):
+        clock.now += 1
+        _beat(tmp_path, 0, second)
+        _beat(tmp_path, 1, second)
+        # rank 0 checks the run alone for 30 s while rank 1 waits at the barrier
+        _progress(tmp_path, 0, second, 500.0 + second)
+        if second == 1:
+            _progress(tmp_path, 1, 1, 501.0)
+        assert dog.check() is None, second
+    # without a stall timeout a run whose ranks beat but never progress is never named
+    quiet = lifecycle.Watchdog(str(tmp_path), procs, clock=clock, state=lambda pid: "S",
+                               stall_s=None)
+    for second in range(100, 160):
+        clock.now += 1
+        _beat(tmp_path, 0, second)
+        _beat(tmp_path, 1, second)
+        assert quiet.check() is None, second
 
 
 class _FakeProc:

@@ -59,8 +59,14 @@ def test_predict_text_and_trace(epsim, tmp_path):
     assert {e["name"] for e in ranks} == {"prefill", "decode"}
     requests = [e for e in ev if e["ph"] == "X" and procs[e["pid"]] == "requests"]
     assert sorted(e["args"]["request"] for e in requests) == list(range(32))
-    assert {(e["name"], k) for e in ev if e["ph"] == "C" for k in e["args"]} == {
+    assert {(e["name"], k) for e in ev if e["ph"] == "C" and procs[e["pid"]] == "requests"
+            for k in e["args"]} == {
         ("requests", "running"), ("requests", "queued"), ("KV cache", "use")}
+    # and per rank, on the ranks' process
+    assert {(e["name"], k) for e in ev if e["ph"] == "C" and procs[e["pid"]] == "ranks"
+            for k in e["args"]} == {
+        (f"rank {r} {name}", k) for r in range(8)
+        for name, k in (("requests", "running"), ("requests", "queued"), ("KV cache", "use"))}
 
 
 def test_sweep_throughput_and_itl_rise_with_concurrency(epsim, tmp_path):

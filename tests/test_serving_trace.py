@@ -46,7 +46,7 @@ def test_colocated_trace_by_hand(tmp_path):
         assert sum(s["args"].get("prompt_tokens", 0) for s in mine) == step.prefill_tokens
         assert sum(s["args"].get("seqs", 0) for s in mine) == step.decode_tokens
     # the three counter series, sampled at every step and once at the end
-    series = {(c["name"], k) for c in counters for k in c["args"]}
+    series = {(c["name"], k) for c in counters if c["process"] == "requests" for k in c["args"]}
     assert series == {("requests", "running"), ("requests", "queued"), ("KV cache", "use")}
     reqc = [c["args"] for c in counters if c["name"] == "requests"]
     assert len(reqc) == len(run.steps) + 1
@@ -54,6 +54,22 @@ def test_colocated_trace_by_hand(tmp_path):
     assert max(c["running"] for c in reqc) == 2 and reqc[-1] == {"running": 0, "queued": 0}
     kv = [c["args"]["use"] for c in counters if c["name"] == "KV cache"]
     assert kv[0] == 1  # both ranks' caches hold a whole request
+    # per rank, on the ranks' process: one running and one queued on each at the first step
+    per_rank = {}
+    for c in counters:
+        if c["process"] == "ranks":
+            per_rank.setdefault(c["name"], []).append(c["args"])
+    assert set(per_rank) == {"rank 0 requests", "rank 1 requests", "rank 0 KV cache",
+                             "rank 1 KV cache"}
+    for r in (0, 1):
+        reqs_r, kv_r = per_rank[f"rank {r} requests"], per_rank[f"rank {r} KV cache"]
+        assert reqs_r[0] == {"running": 1, "queued": 1} and kv_r[0] == {"use": 1}
+        assert reqs_r[-1] == {"running": 0, "queued": 0} and kv_r[-1] == {"use": 0}
+        assert len(reqs_r) == len(kv_r) == len(run.steps) + 1
+    # the ranks' counts add up to the global ones at every step
+    for n in range(len(run.steps)):
+        assert sum(per_rank[f"rank {r} requests"][n]["running"] for r in (0, 1)) == \
+            reqc[n]["running"]
     # one slice per request, send to last token
     req = sorted((s for s in slices if s["process"] == "requests"),
                  key=lambda s: s["args"]["request"])
@@ -92,3 +108,16 @@ def test_request_lanes_reuse_the_lowest_free_lane():
     end = np.array([1.0, 3.0, 2.0, 2.5, 3.0])
     # 0 ends as 2 starts (lane 0 again); 3 needs a new lane; 4 takes lane 0 after 2 ended
     assert request_lanes(start, end).tolist() == [0, 1, 0, 2, 0]
+
+
+def test_per_rank_counts_are_kept_only_when_asked():
+    cfg = ServingConfig(dp=2, kv_capacity_tokens=10**4)
+    kept = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), max_concurrency=4)
+    assert kept.steps[0].rank_running.tolist() == [2, 2]  # round robin: two on each rank
+    assert kept.steps[0].rank_queued.tolist() == [0, 0]
+    assert kept.steps[0].rank_kv_usage.tolist() == [0.021, 0.021]  # 2 x 105 of 10,000
+    # a search keeps its steps for a steady window, without the O(requests) counts a step
+    lean = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), max_concurrency=4,
+                            rank_counts=False)
+    assert len(lean.steps) == len(kept.steps)
+    assert all(s.rank_running is None and s.rank_kv_usage is None for s in lean.steps)

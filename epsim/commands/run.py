@@ -72,6 +72,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--seed", default=0, help="weights and inputs (default 0)")
     add_flag(p, "--timeout", default=120, metavar="S",
                    help="seconds a collective may wait before the run fails (default 120)")
+    add_flag(p, "--stall-timeout", default=40, metavar="S",
+             help="local ranks: when no rank finishes any work (an op, a step) for S seconds, "
+             "the run is hung and ends naming the rank that progressed last longest ago, "
+             "whether or not its heartbeat beats (default 40: named within 60 s)")
     add_json_arg(p)
     p.set_defaults(run=run)
 
@@ -144,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         if results is None:  # ranks other than 0 report nothing
             return 0
     else:
-        results = launch_local([opts], world, args.timeout)
+        results = launch_local([opts], world, args.timeout, stall_s=args.stall_timeout)
     summary: dict[str, Any] = results[0]
     if opts.placement_table is not None:
         summary["placement"] = f"balanced from {args.loads or 'synthetic loads'}"

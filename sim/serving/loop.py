@@ -52,6 +52,10 @@ class StepRecord:
     running / queued: requests admitted and not finished (holding KV) / sent and waiting for
         admission, all engines, at the step's start after admission.
     instance: the instance of its engine's role that stepped (0 with one instance).
+    rank_kv_usage / rank_running / rank_queued: ``[ranks]`` of the engine at the step's start
+        after admission, kept only when asked (``simulate_serving(rank_counts=True)``: a serving
+        trace's per-rank counters): each rank's held KV share, the requests holding KV on it,
+        and those waiting in its queue.
     """
 
     engine: str
@@ -69,6 +73,9 @@ class StepRecord:
     running: int = 0
     queued: int = 0
     instance: int = 0
+    rank_kv_usage: np.ndarray | None = None
+    rank_running: np.ndarray | None = None
+    rank_queued: np.ndarray | None = None
 
 
 
@@ -90,6 +97,15 @@ def _decode_batch(st: RequestState, ids: np.ndarray, ranks: int
     seqs, ctx = rank_batches(ids, st.rank, st.isl, st.generated, ranks)
     max_seqs = max(seqs.tolist())  # Python's max: a [ranks] array is too small for numpy's
     return max_seqs, max(1, math.ceil(max(ctx.tolist()) / max_seqs)), seqs
+
+
+def _add_rank_counts(record: StepRecord, side: Side) -> None:
+    """Fill ``record``'s per-rank counters from ``side`` as it is now (O(requests): only when
+    asked, ``Server.rank_counts``)."""
+    kv, ranks = side.kv, side.queues.ranks
+    record.rank_kv_usage = kv.used / kv.capacity
+    record.rank_running = np.bincount(kv.rank[kv.held > 0], minlength=ranks)[:ranks]
+    record.rank_queued = np.array([len(q) for q in side.queues.queues], dtype=np.int64)
 
 
 def _chunk_shape(st: RequestState, items: list[tuple[int, int]]) -> tuple[int, int, int]:
@@ -128,10 +144,12 @@ class Server:
     """The loop's shared part: starts, costs and ends every side's steps the same way."""
 
     def __init__(self, st: RequestState, loop: EventLoop, counters: Counters,
-                 spec: DraftAcceptance, keep_steps: bool = True) -> None:
+                 spec: DraftAcceptance, keep_steps: bool = True, rank_counts: bool = False
+                 ) -> None:
         self.st, self.loop, self.counters, self.spec = st, loop, counters, spec
         self.steps: list[StepRecord] = []
         self.keep_steps = keep_steps
+        self.rank_counts = keep_steps and rank_counts
         self.tally = StepTally()
         self.peak = 0
         self.client: Client | None = None
@@ -161,6 +179,8 @@ class Server:
         record, peak = self.record(side, plan, t, counts)
         self.tally.add(record, peak)
         if self.keep_steps:
+            if self.rank_counts:
+                _add_rank_counts(record, side)
             self.steps.append(record)
         self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
 

@@ -163,14 +163,18 @@ def simulate_serving(requests: Requests, config: ServingConfig,
                      decode_model: StepTimeModel | EngineStepTime,
                      prefill_model: StepTimeModel | EngineStepTime | None = None, *,
                      max_concurrency: int | None = None, details: bool = True,
-                     progress: Callable[[int, int], None] | None = None) -> ServingRun:
+                     progress: Callable[[int, int], None] | None = None,
+                     rank_counts: bool | None = None) -> ServingRun:
     """Run the benchmark: every request from send to last token -> :class:`ServingRun`.
 
     ``details``: keep every step's record and every request's gaps (a serving trace, vLLM's
     per-request lists); without, the run keeps per request only its times and lengths, and
     the metrics' figures as they accumulate (``sim.serving.tally``): the same metrics, in memory
     that grows with requests and steps, not tokens. ``progress(finished, total)`` is called
-    about every 1/200 of the requests.
+    about every 1/200 of the requests. ``rank_counts``: the kept steps carry each rank's KV use,
+    running and queued requests (the serving trace's per-rank counters; O(requests) a step, so
+    a search that keeps its steps only for a steady window leaves them out); default: with
+    ``details``.
 
     ``decode_model`` costs the decode side's steps (co-located: its prefill chunks too, unless
     ``prefill_model`` is given); ``prefill_model`` costs the prefill ranks' steps when
@@ -187,7 +191,8 @@ def simulate_serving(requests: Requests, config: ServingConfig,
         c.touched = {}
     loop = EventLoop()
     spec = DraftAcceptance(config.mtp, config.mtp_acceptance, config.seed)
-    server = Server(st, loop, Counters(), spec, keep_steps=details)
+    server = Server(st, loop, Counters(), spec, keep_steps=details,
+                    rank_counts=details if rank_counts is None else rank_counts)
     build = disaggregated if config.disaggregated else colocated_instances
     client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill),
                     progress)

@@ -8,7 +8,10 @@
                once at the end: "requests" with series "running" (admitted, holding KV, not
                finished) and "queued" (sent, waiting for admission), and "KV cache" with series
                "use" (the decode ranks' reserved share, 0..1; "prefill use" for the prefill
-               ranks when disaggregated).
+               ranks when disaggregated). Per rank, on its engine's ranks process, at each of
+               that engine's steps and once at the end: "rank R requests" with series "running"
+               (requests holding KV on the rank) and "queued" (waiting in its queue), and "rank R
+               KV cache" with series "use" (its held share, 0..1).
     requests   one slice per request from its send (the client's clock start) to its last
                token, on "lane" threads of the "requests" process: a request takes the
                lowest-numbered lane free at its send, so slices on a lane never overlap.
@@ -16,14 +19,13 @@
 
 from __future__ import annotations
 
-import heapq
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from epsim.model.trace import CounterSample, TrackSlice, write_chrome_trace
+from epsim.model.trace import CounterSample, TrackSlice, lanes, write_chrome_trace
 
 from .simulate import ServingRun, StepRecord
 
@@ -40,9 +42,7 @@ def rank_slices(steps: list[StepRecord]) -> list[TrackSlice]:
     """A slice per (step, rank that worked in it), on one track per rank of each engine."""
     out = []
     for n, s in enumerate(steps):
-        process = RANK_PROCESS[s.engine]
-        if s.instance:  # instances past the first get their own processes
-            process = f"{process}, instance {s.instance}"
+        process = rank_process(s)
         work = zip(s.rank_prefill_tokens, s.rank_decode_seqs, strict=True)
         for rank, (tokens, seqs) in enumerate(work):
             if tokens:
@@ -73,23 +73,39 @@ def counter_samples(steps: list[StepRecord], end_s: float) -> list[CounterSample
     return out
 
 
+def rank_process(s: StepRecord) -> str:
+    """The process a step's ranks are drawn in: instances past the first get their own."""
+    process = RANK_PROCESS[s.engine]
+    return f"{process}, instance {s.instance}" if s.instance else process
+
+
+def rank_counters(steps: list[StepRecord], end_s: float) -> list[CounterSample]:
+    """Each rank's running / queued requests and KV use at its engine's steps (those that kept
+    them), all back to 0 at ``end_s``."""
+    out, processes = [], {}
+    for s in sorted(steps, key=lambda s: s.start_s):
+        if s.rank_kv_usage is None:
+            continue
+        process, ts = rank_process(s), s.start_s * 1e6
+        processes[process] = len(s.rank_kv_usage)
+        for r, (use, running, queued) in enumerate(zip(
+                s.rank_kv_usage.tolist(), s.rank_running.tolist(), s.rank_queued.tolist(),
+                strict=True)):
+            out.append(CounterSample(f"rank {r} requests", process, ts,
+                                     {"running": running, "queued": queued}))
+            out.append(CounterSample(f"rank {r} KV cache", process, ts, {"use": use}))
+    for process, ranks in processes.items():
+        for r in range(ranks):
+            out.append(CounterSample(f"rank {r} requests", process, end_s * 1e6,
+                                     {"running": 0, "queued": 0}))
+            out.append(CounterSample(f"rank {r} KV cache", process, end_s * 1e6, {"use": 0.0}))
+    return out
+
+
 def request_lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """A lane per interval so that no two on one lane overlap (``end == start`` is no overlap),
     each taking the lowest-numbered lane free at its start -> (n,) lane ids."""
-    lanes = np.zeros(len(start), dtype=np.int64)
-    busy: list[tuple[float, int]] = []  # (end, lane)
-    free: list[int] = []
-    used = 0
-    for i in np.lexsort((np.arange(len(start)), start)):
-        while busy and busy[0][0] <= start[i]:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        if free:
-            lane = heapq.heappop(free)
-        else:
-            lane, used = used, used + 1
-        lanes[i] = lane
-        heapq.heappush(busy, (float(end[i]), lane))
-    return lanes
+    return np.array(lanes(zip(start.tolist(), end.tolist(), strict=True)), dtype=np.int64)
 
 
 def request_slices(run: ServingRun) -> list[TrackSlice]:
@@ -115,4 +131,5 @@ def write_serving_trace(run: ServingRun, path: str | os.PathLike[str],
     not at all."""
     end_s = float(run.done_s.max()) if len(run.done_s) else 0.0
     write_chrome_trace([], path, metadata, slices=rank_slices(run.steps) + request_slices(run),
-                       counters=counter_samples(run.steps, end_s))
+                       counters=counter_samples(run.steps, end_s)
+                       + rank_counters(run.steps, end_s))
