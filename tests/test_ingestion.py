@@ -3,6 +3,7 @@
 column; Vidur's request-trace CSV is read and traces' lengths scale as Vidur scales them."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -166,3 +167,40 @@ def test_a_quantization_config_that_is_not_an_object_is_one_error():
     cfg = json.loads((resources.files("epsim.model") / "configs" / "deepseek-r1.json").read_text())
     with pytest.raises(EpsimError, match="quantization_config must be an object, got 0.5"):
         model_from_hf_config({**cfg, "quantization_config": 0.5})
+
+
+def _mi300x():
+    from importlib import resources
+
+    return json.loads((resources.files("epsim.sim.hardware") / "profiles" / "mi300x.json")
+                      .read_text())
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda p: p["efficiency"].update(link_bandwidth_usable=1e-320),
+     r"link_bandwidth_usable must be a positive number in \[1e-12, 1e\+30\]"),
+    (lambda p: p["efficiency"].update(attention_split_tokens=0.5),
+     "attention_split_tokens must be a whole number"),
+    # a dispatch table's point [tokens, ranks, hidden, us, source] with half a rank
+    (lambda p: p["kernels"]["sets"]["aiter"]["tables"][2]["points"][0].__setitem__(1, 0.5),
+     "ranks must be a whole number"),
+    (lambda p: p["kernels"]["sets"]["aiter"]["tables"][2]["points"][0].__setitem__(3, 1e300),
+     r"time must be a positive number in \[1e-12, 1e\+30\]"),
+])
+def test_a_profile_number_past_its_bounds_is_one_error(change, match):
+    from epsim.sim.hardware.profile import profile_from_dict
+
+    profile = _mi300x()
+    change(profile)
+    with pytest.raises(EpsimError, match=match):
+        profile_from_dict(profile, "p.json")
+
+
+def test_a_kineto_event_of_non_finite_time_or_odd_category_is_skipped():
+    from epsim.calibrate.kineto import parse_trace
+
+    good = {"cat": "kernel", "name": "k", "ts": 1.0, "dur": 2.0, "pid": 0, "tid": 7,
+            "args": {"correlation": 1}}
+    trace = parse_trace({"traceEvents": [good, {**good, "dur": math.nan},
+                                         {**good, "ts": math.inf}, {**good, "cat": ["kernel"]}]})
+    assert [(k.ts_us, k.dur_us) for k in trace.kernels] == [(1.0, 2.0)]
