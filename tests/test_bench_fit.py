@@ -292,6 +292,8 @@ def test_calibrate_from_bench_recovers_known_factors(epsim, tmp_path):
     report = json.loads(r.stdout)
     assert report["start"] == {"attention": 1.0, "grouped_gemm": 1.0, "host": 4.0}
     assert report["refused"] == []
+    # every key of each file is used or listed with why (the clients' metadata among them)
+    assert report["ignored"][files[0]]["date"] == "the run's metadata, not a measurement"
     for name, value in {"attention": 1.3, "grouped_gemm": 0.8, "host": 6.0}.items():
         assert abs(report["factors"][name] / value - 1) < 0.02, (name, report["factors"])
     obj = json.loads(fitted.read_text())
