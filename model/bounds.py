@@ -29,21 +29,22 @@ from .errors import EpsimError
 #: requests in one benchmark, result file or trace: 10x the largest public trace replayed
 #: (Azure's 2023 conversation trace: 19,366 rows; ShareGPT: ~94k conversations)
 MAX_PROMPTS = 10**7
-#: requests in flight at once (vLLM's --max-concurrency): 1,000x the largest batch any engine
-#: serves on one node (SGLang's default cuda-graph bs tops at 512)
+#: requests in flight at once (vLLM's --max-concurrency): 10**4x the largest graph batch an
+#: engine captures by default (SGLang's cuda-graph bs tops at 512)
 MAX_CONCURRENCY = 10**7
 #: GPUs in one deployment or one runtime world (16x the 4,096 of a 512-node cluster)
 MAX_GPUS = 65536
 #: sequences one rank batches in a step: 2,000x the largest engine default (512)
 MAX_BATCH = 2**20
-#: routed experts per MoE layer: 256x DeepSeek-V3's 256 (the most in a published config is 384)
+#: routed experts per MoE layer: 256x DeepSeek-V3's 256, 170x Kimi-K2's 384
 MAX_EXPERTS = 2**16
-#: decoder layers: 40x the deepest published MoE (Qwen3-235B-A22B: 94)
+#: decoder layers: 40x Qwen3-235B-A22B's 94 (the deepest shipped config)
 MAX_LAYERS = 4096
-#: a width in a config.json (hidden, intermediate, head counts and dims, vocab): 2**24 is 16x
-#: the largest vocabulary (~262k) and 1,000x the widest hidden size (16,384)
+#: a width in a config.json (hidden, intermediate, head counts and dims, vocab): 2**24 is 64x
+#: a 262k vocabulary and 1,000x a 16,384 hidden size (Llama-3.1-405B's)
 MAX_WIDTH = 2**24
-#: tokens in one request (prompt or output): 64x the longest context of a shipped model (256k)
+#: tokens in one request (prompt or output): above the longest context of a shipped model
+#: (Llama-4 Scout's 10,485,760) and 64x the next (Llama-4 Maverick's 1,048,576 is 16x less)
 MAX_TOKENS = 2**24
 #: a logical or physical expert id, a GPU count in a placement: the expert bound's scale
 MAX_ID = MAX_EXPERTS * 64
@@ -180,14 +181,21 @@ CONFIG_BOUNDS: dict[str, tuple[int, int]] = {
     "qk_nope_head_dim": _WIDTH, "qk_rope_head_dim": _WIDTH, "v_head_dim": _WIDTH,
     "kv_lora_rank": _WIDTH, "q_lora_rank": _WIDTH, "vocab_size": _WIDTH,
     "max_position_embeddings": (1, MAX_TOKENS), "sliding_window": (1, MAX_TOKENS),
+    # Llama-4 (under text_config): a MoE layer every N (0: none), its dense width, chunks
+    "interleave_moe_layer_step": (0, MAX_LAYERS), "no_rope_layer_interval": _LAYERS,
+    "intermediate_size_mlp": _WIDTH, "attention_chunk_size": (1, MAX_TOKENS),
+    # DeepSeek-V3.2's lightning indexer: the tokens it selects, its heads and head width
+    "index_topk": (1, MAX_TOKENS), "index_n_heads": _WIDTH, "index_head_dim": _WIDTH,
 }
 
 
 def check_config_bounds(cfg: Any, source: str) -> None:
     """Every count of :data:`CONFIG_BOUNDS` in range and every top-level number finite, before
-    a model is built from ``cfg`` (a parsed config.json)."""
+    a model is built from ``cfg`` (a parsed config.json; Llama-4's ``text_config`` too)."""
     if not isinstance(cfg, dict):
         return
+    if isinstance(cfg.get("text_config"), dict):
+        check_config_bounds(cfg["text_config"], f"{source}: text_config")
     for key, (low, high) in CONFIG_BOUNDS.items():
         if cfg.get(key) is not None:
             check_count(cfg[key], high, key, source, low=low)

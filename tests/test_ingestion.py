@@ -204,3 +204,16 @@ def test_a_kineto_event_of_non_finite_time_or_odd_category_is_skipped():
     trace = parse_trace({"traceEvents": [good, {**good, "dur": math.nan},
                                          {**good, "ts": math.inf}, {**good, "cat": ["kernel"]}]})
     assert [(k.ts_us, k.dur_us) for k in trace.kernels] == [(1.0, 2.0)]
+
+
+def test_llama4s_nested_text_config_is_bounded_too():
+    from importlib import resources
+
+    from epsim.model.config import model_from_hf_config
+
+    cfg = json.loads((resources.files("epsim.model") / "configs" / "llama-4-scout-17b-16e.json")
+                     .read_text())
+    text = {**cfg["text_config"], "num_local_experts": 10**12}
+    with pytest.raises(EpsimError, match="text_config: num_local_experts 1000000000000 is "
+                                         "outside"):
+        model_from_hf_config({**cfg, "text_config": text})
