@@ -120,6 +120,7 @@ carries of it: name, hash, kernel set and each of the set's tables' source commi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -138,6 +139,8 @@ from .kernel_sets import NONE, KernelSet, KernelSets, parse_kernels
 from .table_guard import Roof
 
 TOPOLOGIES = ("full_mesh", "switch")
+#: profiles kept parsed (by file content and name): every shipped one and a few files
+PARSED_PROFILES = 32
 _NUMBER_KEYS = ("compute_units", "gpus_per_node", "hbm_bytes", "hbm_bandwidth",
                 "nic_bandwidth_per_gpu", "kernel_launch_s")
 _WHOLE_KEYS = ("compute_units", "gpus_per_node")
@@ -386,6 +389,13 @@ def load_profile(name_or_path: str | Path, kernels: str | None = None,
 
 
 def profile_from_bytes(data: bytes, where: str = "profile") -> HardwareProfile:
-    """A profile from the bytes of its file (``profile_hash``: their SHA-256)."""
+    """A profile from the bytes of its file (``profile_hash``: their SHA-256). Parsed once per
+    content and name: a search loads its profile for every point, and the kernel tables'
+    parsing was a fifth of a steady point's time; a profile is frozen, so sharing it is safe."""
+    return _parsed_profile(data, where)
+
+
+@functools.lru_cache(maxsize=PARSED_PROFILES)
+def _parsed_profile(data: bytes, where: str) -> HardwareProfile:
     obj = parse_json(data.decode("utf-8", errors="replace"), where, "profile JSON")
     return profile_from_dict(obj, where, hashlib.sha256(data).hexdigest())
