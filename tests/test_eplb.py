@@ -268,3 +268,10 @@ def test_default_placement_is_the_balancer_or_the_contiguous_layout():
         plain = default_placement(loads, 4, balanced=False, redundant=redundant)
         np.testing.assert_array_equal(plain.physical_to_logical,
                                       contiguous_placement(4, 32, 4, redundant).physical_to_logical)
+
+
+def test_one_item_per_group_is_the_identity_at_any_width():
+    # 2,048 groups of one: a single partition, found without a recursion 2,048 deep
+    w = np.arange(2048, dtype=np.float64)[None, :]
+    assert partition_count(2048, 2048) == 1
+    assert (exact_groups(w, 2048) == np.arange(2048)).all()

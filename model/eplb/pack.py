@@ -135,6 +135,8 @@ def _all_partitions(n: int, num_groups: int) -> np.ndarray:
     """``[P, n]`` group labels of every partition (item 0 always in group 0, the lowest
     unplaced item opens the next group, so each partition appears once)."""
     s = n // num_groups
+    if s == 1:  # one item a group: the one partition (and no recursion num_groups deep)
+        return np.arange(n, dtype=np.int64)[None, :]
     out: list[list[int]] = []
     labels = [-1] * n
 
