@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+# 50,000 requests a point: minutes of work however fast the machine (a sweep of one
+# concurrency's requests a point once finished within the test's second of warm-up)
 SEARCH = ["--model", "deepseek-r1", "--hardware", "mi300x", "--isl", "1000", "--osl", "100",
-          "--workers", "2"]
+          "--num-prompts", "50000", "--workers", "2"]
 SLO = ["--slo", "median_itl_ms<=100"]
 #: long enough that it is still searching when the signal comes (it never finishes)
 COMMANDS = {
