@@ -124,3 +124,19 @@ def test_a_stream_fires_in_the_places_it_reserved():
     loop.run()
     assert order == [("stream", 0.5), ("early", 1.0), ("stream", 1.0), ("late", 1.0),
                      ("stream", 2.0), ("added", 2.0)]
+
+
+def test_weighted_mean_and_std_do_not_depend_on_blas_threads():
+    # a BLAS dot splits a long sum over its threads, so its last bit followed the thread count
+    # (a search worker runs one): the sums are numpy's own, the same under any limit
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(7)
+    w = Weighted(rng.random(200_000) * 100, rng.integers(1, 5, 200_000))
+    with threadpool_limits(limits=1, user_api="blas"):
+        one = (w.mean(), w.std())
+    with threadpool_limits(limits=2, user_api="blas"):
+        two = (w.mean(), w.std())
+    assert one == two
+    expanded = np.repeat(w.values, w.counts)
+    assert one == pytest.approx((expanded.mean(), expanded.std()), rel=1e-12)

@@ -38,6 +38,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from epsim.model.errors import EpsimError
 from epsim.sim.scenario import Scenario, StepCache, run_scenario
 
@@ -163,6 +165,15 @@ class Executor:
         return out
 
 
+def _start_worker(tempdir: str | None) -> None:
+    """A pool worker's start: it watches its command (``lifeline.watch_parent``) and runs
+    numpy's BLAS on one thread. The pool has a worker per core, and each worker's own BLAS
+    threads oversubscribed them: bench/bench_search.py's 1,008 points took 64.9 s on 2 workers
+    with OpenBLAS's default threads, 49.5 s with one (docs/performance.md)."""
+    watch_parent(tempdir)
+    threadpool_limits(limits=1, user_api="blas")
+
+
 class PoolExecutor(Executor):
     """``workers`` local processes."""
 
@@ -182,7 +193,7 @@ class PoolExecutor(Executor):
                 ctx.set_forkserver_preload(["epsim.sim.scenario"])  # each fork starts warm
             # workers end with this process, even killed (epsim.sim.search.lifeline)
             self._pool = cf.ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=ctx, initializer=watch_parent,
+                max_workers=self.workers, mp_context=ctx, initializer=_start_worker,
                 initargs=(multiprocessing.util.get_temp_dir(),))
         return self._pool
 

@@ -60,12 +60,14 @@ class Weighted:
         """The ``k``-th smallest values (0-based) of the expanded population."""
         return self.values[np.searchsorted(self.cum, np.asarray(k) + 1, side="left")]
 
+    # sums by numpy's pairwise summation, not np.dot: BLAS's dot splits a long sum over its
+    # threads, so its last bit depended on how many the process had (a search worker runs one)
     def mean(self) -> float:
-        return float(np.dot(self.values, self.counts) / self.n)
+        return float(np.sum(self.values * self.counts) / self.n)
 
     def std(self) -> float:
         dev = self.values - self.mean()
-        return float(np.sqrt(np.dot(dev * dev, self.counts) / self.n))
+        return float(np.sqrt(np.sum(dev * dev * self.counts) / self.n))
 
     def median(self) -> float:
         half = self.n // 2
