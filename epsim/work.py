@@ -130,17 +130,16 @@ def check(command: str, work: WorkEstimate, force: bool, budget: WorkBudget = BU
 
 def search_points(space: SearchSpace, strategy: str, trials: int | None,
                   variable: str | None = None) -> int:
-    """The points a search of ``space`` evaluates at most: its grid, its optuna trials, or its
-    bisections' probe budget (``epsim.sim.search.samplers.choose`` picks among them)."""
-    from epsim.sim.search.bisect import probe_budget
-    from epsim.sim.search.samplers import DEFAULT_TRIALS, choose
+    """The points a search of ``space`` evaluates at most: the search's own plan of points
+    (``tune.planned_points``: its grid, optuna's asks, or the bisections' probe budget), an
+    optuna point asked twice simulated once (so at most the space)."""
+    from epsim.sim.search.samplers import choose
+    from epsim.sim.search.tune import SearchOptions, planned_points
 
-    chosen = choose(strategy, space.size())
-    if chosen == "grid":
-        return space.size()
-    if chosen == "bisect":
-        return probe_budget(space.dimensions(), variable or "max_concurrency")
-    return min(trials or DEFAULT_TRIALS, space.size())
+    planned = planned_points(space, SearchOptions(strategy=strategy, trials=trials,
+                                                  variable=variable or "max_concurrency"))
+    return planned if choose(strategy, space.size()) == "bisect" \
+        else min(planned, space.size())
 
 
 def workers_of(args: argparse.Namespace) -> int:
