@@ -68,8 +68,9 @@ def add_executor_args(parser: argparse.ArgumentParser, *, search: bool) -> None:
     add_force_arg(g)
     if search:
         add_flag(g, "--search", default="auto",
-                 help=f"every point (grid) or optuna's TPE sampler with the SLO as a constraint "
-                 f"(default auto: grid up to {GRID_MAX_POINTS} points)")
+                 help=f"every point (grid), optuna's TPE sampler with the SLO as a constraint, "
+                 "or each deployment's highest load within the SLO by bisection (bisect, "
+                 f"--sla-variable) (default auto: grid up to {GRID_MAX_POINTS} points)")
         add_flag(g, "--trials", default=None, metavar="N",
                  help=f"optuna's trials (default {DEFAULT_TRIALS}, at most the space's size)")
         add_flag(g, "--sla-variable", default=VARIABLES_DEFAULT,

@@ -39,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "tune", help="best throughput meeting an SLO over concurrency, DBO, splits, KV, graph",
         description="Simulate every point of the search space (concurrency, DBO on/off, dp x tp "
         "splits, KV dtype, graph mode) and report the highest throughput whose metrics meet "
-        "the SLO, with the throughput/latency frontier.")
+        "the SLO, with the throughput/latency frontier; --search bisect finds each "
+        "deployment's highest concurrency or request rate within the SLO instead.")
     add_search_args(p)
     add_frontier_args(p)
     p.set_defaults(run=run)
