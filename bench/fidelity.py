@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKS = REPO / "bench" / "data" / "published_checks.json"
-BANDS = REPO / "epsim" / "data" / "error_bands.json"
+BANDS = REPO / "src" / "epsim" / "data" / "error_bands.json"
 
 
 def run_command(argv: list[str]) -> dict:

@@ -265,7 +265,7 @@ RUNS = ((1, 512), (64, 4096), (512, 512))
 def small_v3(tmp_path):
     from conftest import REPO
 
-    cfg = json.loads((REPO / "model/configs/deepseek-v3.json").read_text())
+    cfg = json.loads((REPO / "src/epsim/model/configs/deepseek-v3.json").read_text())
     cfg.update(num_hidden_layers=6, first_k_dense_replace=1, num_nextn_predict_layers=0)
     path = tmp_path / "ds6.json"
     path.write_text(json.dumps(cfg))

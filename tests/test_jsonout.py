@@ -36,7 +36,7 @@ def test_what_json_cannot_write_is_still_an_error():
 def test_predict_json_of_a_degenerate_rate_has_no_nan(epsim):
     """--request-rate 5e-324: one request arrives after ~1e323 s; every rate is 0 or not a
     number, and the JSON says null, not NaN."""
-    r = epsim("predict", "--model", "model/configs/tiny-deepseek.json", "--hardware", "mi300x",
+    r = epsim("predict", "--model", "src/epsim/model/configs/tiny-deepseek.json", "--hardware", "mi300x",
               "--isl", "16", "--osl", "4", "--num-prompts", "2", "--request-rate", "5e-324",
               "--json")
     assert r.returncode in (0, 2), r.stderr

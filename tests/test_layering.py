@@ -1,8 +1,9 @@
 """The architecture's import rules (docs/architecture.md, docs/design.md): arrows only point down.
 
-The layers are the folders model/, sim/, runtime/, calibrate/ and epsim/, installed as
-``epsim.model``, ``epsim.sim``, ``epsim.runtime``, ``epsim.calibrate`` and the front door
-``epsim`` (``epsim.cli``, ``epsim.commands``, ``epsim.common``).
+The layers are the folders src/epsim/model/, sim/, runtime/, calibrate/ and src/epsim/ itself,
+imported as ``epsim.model``, ``epsim.sim``, ``epsim.runtime``, ``epsim.calibrate`` and the front
+door ``epsim`` (``epsim.cli``, ``epsim.commands``, ``epsim.common``): the import path is the
+file path under src/.
 
 epsim.model imports neither sim, runtime, calibrate nor the front door; epsim.sim and
 epsim.runtime import epsim.model only (never each other); epsim.calibrate may import all three;
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "epsim"
 LAYERS = ("model", "sim", "runtime", "calibrate")
 ALLOWED = {
     "model": {"model"},
@@ -58,8 +60,7 @@ def _layer_of(module: str) -> str | None:
 def _module_of(path: Path) -> str:
     """The installed name of a source file (``sim/step/compile.py`` -> ``epsim.sim.step.compile``,
     ``sim/step/__init__.py`` -> ``epsim.sim.step``)."""
-    rel = path.relative_to(REPO).with_suffix("").parts
-    names = list(rel if rel[0] == "epsim" else ("epsim", *rel))
+    names = ["epsim", *path.relative_to(SRC).with_suffix("").parts]
     if names[-1] == "__init__":
         names.pop()
     return ".".join(names)
@@ -68,20 +69,29 @@ def _module_of(path: Path) -> str:
 def _resolve_relative(package: str, path: Path, level: int, module: str | None) -> str:
     """The absolute name of ``from <level dots><module> import ...`` inside ``path``."""
     installed = ["epsim"] if package == "epsim" else ["epsim", package]
-    inside = path.relative_to(REPO / package).parent.parts
+    inside = path.relative_to(_folder(package)).parent.parts
     base = installed + list(inside)
     if level > 1:
         base = base[: len(base) - (level - 1)]
     return ".".join(base + ([module] if module else []))
 
 
+def _folder(package: str) -> Path:
+    """A layer's folder (``sim`` -> src/epsim/sim; the front door ``epsim`` -> src/epsim)."""
+    return SRC if package == "epsim" else SRC / package
+
+
+def _layer_files(package: str) -> list[Path]:
+    """The layer's own source files (the front door's exclude the four layers' folders)."""
+    files = sorted(_folder(package).rglob("*.py"))
+    if package == "epsim":
+        files = [f for f in files if f.relative_to(SRC).parts[0] not in LAYERS]
+    return files
+
+
 def _source_files() -> dict[str, Path]:
     """Every module of the five layers by installed name."""
-    found = {}
-    for package in ALLOWED:
-        for path in sorted((REPO / package).rglob("*.py")):
-            found[_module_of(path)] = path
-    return found
+    return {_module_of(path): path for package in ALLOWED for path in _layer_files(package)}
 
 
 SOURCES = _source_files()
@@ -212,7 +222,7 @@ def sim_violations(graph: dict[str, set[str]]) -> list[str]:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_imports_point_down(package):
-    for path in sorted((REPO / package).rglob("*.py")):
+    for path in _layer_files(package):
         for module, line, _, _ in _imports(path, package):
             where = f"{path.relative_to(REPO)}:{line}"
             if module.split(".")[0] in LAYERS:
@@ -223,11 +233,11 @@ def test_imports_point_down(package):
 
 
 def test_relative_imports_resolve_as_installed():
-    assert _resolve_relative("sim", REPO / "sim" / "step" / "compile.py", 1,
+    assert _resolve_relative("sim", SRC / "sim" / "step" / "compile.py", 1,
                              "roofline") == "epsim.sim.step.roofline"
-    assert _resolve_relative("epsim", REPO / "epsim" / "commands" / "step.py", 2,
+    assert _resolve_relative("epsim", SRC / "commands" / "step.py", 2,
                              "common") == "epsim.common"
-    assert _module_of(REPO / "sim" / "step" / "__init__.py") == "epsim.sim.step"
+    assert _module_of(SRC / "sim" / "step" / "__init__.py") == "epsim.sim.step"
     assert _layer_of("epsim.common") == "epsim" and _layer_of("epsim.runtime.kv") == "runtime"
     assert _layer_of("numpy") is None
 
@@ -267,7 +277,7 @@ def test_the_checks_fail_on_a_planted_import():
 
 
 def test_sim_parts_import_their_own_files_relatively_and_other_parts_absolutely():
-    for path in sorted((REPO / "sim").rglob("*.py")):
+    for path in sorted((SRC / "sim").rglob("*.py")):
         module = _module_of(path)
         part = sim_part(module)
         for target, line, _, relative in _imports(path, "sim"):
@@ -283,7 +293,7 @@ def test_sim_parts_import_their_own_files_relatively_and_other_parts_absolutely(
 
 @pytest.mark.parametrize("part", sorted(set(SIM_PARTS) - {"root"}))
 def test_each_sim_part_has_a_face(part):
-    folder = REPO / "sim" / part
+    folder = SRC / "sim" / part
     face = folder / "__init__.py"
     tree = ast.parse(face.read_text())
     doc = ast.get_docstring(tree) or ""
@@ -301,7 +311,7 @@ def test_each_sim_part_has_a_face(part):
 
 @pytest.mark.parametrize("package", ["model", "sim"])
 def test_no_module_level_torch(package):
-    for path in sorted((REPO / package).rglob("*.py")):
+    for path in _layer_files(package):
         for module, line, module_level, _ in _imports(path, package):
             if module.split(".")[0] == "torch" and module_level:
                 pytest.fail(f"{path.relative_to(REPO)}:{line} imports torch at module level")
@@ -309,7 +319,7 @@ def test_no_module_level_torch(package):
 
 def test_commands_import_no_other_command():
     """What commands share lives in epsim.common, so a command never imports another one."""
-    commands = REPO / "epsim" / "commands"
+    commands = SRC / "commands"
     for path in sorted(commands.glob("*.py")):
         for module, line, _, _ in _imports(path, "epsim"):
             other = module.removeprefix("epsim.commands.")

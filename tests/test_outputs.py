@@ -190,7 +190,7 @@ def test_sweep_csv_and_plot_are_written_together_or_not_at_all(tmp_path, monkeyp
         b.mkdir()
 
     monkeypatch.setattr(sweep, "write_plot", draw_then_swap)
-    status = main(["sweep", "--model", str(REPO / "model/configs/tiny-deepseek.json"), "--hardware",
+    status = main(["sweep", "--model", str(REPO / "src/epsim/model/configs/tiny-deepseek.json"), "--hardware",
                    "mi300x", "--isl", "16", "--osl", "4", "--concurrency", "1,2", "--workers",
                    "1", "--csv", str(a), "--plot", str(b)])
     err = capsys.readouterr().err

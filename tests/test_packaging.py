@@ -26,36 +26,32 @@ def _pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def test_layers_install_under_epsim_from_their_root_folders():
+SRC = REPO / "src"
+
+
+def test_the_import_path_is_the_file_path():
+    # src layout: epsim.sim.step is src/epsim/sim/step/, found by setuptools under src/
     setuptools = _pyproject()["tool"]["setuptools"]
-    assert setuptools["package-dir"] == {"epsim": "epsim",
-                                         **{f"epsim.{layer}": layer for layer in LAYERS}}
-    assert all(name == "epsim" or name.startswith("epsim.") for name in setuptools["packages"])
+    assert setuptools["packages"]["find"]["where"] == ["src"]
+    assert "package-dir" not in setuptools
     for layer in LAYERS:
         module = __import__(f"epsim.{layer}", fromlist=["_"])
-        assert Path(module.__file__).resolve().parent == REPO / layer
+        assert Path(module.__file__).resolve().parent == SRC / "epsim" / layer
+    assert sorted(p.name for p in SRC.iterdir() if p.is_dir() and p.name != "__pycache__"
+                  and not p.name.endswith(".egg-info")) == ["epsim"]
 
 
-def test_every_package_folder_is_listed_for_the_wheel():
-    # subpackages resolve through package-dir in an editable install, but a wheel ships only
-    # the packages listed
-    setuptools = _pyproject()["tool"]["setuptools"]
-    found = set()
-    for package, folder in setuptools["package-dir"].items():
-        for init in (REPO / folder).rglob("__init__.py"):
-            inner = init.parent.relative_to(REPO / folder).parts
-            found.add(".".join((package, *inner)))
-    assert found == set(setuptools["packages"])
+def test_every_package_folder_holding_python_has_an_init():
+    # setuptools' find ships only folders with an __init__.py: a module in one without it
+    # would be left out of the wheel
+    for path in (SRC / "epsim").rglob("*.py"):
+        assert (path.parent / "__init__.py").exists(), f"{path.parent} has no __init__.py"
 
 
 def test_every_package_data_pattern_matches_files():
     setuptools = _pyproject()["tool"]["setuptools"]
-    dirs = setuptools["package-dir"]
     for package, patterns in setuptools["package-data"].items():
-        # a subpackage lives under its nearest mapped parent (epsim.sim.hardware: sim/hardware)
-        parent = max((p for p in dirs if package == p or package.startswith(p + ".")), key=len)
-        folder = REPO / dirs[parent] / Path(*package[len(parent) + 1:].split(".") if
-                                            package != parent else ())
+        folder = SRC / Path(*package.split("."))
         for pattern in patterns:
             assert list(folder.glob(pattern)), f"{package}: {pattern} matches no file in {folder}"
 
@@ -91,7 +87,7 @@ def test_validate_help_names_the_default_grid(epsim):
 def test_nothing_puts_the_repository_on_the_import_path():
     pattern = re.compile(r"PYTHONPATH|sys\.path\.(insert|append)")
     me = Path(__file__).resolve()
-    for folder in ("runtime", "tests", "bench", "calibrate", "epsim"):
+    for folder in ("src", "tests", "bench"):
         for path in sorted((REPO / folder).rglob("*.py")):
             if path.resolve() == me:
                 continue

@@ -14,7 +14,7 @@ from epsim.frontier_chart import chart_footer
 from epsim.sim.hardware.profile import load_profile, profile_from_dict, shipped_profiles
 from epsim.stamp import footer_text, provenance, stamp_provenance
 
-PROFILES = REPO / "sim" / "hardware" / "profiles"
+PROFILES = REPO / "src" / "epsim" / "sim" / "hardware" / "profiles"
 TINY = ["--model", "tiny-deepseek", "--hardware", "mi300x", "--gpus-per-node", "2", "--dp", "2",
         "--ep", "2"]
 WORK = ["--isl", "48", "--osl", "6"]

@@ -70,7 +70,7 @@ def test_auto_and_local_are_left_to_ray(monkeypatch):
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
 def test_the_command_refuses_a_dead_address_in_one_line(epsim):
     port = _closed_port()
-    r = epsim("sweep", "--model", "model/configs/tiny-deepseek.json", "--hardware", "mi300x",
+    r = epsim("sweep", "--model", "src/epsim/model/configs/tiny-deepseek.json", "--hardware", "mi300x",
               "--isl", "16", "--osl", "4", "--concurrency", "1,2", "--ray", f"127.0.0.1:{port}")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [

@@ -27,7 +27,7 @@ from epsim.sim.step import op_cost
 from epsim.sim.step.simulate import simulate_step
 
 REPO = Path(__file__).resolve().parents[1]
-PROFILES = REPO / "sim" / "hardware" / "profiles"
+PROFILES = REPO / "src" / "epsim" / "sim" / "hardware" / "profiles"
 R1 = load_model("deepseek-r1")
 SETS = {"mi300x": ("aiter", "no-aiter"), "mi325x": ("aiter",), "mi355x": ("aiter",),
         "h100": ("sglang", "sglang-triton"), "h200": ("sglang", "sglang-triton"),

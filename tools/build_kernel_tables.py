@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PROFILES = REPO / "sim" / "hardware" / "profiles"
+PROFILES = REPO / "src" / "epsim" / "sim" / "hardware" / "profiles"
 
 AITER_REPO = "ROCm/aiter"
 AITER_COMMIT = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
