@@ -13,14 +13,15 @@ from __future__ import annotations
 import sys
 import time
 
-from epsim.sim.scenario import Scenario, StepCache, run_scenario  # noqa: E402
+from epsim.sim.scenario import StepCache, run_scenario  # noqa: E402
+from epsim.sim.spec import Scenario  # noqa: E402
 from epsim.sim.workload.spec import WorkloadSpec  # noqa: E402
 
 
 def scenario(concurrency: int) -> Scenario:
-    return Scenario(model="deepseek-r1", hardware="mi300x", dp=8, ep=8,
+    return Scenario.of(model="deepseek-r1", hardware="mi300x", dp=8, ep=8,
                     workload=WorkloadSpec(num_prompts=concurrency, isl=2000, osl=100,
-                                          max_concurrency=concurrency))
+                                          concurrency=concurrency))
 
 
 REPORT_4096 = 21224.6  # output tok/s at concurrency 4096 (decode time only), the public report

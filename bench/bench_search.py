@@ -29,10 +29,10 @@ import subprocess
 import time
 from typing import Any
 
-from epsim.sim.scenario import Scenario
 from epsim.sim.search.executors import PoolExecutor
 from epsim.sim.search.slo import parse_slo
 from epsim.sim.search.tune import SearchOptions, SearchSpace, TuneResult, tune
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import WorkloadSpec
 
 SLO = "mean_tpot_ms<=100,mean_ttft_ms<=5000"
@@ -40,7 +40,7 @@ CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024)
 SPACE = SearchSpace(concurrency=CONCURRENCY, dbo=(True, False), kv_dtype=("fp8", "bf16"),
                     splits=((None, 1), (None, 2), (None, 4)),  # dp: the GPUs over tp
                     hardware=("mi300x", "mi325x", "h200"), nodes=(1, 2))
-BASE = Scenario(model="deepseek-r1", hardware="mi300x",
+BASE = Scenario.of(model="deepseek-r1", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=None, isl=2000, osl=100, measure="steady"))
 #: aiconfigurator's default search on the same model and GPUs, when it is installed
 AIC_COMMAND = ["aiconfigurator", "cli", "default", "--model", "DEEPSEEK_V3", "--total_gpus",

@@ -26,7 +26,8 @@ from epsim.model.errors import EpsimError
 from epsim.model.plan import with_implied_fusions
 from epsim.model.shipped import shipped_text
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
+from epsim.sim.spec import Scenario
 from epsim.sim.step.simulate import simulate_step
 from epsim.sim.workload.spec import WorkloadSpec
 
@@ -36,9 +37,9 @@ MODEL = "deepseek-r1"
 
 def scenario(hardware: str, kernels: str | None, concurrency: int = 4096, **change: Any
              ) -> Scenario:
-    return Scenario(model=MODEL, hardware=hardware, dp=8, ep=8, kernels=kernels,
+    return Scenario.of(model=MODEL, hardware=hardware, dp=8, ep=8, kernels=kernels,
                     workload=WorkloadSpec(num_prompts=concurrency, isl=2000, osl=100,
-                                          max_concurrency=concurrency)).with_(**change)
+                                          concurrency=concurrency)).with_(**change)
 
 
 def step(hardware: str, kernels: str | None, batch: int = 512, context: int = 2100,

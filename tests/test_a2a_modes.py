@@ -219,8 +219,12 @@ def test_single_node_auto_and_normal_are_the_model_before_modes(kernels):
 def test_a_decode_batch_beside_a_prefill_runs_its_exchanges_as_the_prefill():
     # one all-to-all runs in one mode: across nodes, auto makes a step with any prefilling rank
     # run every rank's exchanges in the prefill's (normal) mode, as SGLang's OR over DP ranks
-    from epsim.sim.scenario import Scenario, StepCache, engine_step_time
+    from dataclasses import replace
+
+    from epsim.sim.deployment import resolve_deployment
+    from epsim.sim.scenario import StepCache, engine_step_time
     from epsim.sim.serving.step_time import StepPolicy
+    from epsim.sim.spec import Scenario
     from epsim.sim.workload.spec import WorkloadSpec
 
     assert a2a.with_prefill_choice("auto", True) == "normal"
@@ -238,11 +242,12 @@ def test_a_decode_batch_beside_a_prefill_runs_its_exchanges_as_the_prefill():
 
     r1 = load_model("deepseek-r1")
     plan = make_plan(r1, dp=16, ep=16, nodes=2)
-    sc = Scenario(model="deepseek-r1", hardware="mi300x", dp=16, ep=16, nodes=2,
+    sc = Scenario.of(model="deepseek-r1", hardware="mi300x", dp=16, ep=16, nodes=2,
                   workload=WorkloadSpec(num_prompts=8, isl=500, osl=8))
     cache = Recording()
     cache.modes = []
-    engine = engine_step_time(cache, r1, plan, load_profile("mi300x"), sc, Settings())
+    resolved = replace(resolve_deployment(sc.deployment), engine=Settings())
+    engine = engine_step_time(cache, resolved, plan, sc)
     alone = engine.decode(8, 500)
     beside = engine.decode(8, 500, any_prefill=True)
     assert cache.modes == ["auto", "normal"]

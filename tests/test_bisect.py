@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario
 from epsim.sim.search.bisect import (
     RATE_RESOLUTION,
     bisect,
@@ -23,9 +22,10 @@ from epsim.sim.search.bisect import (
 from epsim.sim.search.executors import PoolExecutor
 from epsim.sim.search.slo import parse_slo
 from epsim.sim.search.tune import SearchOptions, SearchSpace, tune
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import WorkloadSpec
 
-TINY = Scenario(model="tiny-deepseek", hardware="mi300x",
+TINY = Scenario.of(model="tiny-deepseek", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=None, isl=128, osl=8, measure="steady"))
 
 

@@ -6,8 +6,8 @@ import math
 from epsim.cli import build_parser
 from epsim.common import scenario_from_args
 from epsim.search_args import search_base_from_args, search_space_from_args
-from epsim.sim.scenario import Scenario
 from epsim.sim.search.tune import SearchSpace
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import WorkloadSpec
 
 R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
@@ -16,9 +16,9 @@ R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
 def test_predict_defaults_are_the_default_scenario():
     args = build_parser().parse_args(["predict", *R1, "--isl", "2000", "--osl", "100",
                                       "--concurrency", "64"])
-    assert scenario_from_args(args) == Scenario(
+    assert scenario_from_args(args) == Scenario.of(
         model="deepseek-r1", hardware="mi300x",
-        workload=WorkloadSpec(num_prompts=64, isl=2000, osl=100, max_concurrency=64))
+        workload=WorkloadSpec(num_prompts=64, isl=2000, osl=100, concurrency=64))
 
 
 def test_sweep_lists_are_parsed_into_tuples():
@@ -27,7 +27,7 @@ def test_sweep_lists_are_parsed_into_tuples():
     assert (args.isl, args.osl, args.kv_dtype) == ((100, 200), (10,), ("fp8", "bf16"))
     assert len(args.request_rate) == 1 and math.isinf(args.request_rate[0])
     sc = scenario_from_args(args, isl=100, osl=10, kv_dtype="bf16", request_rate=math.inf)
-    assert (sc.workload.isl, sc.kv_dtype, sc.workload.num_prompts) == (100, "bf16", 1000)
+    assert (sc.workload.isl, sc.deployment.execution.kv_dtype, sc.workload.num_prompts) == (100, "bf16", 1000)
 
 
 def test_tune_defaults_are_the_documented_search_space():

@@ -8,7 +8,7 @@ import pytest
 from serving_models import Affine, affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
 from epsim.sim.serving import ServingConfig, simulate_serving
 from epsim.sim.serving.presets import (
     EPSIM_CHUNKED_PREFILL,
@@ -22,6 +22,7 @@ from epsim.sim.serving.presets import (
     vllm_batch_defaults,
 )
 from epsim.sim.serving.step_time import EngineStepTime, StepCost, StepPolicy
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 GB = 1e9
@@ -160,10 +161,10 @@ def test_reference_scenario_under_each_preset():
     # real memory accounting and presets, analytic step times (a prefill token 0.1 ms, about
     # the simulator's figure for DeepSeek-R1 on MI300X)
     cache = StepCache(affine_factory(p_token=1e-4))
-    w = WorkloadSpec(num_prompts=4096, isl=2000, osl=100, max_concurrency=4096)
+    w = WorkloadSpec(num_prompts=4096, isl=2000, osl=100, concurrency=4096)
 
     def run(**kw):
-        return run_scenario(Scenario(model="deepseek-r1", hardware="mi300x", dp=8, ep=8,
+        return run_scenario(Scenario.of(model="deepseek-r1", hardware="mi300x", dp=8, ep=8,
                                      workload=w, dbo=None, **kw), cache)
 
     vllm, sglang = run(engine="vllm"), run(engine="sglang")

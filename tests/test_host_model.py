@@ -81,5 +81,5 @@ def test_no_host_overlap_flag_reaches_the_scenario():
     p = argparse.ArgumentParser()
     add_scenario_args(p)
     base = ["--model", "deepseek-r1", "--hardware", "mi300x"]
-    assert scenario_from_args(p.parse_args([*base, "--no-host-overlap"])).host_overlap is False
-    assert scenario_from_args(p.parse_args(base)).host_overlap is None  # the engine's own
+    assert scenario_from_args(p.parse_args([*base, "--no-host-overlap"])).deployment.engine.host_overlap is False
+    assert scenario_from_args(p.parse_args(base)).deployment.engine.host_overlap is None  # the engine's own

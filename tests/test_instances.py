@@ -7,7 +7,8 @@ from serving_models import Affine, affine_factory
 
 from epsim.cli import main
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, run_scenario, scenario_layout
+from epsim.sim.deployment import deployment_layout
+from epsim.sim.scenario import StepCache, run_scenario
 from epsim.sim.search.capacity import plan_capacity
 from epsim.sim.search.slo import parse_slo
 from epsim.sim.search.tune import SearchSpace
@@ -15,6 +16,7 @@ from epsim.sim.serving import ServingConfig, simulate_serving
 from epsim.sim.serving.instances import aggregate, instance_metrics
 from epsim.sim.serving.metrics import compute_metrics
 from epsim.sim.serving.router import LeastLoaded, RoundRobin, make_router
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
@@ -137,8 +139,8 @@ def test_disaggregated_instances_conserve_requests():
 
 
 def scenario(**kw):
-    return Scenario(model="deepseek-r1", hardware="mi300x", dp=8, ep=8,
-                    workload=WorkloadSpec(num_prompts=48, isl=500, osl=20, max_concurrency=48,
+    return Scenario.of(model="deepseek-r1", hardware="mi300x", dp=8, ep=8,
+                    workload=WorkloadSpec(num_prompts=48, isl=500, osl=20, concurrency=48,
                                           request_rate=200.0), **kw)
 
 
@@ -181,13 +183,13 @@ def test_prefill_side_has_its_own_plan():
 
 
 def test_layout_refuses_what_does_not_divide():
-    assert scenario_layout(scenario(disagg=(2, 4), instance_nodes=2)).decode_instances == 2
+    assert deployment_layout(scenario(disagg=(2, 4), instance_nodes=2).deployment).decode_instances == 2
     with pytest.raises(EpsimError, match="--instance-nodes 2 does not divide the 3 decode"):
-        scenario_layout(scenario(disagg=(2, 3), instance_nodes=2))
+        deployment_layout(scenario(disagg=(2, 3), instance_nodes=2).deployment)
     with pytest.raises(EpsimError, match="--instance-nodes 2 does not divide --nodes 3"):
-        scenario_layout(scenario(nodes=3, instance_nodes=2))
+        deployment_layout(scenario(nodes=3, instance_nodes=2).deployment)
     with pytest.raises(EpsimError, match="need --disagg"):
-        scenario_layout(scenario(prefill_ep=8))
+        deployment_layout(scenario(prefill_ep=8).deployment)
 
 
 def test_plan_counts_instances():

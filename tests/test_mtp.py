@@ -11,10 +11,11 @@ from serving_models import Affine
 from epsim.model import Batch, accounting, build_step_graph, load_model, make_plan
 from epsim.model.errors import EpsimError
 from epsim.model.mtp import DEFAULT_ACCEPTANCE, expected_tokens, sample_accepted
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
 from epsim.sim.serving import ServingConfig, simulate_serving
 from epsim.sim.serving.metrics import compute_metrics
 from epsim.sim.serving.speculation import DraftAcceptance
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 R1 = load_model("deepseek-r1")
@@ -219,8 +220,8 @@ def test_a_request_reserves_kv_for_the_drafts_past_its_end():
 def test_mtp_speeds_up_predict_when_drafts_are_accepted_and_slows_it_when_not():
     cache = StepCache()
     w = WorkloadSpec(dataset="fixed", num_prompts=128, isl=1000, osl=100,
-                     max_concurrency=128).validate()
-    base = Scenario(model="deepseek-r1", hardware="mi300x", workload=w, dp=8, ep=8)
+                     concurrency=128).validate()
+    base = Scenario.of(model="deepseek-r1", hardware="mi300x", workload=w, dp=8, ep=8)
     plain = run_scenario(base, cache)
     good = run_scenario(base.with_(mtp=1, mtp_acceptance=0.9), cache)
     bad = run_scenario(base.with_(mtp=1, mtp_acceptance=0.0), cache)

@@ -157,7 +157,7 @@ def test_every_policy_serves_every_request(n, dp, cap_seqs, conc, seed, name, ru
                         chunked_prefill_size=128, scheduler=name, max_running_per_rank=running,
                         max_batched_tokens=budget, reserve_clip_tokens=clip, mixed_chunk=mixed)
     run = simulate_serving(req, cfg, Affine(base=0.01, per_seq=1e-3, per_ctx=1e-6, p_base=0.02,
-                                            p_token=1e-4), max_concurrency=conc)
+                                            p_token=1e-4), concurrency=conc)
     assert np.all(run.first_token_s > run.send_s) and np.all(run.done_s >= run.first_token_s)
     # every output token but the first leaves exactly one gap, preempted or not
     assert len(run.itls_s) == int((outs - 1).sum()) and np.all(run.itls_s > 0)

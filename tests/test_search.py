@@ -8,7 +8,7 @@ import pytest
 from serving_models import affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache
+from epsim.sim.scenario import StepCache
 from epsim.sim.search.executors import (
     Executor,
     PoolExecutor,
@@ -19,11 +19,12 @@ from epsim.sim.search.executors import (
 from epsim.sim.search.samplers import choose, constraint_values
 from epsim.sim.search.slo import parse_slo
 from epsim.sim.search.tune import SearchOptions, SearchSpace, apply_point, tune
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import WorkloadSpec
 
-TINY = Scenario(model="tiny-deepseek", hardware="mi300x",
+TINY = Scenario.of(model="tiny-deepseek", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=16, isl=128, osl=8))
-R1 = Scenario(model="deepseek-r1", hardware="mi300x",
+R1 = Scenario.of(model="deepseek-r1", hardware="mi300x",
               workload=WorkloadSpec(num_prompts=64, isl=1000, osl=30))
 SLO = parse_slo("median_itl_ms<=100")
 
@@ -127,7 +128,8 @@ def test_the_further_dimensions_are_searched_and_applied():
     assert pts[0] == {"split": None, "kv_dtype": "fp8", "graph": True, "dbo": True,
                       "max_num_seqs": 64, "chunked_prefill_size": 2048, "concurrency": 8}
     sc = apply_point(R1, pts[1], None)
-    assert (sc.max_num_seqs, sc.chunked_prefill_size, sc.mtp) == (128, 2048, 0)
+    f = sc.flat()
+    assert (f["max_num_seqs"], f["chunked_prefill_size"], f["mtp"]) == (128, 2048, 0)
     # today's five knobs read as they always did
     assert SearchSpace(concurrency=(8,)).points() == [
         {"split": None, "kv_dtype": "fp8", "graph": True, "dbo": True, "concurrency": 8}]
@@ -135,7 +137,8 @@ def test_the_further_dimensions_are_searched_and_applied():
     assert hw.size() == 8 and list(hw.points()[-1]) == [
         "hardware", "nodes", "split", "kv_dtype", "graph", "dbo", "mtp", "concurrency"]
     sc = apply_point(R1, hw.points()[-1], None)
-    assert (sc.hardware, sc.nodes, sc.mtp) == ("h200", 2, 1)
+    f = sc.flat()
+    assert (f["hardware"], f["nodes"], f["mtp"]) == ("h200", 2, 1)
 
 
 TUNE = ["tune", "--model", "tiny-deepseek", "--hardware", "mi300x", "--isl", "128", "--osl",

@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 from serving_models import Affine, affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
 from epsim.sim.serving import ServingConfig, StepCost, simulate_serving
 from epsim.sim.serving.metrics import compute_metrics
 from epsim.sim.serving.step_time import MemoStepTime, grid_bracket
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 
@@ -24,7 +25,7 @@ def reqs(n, isl, osl, times=None):
 def test_one_wave_by_hand():
     # 4 requests on one rank: one prefill step (0.1 s), then 4 decode steps (0.01 s each)
     run = simulate_serving(reqs(4, 100, 5), ServingConfig(dp=1, kv_capacity_tokens=10**6),
-                           Affine(base=0.01, p_base=0.1), max_concurrency=4)
+                           Affine(base=0.01, p_base=0.1), concurrency=4)
     m = compute_metrics(run)
     assert m["completed"] == 4
     assert m["mean_ttft_ms"] == pytest.approx(100.0)
@@ -45,7 +46,7 @@ def test_closed_loop_sends_when_a_slot_frees():
     # concurrency 2, 4 requests: the second pair is sent at 0.14 s when the first pair ends;
     # its clock starts then, so every TTFT is one prefill
     run = simulate_serving(reqs(4, 100, 5), ServingConfig(dp=1, kv_capacity_tokens=10**6),
-                           Affine(base=0.01, p_base=0.1), max_concurrency=2)
+                           Affine(base=0.01, p_base=0.1), concurrency=2)
     assert run.send_s.tolist() == pytest.approx([0, 0, 0.14, 0.14])
     assert (run.first_token_s - run.send_s) == pytest.approx(np.full(4, 0.1))
     assert run.done_s.max() == pytest.approx(0.28)
@@ -56,7 +57,7 @@ def test_requests_waiting_for_kv_show_in_ttft():
     # 0.14 s when the first two free theirs, so their TTFT is 0.14 + 0.1
     cap = 2 * (100 + 5)
     run = simulate_serving(reqs(4, 100, 5), ServingConfig(dp=1, kv_capacity_tokens=cap),
-                           Affine(base=0.01, p_base=0.1), max_concurrency=4)
+                           Affine(base=0.01, p_base=0.1), concurrency=4)
     ttft = run.first_token_s - run.send_s
     assert ttft.tolist() == pytest.approx([0.1, 0.1, 0.24, 0.24])
     m = compute_metrics(run)
@@ -83,7 +84,7 @@ def test_chunked_prefill_takes_several_steps():
 def test_dp_ranks_step_together_at_the_busiest_rank():
     # 3 requests round robin over 2 ranks: rank 0 holds 2, so every decode step costs seqs=2
     run = simulate_serving(reqs(3, 10, 3), ServingConfig(dp=2, kv_capacity_tokens=10**6),
-                           Affine(base=0.01, per_seq=0.005, p_base=0.1), max_concurrency=3)
+                           Affine(base=0.01, per_seq=0.005, p_base=0.1), concurrency=3)
     dec = [s for s in run.steps if s.kind == "decode"]
     assert all(s.max_seqs == 2 for s in dec)
     assert all(s.seconds == pytest.approx(0.02) for s in dec)
@@ -108,7 +109,7 @@ def test_disaggregated_ttft_includes_the_kv_transfer():
     cfg = ServingConfig(dp=1, kv_capacity_tokens=10**6, prefill_dp=1,
                         prefill_kv_capacity_tokens=10**6, kv_transfer_s_per_token=1e-4)
     run = simulate_serving(reqs(2, 100, 3), cfg, Affine(base=0.01), Affine(p_base=0.2),
-                           max_concurrency=2)
+                           concurrency=2)
     # prefill 0.2 s, then 100 tokens x 0.1 ms of KV over the NIC
     assert (run.first_token_s - run.send_s).tolist() == pytest.approx([0.21, 0.21])
     assert run.done_s.tolist() == pytest.approx([0.23, 0.23])
@@ -123,7 +124,7 @@ def test_throughput_rises_with_concurrency_until_kv_saturates_and_itl_rises():
     outs, itls = [], []
     for c in (8, 16, 32, 64, 128, 256):
         run = simulate_serving(reqs(512, 1000, 100), ServingConfig(
-            dp=1, kv_capacity_tokens=cap, chunked_prefill_size=65536), model, max_concurrency=c)
+            dp=1, kv_capacity_tokens=cap, chunked_prefill_size=65536), model, concurrency=c)
         m = compute_metrics(run)
         outs.append(m["decode_throughput"])
         itls.append(m["median_itl_ms"])
@@ -138,10 +139,10 @@ def test_bf16_kv_halves_the_concurrency_that_fits():
     # DeepSeek-R1 on 8x MI300X, DP8/EP8: the real memory accounting sizes the cache
     def fits(kv):
         # epsim's own policy: no engine cap on running requests, the cache alone sizes them
-        sc = Scenario(model="deepseek-r1", hardware="mi300x", kv_dtype=kv,
+        sc = Scenario.of(model="deepseek-r1", hardware="mi300x", kv_dtype=kv,
                       engine="prefill_first",
                       workload=WorkloadSpec(num_prompts=12000, isl=2000, osl=100,
-                                            max_concurrency=12000))
+                                            concurrency=12000))
         r = run_scenario(sc, StepCache(affine_factory()))
         return r["max_running_per_rank"] * r["dp"], r["kv_capacity_tokens_per_rank"]
 
@@ -152,7 +153,7 @@ def test_bf16_kv_halves_the_concurrency_that_fits():
 
 def test_same_seed_same_metrics():
     def once(seed):
-        sc = Scenario(model="deepseek-r1", hardware="mi300x",
+        sc = Scenario.of(model="deepseek-r1", hardware="mi300x",
                       workload=WorkloadSpec(dataset="random", num_prompts=300, isl=500, osl=50,
                                             random_range_ratio=0.5, request_rate=20.0,
                                             seed=seed))
@@ -184,7 +185,7 @@ def test_memo_interpolation_is_exact_for_bilinear_step_times():
 
 
 def test_open_loop_poisson_rate_is_the_request_throughput():
-    sc = Scenario(model="deepseek-r1", hardware="mi300x",
+    sc = Scenario.of(model="deepseek-r1", hardware="mi300x",
                   workload=WorkloadSpec(num_prompts=2000, isl=200, osl=20, request_rate=40.0))
     r = run_scenario(sc, StepCache(affine_factory()))
     # far below saturation: the server keeps up, so requests finish at the offered rate
@@ -219,7 +220,7 @@ def test_serving_invariants(n, dp, cap_seqs, conc, chunk, seed, disagg):
                         **({"prefill_dp": 2, "prefill_kv_capacity_tokens": 600,
                             "kv_transfer_s_per_token": 1e-5} if disagg else {}))
     run = simulate_serving(req, cfg, Affine(base=0.01, per_seq=1e-3, p_base=0.02, p_token=1e-4),
-                           max_concurrency=conc)
+                           concurrency=conc)
     assert np.all(run.send_s >= req.issue_times_s - 1e-12)
     assert np.all(run.first_token_s > run.send_s)
     assert np.all(run.done_s >= run.first_token_s)
@@ -255,7 +256,7 @@ def test_the_loop_pauses_the_cyclic_collector_and_restores_it(enabled_before):
     (gc.enable if enabled_before else gc.disable)()
     try:
         run = simulate_serving(reqs(4, 100, 5), ServingConfig(dp=1, kv_capacity_tokens=10**6),
-                               watch, max_concurrency=4)
+                               watch, concurrency=4)
         assert gc.isenabled() is enabled_before
     finally:
         (gc.enable if was else gc.disable)()

@@ -33,7 +33,7 @@ def _trace(run, tmp_path):
 def test_colocated_trace_by_hand(tmp_path):
     # dp 2, room for one 105-token request per rank: 2 run, 2 wait in the ranks' queues
     run = simulate_serving(reqs(6, 100, 5), ServingConfig(dp=2, kv_capacity_tokens=105),
-                           Affine(base=0.01, p_base=0.1), max_concurrency=4)
+                           Affine(base=0.01, p_base=0.1), concurrency=4)
     data, threads, slices, counters = _trace(run, tmp_path)
     assert data["otherData"] == {"model": "analytic"}
     # one track per rank
@@ -92,7 +92,7 @@ def test_disaggregated_trace_has_both_sides(tmp_path):
     cfg = ServingConfig(dp=2, kv_capacity_tokens=10**6, prefill_dp=1,
                         prefill_kv_capacity_tokens=10**6, kv_transfer_s_per_token=1e-4)
     run = simulate_serving(reqs(5, 100, 3), cfg, Affine(base=0.01), Affine(p_base=0.2),
-                           max_concurrency=5)
+                           concurrency=5)
     _, threads, slices, counters = _trace(run, tmp_path)
     assert {t for t in threads if t[0] != "requests"} == {
         ("prefill ranks", 0), ("decode ranks", 0), ("decode ranks", 1)}
@@ -112,12 +112,12 @@ def test_request_lanes_reuse_the_lowest_free_lane():
 
 def test_per_rank_counts_are_kept_only_when_asked():
     cfg = ServingConfig(dp=2, kv_capacity_tokens=10**4)
-    kept = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), max_concurrency=4)
+    kept = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), concurrency=4)
     assert kept.steps[0].rank_running.tolist() == [2, 2]  # round robin: two on each rank
     assert kept.steps[0].rank_queued.tolist() == [0, 0]
     assert kept.steps[0].rank_kv_usage.tolist() == [0.021, 0.021]  # 2 x 105 of 10,000
     # a search keeps its steps for a steady window, without the O(requests) counts a step
-    lean = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), max_concurrency=4,
+    lean = simulate_serving(reqs(4, 100, 5), cfg, Affine(base=0.01), concurrency=4,
                             rank_counts=False)
     assert len(lean.steps) == len(kept.steps)
     assert all(s.rank_running is None and s.rank_kv_usage is None for s in lean.steps)

@@ -6,7 +6,7 @@ import pytest
 from serving_models import affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
 from epsim.sim.search.slo import parse_slo
 from epsim.sim.search.tune import SearchSpace, tune
 from epsim.sim.serving.simulate import ServingRun
@@ -16,6 +16,7 @@ from epsim.sim.serving.window import (
     steady_num_prompts,
     steady_window,
 )
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 
@@ -72,13 +73,13 @@ def test_the_run_is_sized_for_the_window():
     assert steady_num_prompts(4, 8) == 8 + 4 * STEADY_COMPLETIONS_PER_RANK
 
 
-BASE = Scenario(model="deepseek-r1", hardware="mi300x",
+BASE = Scenario.of(model="deepseek-r1", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=None, isl=1000, osl=30, measure="steady"))
 
 
 def test_a_steady_run_without_num_prompts_holds_its_completions_per_rank():
     sc = BASE.with_(workload=WorkloadSpec(
-        num_prompts=None, isl=1000, osl=30, max_concurrency=32, measure="steady"))
+        num_prompts=None, isl=1000, osl=30, concurrency=32, measure="steady"))
     r = run_scenario(sc, StepCache(affine_factory(per_seq=1e-3)))
     ranks = r["dp"]
     assert r["num_prompts"] == steady_num_prompts(32, ranks)
@@ -87,8 +88,8 @@ def test_a_steady_run_without_num_prompts_holds_its_completions_per_rank():
 
 def _mean_ttft(engine: str, n: int, c: int, measure: str) -> float:
     # 8 prompts of 4,000 tokens per rank: 32,000 tokens, several steps' token budget
-    w = WorkloadSpec(num_prompts=n, isl=4000, osl=30, max_concurrency=c, measure=measure)
-    sc = Scenario(model="deepseek-r1", hardware="mi300x", engine=engine, workload=w)
+    w = WorkloadSpec(num_prompts=n, isl=4000, osl=30, concurrency=c, measure=measure)
+    sc = Scenario.of(model="deepseek-r1", hardware="mi300x", engine=engine, workload=w)
     return run_scenario(sc, StepCache(affine_factory(per_seq=1e-3, p_token=1e-5)))[
         "mean_ttft_ms"]
 

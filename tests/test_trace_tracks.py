@@ -107,10 +107,10 @@ def _serving_runs():
     n = 12
     req = Requests(np.full(n, 100), np.full(n, 6), np.linspace(0.0, 0.2, n))
     yield simulate_serving(req, ServingConfig(dp=2, kv_capacity_tokens=250, instances=2),
-                           Affine(base=0.01, p_base=0.1), max_concurrency=8)
+                           Affine(base=0.01, p_base=0.1), concurrency=8)
     cfg = ServingConfig(dp=2, kv_capacity_tokens=10**6, prefill_dp=2,
                         prefill_kv_capacity_tokens=10**6, kv_transfer_s_per_token=1e-4)
-    yield simulate_serving(req, cfg, Affine(base=0.01), Affine(p_base=0.2), max_concurrency=8)
+    yield simulate_serving(req, cfg, Affine(base=0.01), Affine(p_base=0.2), concurrency=8)
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["colocated-2-instances", "disaggregated"])

@@ -7,13 +7,14 @@ import pytest
 from serving_models import affine_factory
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
 from epsim.sim.search.capacity import plan_capacity
 from epsim.sim.search.slo import parse_slo, with_slo_metrics
 from epsim.sim.search.tune import SearchSpace, apply_point, pareto_frontier, tune
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import WorkloadSpec
 
-BASE = Scenario(model="deepseek-r1", hardware="mi300x",
+BASE = Scenario.of(model="deepseek-r1", hardware="mi300x",
                 workload=WorkloadSpec(num_prompts=64, isl=1000, osl=30))
 
 
@@ -26,7 +27,8 @@ def test_parse_slo():
     assert not slo.met({"median_itl_ms": 100.1, "p90_ttft_ms": 1, "output_throughput": 11})
     sc = with_slo_metrics(BASE.with_(percentiles=(50.0,), percentile_metrics=("itl",)),
                           parse_slo("p95_e2el_ms<=9"))
-    assert sc.percentiles == (50.0, 95.0) and sc.percentile_metrics == ("itl", "e2el")
+    m = sc.measurement
+    assert m.percentiles == (50.0, 95.0) and m.percentile_metrics == ("itl", "e2el")
 
 
 @pytest.mark.parametrize("text, match", [

@@ -5,7 +5,7 @@ before anything is simulated, unless --force."""
 import pytest
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.spec import WorkloadSpec
 from epsim.work import (
     BYTES_PER_REQUEST,
@@ -40,10 +40,10 @@ def test_within_the_budget_passes_and_past_it_is_one_line_naming_each_excess():
 
 
 def test_requests_of_a_point_follow_the_run_it_will_be():
-    burst = Scenario(model="deepseek-r1", hardware="mi300x",
-                     workload=WorkloadSpec(isl=100, osl=10, max_concurrency=64))
+    burst = Scenario.of(model="deepseek-r1", hardware="mi300x",
+                     workload=WorkloadSpec(isl=100, osl=10, concurrency=64))
     assert point_requests(burst) == 1000  # num_prompts default of a burst run
-    steady = burst.with_(workload=WorkloadSpec(isl=100, osl=10, max_concurrency=64,
+    steady = burst.with_(workload=WorkloadSpec(isl=100, osl=10, concurrency=64,
                                                num_prompts=None, measure="steady"))
     assert point_requests(steady) == 2 * 64 + 16 * 8  # two concurrencies + 16 per rank (8)
     assert point_requests(steady.with_(nodes=2)) == 2 * 64 + 16 * 16

@@ -61,24 +61,24 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def _scenario(args: argparse.Namespace):
-    from epsim.sim.scenario import Scenario
+    from epsim.sim.spec import ExecutionSpec
 
     missing = {k: v for k, v in _SCENARIO_DEFAULTS.items() if getattr(args, k, None) is None}
-    missing["kv_dtype"] = args.kv_dtype or Scenario.kv_dtype
-    missing["mem_fraction"] = Scenario.mem_fraction
+    missing["kv_dtype"] = args.kv_dtype or ExecutionSpec.kv_dtype
+    missing["mem_fraction"] = ExecutionSpec.mem_fraction
     # the workload is a placeholder: replay() puts each file's in its place
     return scenario_from_args(
         args, **missing, dataset="fixed", isl=1, osl=1, concurrency=None, num_prompts=1,
         random_range_ratio=0.0, request_rate=math.inf, burstiness=1.0, dataset_path=None,
-        metric_percentiles=(50.0,), percentile_metrics=("ttft",), bench_client=None)
+        percentiles=(50.0,), percentile_metrics=("ttft",), bench_client=None)
 
 
 def run_bench_fit(args: argparse.Namespace) -> int:
     from epsim.calibrate import plausible
     from epsim.calibrate.bench_fit import fit_bench, fitted_profile
     from epsim.model.outputs import write_text_atomic
+    from epsim.sim.deployment import deployment_profile, resolve_deployment
     from epsim.sim.hardware.profile import profile_from_bytes
-    from epsim.sim.scenario import scenario_profile
     from epsim.sim.workload.bench_results import read_bench_file
 
     if args.model is None or args.hardware is None:
@@ -89,16 +89,19 @@ def run_bench_fit(args: argparse.Namespace) -> int:
     runs = [read_bench_file(f, args.bench_client) for f in args.from_bench]
     sc = _scenario(args)
     names = tuple(args.factors) if args.factors else (
-        DEFAULT_FACTORS + (("host",) if sc.engine != PREFILL_FIRST else ()))
+        DEFAULT_FACTORS + (("host",) if sc.deployment.engine.engine != PREFILL_FIRST else ()))
     report = fit_bench(runs, sc, names, loo=not args.no_loo)
     plausible.warn(report["refused"], "calibrate --from-bench")
-    deployment = {"model": sc.model, "hardware": sc.hardware, "nodes": sc.nodes,
-                  "gpus_per_node": sc.gpus_per_node, "dp": sc.dp, "tp": sc.tp, "ep": sc.ep,
-                  "kernels": sc.kernels, "engine": sc.engine, "dbo": sc.use_dbo,
-                  "graph": sc.graph, "eplb": sc.eplb, "kv_dtype": sc.kv_dtype, "mtp": sc.mtp,
-                  "host_ms_per_step": sc.host_ms_per_step}
+    d = sc.deployment
+    p, x = d.plan, d.execution
+    deployment = {"model": d.model, "hardware": d.hardware, "nodes": p.nodes,
+                  "gpus_per_node": p.gpus_per_node, "dp": p.dp, "tp": p.tp, "ep": p.ep,
+                  "kernels": x.kernels, "engine": d.engine.engine,
+                  "dbo": resolve_deployment(d).dbo, "graph": x.graph, "eplb": x.eplb,
+                  "kv_dtype": x.kv_dtype, "mtp": x.mtp,
+                  "host_ms_per_step": d.engine.host_ms_per_step}
     obj = fitted_profile(report, str(args.hardware), args.from_bench, deployment)
-    obj["provenance"] = scenario_profile(sc).provenance()  # the profile it was fitted from
+    obj["provenance"] = deployment_profile(sc.deployment).provenance()  # the profile it was fitted from
     stamp_provenance(obj)
     text = jsonout.dumps(obj, indent=2) + "\n"
     write_text_atomic(text, args.out)

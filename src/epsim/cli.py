@@ -23,6 +23,7 @@ from epsim.model.errors import EpsimError
 from epsim.model.outputs import OutputSet
 
 from .commands import COMMANDS
+from .config_file import apply_config, config_path, print_group_help
 from .specs import output_targets
 
 
@@ -60,10 +61,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, argv: Sequence[str]
+                    ) -> tuple[argparse.ArgumentParser | None, list[str]]:
+    """The (sub)command's own parser that ``argv``'s leading words name, and those words."""
+    words: list[str] = []
+    current: argparse.ArgumentParser | None = parser
+    for token in argv:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or token not in subs[0].choices:
+            break
+        current = subs[0].choices[token]
+        words.append(token)
+    return (current if words else None), words
+
+
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and validate ``argv`` (every flag's range, names, files, output targets): the
-    arguments, or ``SystemExit(2)`` after one line on stderr. Nothing is written."""
-    return build_parser().parse_args(argv)
+    arguments, or ``SystemExit(2)`` after one line on stderr. Nothing is written.
+    ``--config FILE`` sets the command's defaults before the flags are read (they win);
+    ``--help=GROUP`` prints that group of the command's flags and exits."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    command, words = _command_parser(parser, argv)
+    if command is not None:
+        try:
+            group = next((a.split("=", 1)[1] for a in argv if a.startswith("--help=")), None)
+            if group is not None:
+                print_group_help(command, group)
+                raise SystemExit(0)
+            path = config_path(argv)
+            flag = command._option_string_actions.get("--config")
+            if path is not None and flag is not None:
+                apply_config(command, flag.type(path))  # the file checked as an input first
+        except argparse.ArgumentTypeError as exc:
+            command.error(f"argument --config: {exc}")
+        except EpsimError as exc:
+            command.error(str(exc))
+    return parser.parse_args(argv)
 
 
 #: the signals that end a command: each with one line and exit status 128 + the signal (130,

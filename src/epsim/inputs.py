@@ -147,7 +147,6 @@ def _lazy_flags() -> dict[str, Spec]:
     from epsim.model.plan import KV_DTYPES, MAX_MTP
     from epsim.sim.hardware.a2a import A2A_CHOICES
     from epsim.sim.hardware.profile import shipped_profiles
-    from epsim.sim.scenario import parse_disagg
     from epsim.sim.search.bisect import VARIABLES
     from epsim.sim.search.samplers import STRATEGIES
     from epsim.sim.search.slo import parse_slo
@@ -160,6 +159,7 @@ def _lazy_flags() -> dict[str, Spec]:
     )
     from epsim.sim.serving.presets import ENGINES
     from epsim.sim.serving.router import ROUTER_NAMES
+    from epsim.sim.spec import parse_disagg
     from epsim.sim.step import MODES
     from epsim.sim.workload.spec import BENCH_CLIENTS, DATASETS, MEASURES
     from epsim.sim.workload.traces import shipped_traces
@@ -277,6 +277,7 @@ FLAGS: dict[str, Spec] = {
     "--placement": InputFile("placement file"),
     "--from-trace": InputFile("profiler trace"),
     "--from-bench": InputFile("benchmark result file"),
+    "--config": InputFile("deployment file"),
 }
 
 #: where one command reads a flag with another range

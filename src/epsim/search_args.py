@@ -8,10 +8,10 @@ import math
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario
 from epsim.sim.search.executors import Executor, make_executor
 from epsim.sim.search.samplers import DEFAULT_TRIALS, GRID_MAX_POINTS
 from epsim.sim.search.tune import OBJECTIVES, SearchOptions, SearchSpace
+from epsim.sim.spec import ExecutionSpec, Scenario
 
 from .common import add_scenario_args, scenario_from_args
 from .inputs import add_flag
@@ -46,8 +46,6 @@ def add_search_args(parser: argparse.ArgumentParser) -> None:
     add_flag(g, "--objective", default=OBJECTIVES[0],
              help=f"what to maximise (default {OBJECTIVES[0]}; goodput: vLLM's requests/s "
              "meeting every --goodput per-request SLO)")
-    add_flag(g, "--dbo", lists=True, default="on,off", help="DBO values to try (default on,off)")
-    add_flag(g, "--graph", lists=True, default="on", help="graph-mode values to try (default on)")
     add_flag(g, "--splits", lists=True, default=None,
              help="dp x tp splits to try, e.g. 8x1,4x2,1x8 (default: the plan's own)")
     parser.set_defaults(concurrency=None, measure="steady")  # a service level: steady state
@@ -131,9 +129,8 @@ def search_space_from_args(args: argparse.Namespace, *, units: bool = False) -> 
         concurrency=tuple(args.concurrency or ((None,) if _rate_bisect(args)
                                                else DEFAULT_SEARCH_CONCURRENCY)),
         request_rate=_rates(args),
-        # --no-dbo / --no-graph pin the knob off; otherwise the lists say what to try
-        dbo=(False,) if args.no_dbo else tuple(args.dbo),
-        graph=(False,) if args.no_graph else tuple(args.graph),
+        # the lists say what to try (--no-dbo / --no-graph: off alone)
+        dbo=tuple(args.dbo), graph=tuple(args.graph),
         splits=tuple(args.splits) if args.splits else (None,),
         kv_dtype=tuple(args.kv_dtype),
     )
@@ -155,4 +152,4 @@ def search_base_from_args(args: argparse.Namespace, hardware: str) -> Scenario:
         chunked_prefill_size=first(args.chunked_prefill_size),
         isl=one("--isl", args.isl), osl=one("--osl", args.osl),
         request_rate=first(args.request_rate),
-        kv_dtype=Scenario.kv_dtype)  # each point sets its own
+        kv_dtype=ExecutionSpec.kv_dtype)  # each point sets its own

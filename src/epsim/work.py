@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario
 from epsim.sim.search.tune import SearchSpace
 from epsim.sim.serving.window import steady_num_prompts
+from epsim.sim.spec import Scenario
 
 #: bytes of memory one simulated request holds while its point runs (its lengths, times and
 #: per-request metrics): measured on this project's build machine as the peak RSS growth of
@@ -92,9 +92,9 @@ def point_requests(sc: Scenario) -> int:
     if w.num_prompts is not None:
         return w.num_prompts
     if w.measure == "steady":
-        gpus = (sc.nodes or 1) * (sc.gpus_per_node or ASSUMED_GPUS_PER_NODE)
-        return steady_num_prompts(w.max_concurrency, gpus)
-    return w.max_concurrency or 1
+        gpus = (sc.deployment.plan.nodes or 1) * (sc.deployment.plan.gpus_per_node or ASSUMED_GPUS_PER_NODE)
+        return steady_num_prompts(w.concurrency, gpus)
+    return w.concurrency or 1
 
 
 def estimate(per_point: Iterable[tuple[int, int]], parallel: int) -> WorkEstimate:
@@ -161,7 +161,7 @@ def check_search(command: str, args: argparse.Namespace, base: Scenario, space: 
     for c in space.concurrency:
         w = base.workload
         own = w.num_prompts if w.kind.replays else None if w.measure == "steady" else c
-        sc = base.with_(workload=replace(w, max_concurrency=c,
+        sc = base.with_(workload=replace(w, concurrency=c,
                                          num_prompts=args.num_prompts or own))
         groups.append((math.ceil(each), point_requests(sc)))
     check(command, estimate(groups, workers_of(args)), args.force)

@@ -41,7 +41,7 @@ import json
 import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,9 @@ import numpy as np
 from epsim.model.errors import EpsimError
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
 from epsim.sim.replay import replay
-from epsim.sim.scenario import Scenario, StepCache
+from epsim.sim.scenario import StepCache
 from epsim.sim.serving.presets import HOST_MS_PER_STEP, PREFILL_FIRST
+from epsim.sim.spec import Scenario
 from epsim.sim.workload.bench_results import BenchResult
 
 from . import plausible
@@ -131,7 +132,7 @@ class Simulator:
         deployment's)."""
         eff = self.raw.get("efficiency", {})
         scale = eff.get("op_final_scale", {})
-        host = self.sc.host_ms_per_step or eff.get("host_ms_per_step") or HOST_START_MS
+        host = self.sc.deployment.engine.host_ms_per_step or eff.get("host_ms_per_step") or HOST_START_MS
         return np.log([host if n == "host" else scale.get(n, 1.0) for n in self.names])
 
     def profile_obj(self, values: Mapping[str, float]) -> dict[str, Any]:
@@ -161,8 +162,8 @@ class Simulator:
             obj = self.profile_obj(values)
             profile_from_dict(obj, "fitted profile")  # a bad value: refused here, not mid-run
             path.write_text(json.dumps(obj))
-            sc = replace(self.sc, hardware=str(path), host_ms_per_step=values.get(
-                "host", self.sc.host_ms_per_step))
+            sc = self.sc.with_(hardware=str(path), host_ms_per_step=values.get(
+                "host", self.sc.deployment.engine.host_ms_per_step))
             cache = StepCache()
             for i in todo:
                 report = replay(self.runs[i], sc, cache)
@@ -302,7 +303,7 @@ def fit_bench(runs: Sequence[BenchResult], sc: Scenario, names: Sequence[str], *
     if unknown or not names:
         raise EpsimError(f"unknown factor {', '.join(unknown) or '(none)'}: choose from "
                          + ", ".join(FACTORS))
-    if "host" in names and sc.engine == PREFILL_FIRST:
+    if "host" in names and sc.deployment.engine.engine == PREFILL_FIRST:
         raise EpsimError("the host time per step acts under --engine only, and --engine "
                          "prefill_first (epsim's own policy) charges none: run another engine "
                          "(the default is the hardware vendor's), or drop host from --factors")

@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 from epsim.model import ModelConfig, accounting, load_model, make_plan
-from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES
+from epsim.model.plan import KV_DTYPES
 from epsim.sim.hardware.profile import load_profile
+from epsim.sim.spec import ExecutionSpec
 
 from ..common import (
     add_hardware_arg,
@@ -19,7 +20,7 @@ from ..common import (
     human_count,
     print_table,
 )
-from ..inputs import add_flag
+from ..options import add_fields
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,11 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_plan_args(p)
     add_hardware_arg(p, required=False)
-    add_flag(p, "--kv-dtype", default=KV_DTYPES[0],
-                   help=f"KV-cache dtype for the capacity figure (default {KV_DTYPES[0]})")
-    add_flag(p, "--mem-fraction", default=DEFAULT_MEM_FRACTION,
-                   help="share of HBM for weights + activations + KV cache "
-                   f"(default {DEFAULT_MEM_FRACTION})")
+    add_fields(p, ExecutionSpec, only=("kv_dtype", "mem_fraction"))
     add_json_arg(p)
     p.set_defaults(run=run)
 
@@ -106,7 +103,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
         return out
     profile = load_profile(args.hardware) if args.hardware else None
     gpus_per_node = args.gpus_per_node or (profile.gpus_per_node if profile else 8)
-    plan = make_plan(model, nodes=args.nodes, gpus_per_node=gpus_per_node, dp=args.dp,
+    plan = make_plan(model, nodes=args.nodes or 1, gpus_per_node=gpus_per_node, dp=args.dp,
                      tp=args.tp, ep=args.ep, kv_dtype=args.kv_dtype,
                      mem_fraction=args.mem_fraction, redundant_experts=args.redundant_experts)
     weights = accounting.weight_bytes_per_rank(model, plan)

@@ -151,7 +151,7 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
                             {"model": result["model"], "hardware": result["hardware"]})
     if args.save_result:
         saved = vllm_result(runs[0], {**result, "burstiness": sc.workload.burstiness},
-                            detailed=args.save_detailed, goodput=sc.goodput)
+                            detailed=args.save_detailed, goodput=sc.measurement.goodput)
         stamp_provenance(saved["epsim"])  # epsim's keys: provenance first, as in --json
         write_text_atomic(jsonout.dumps(saved, default=_jsonable) + "\n", args.save_result)
     return result

@@ -12,10 +12,12 @@ import os
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.model.plan import KV_DTYPES
+from epsim.sim.spec import ExecutionSpec, PlanSpec
+from epsim.sim.workload.spec import WorkloadSpec
 
-from ..common import add_json_arg, add_model_arg, add_mtp_args, emit_json, loads_help, print_table
+from ..common import emit_json, print_table
 from ..inputs import add_flag
+from ..options import add_field, add_fields, add_json_arg, add_model_arg, field_option
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,17 +30,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_flag(p, "--world-size", default=None, metavar="W",
                    help="ranks (default 1; under torchrun its WORLD_SIZE)")
-    add_flag(p, "--dp", default=None, help="data-parallel attention groups "
-                   "(must be the world size)")
-    add_flag(p, "--ep", default=None,
-                   help="expert-parallel degree: the world size (default) or 1")
-    add_flag(p, "--tp", default=None, help="tensor parallelism (only 1)")
+    # the runtime runs DP attention over every rank (dp = world) and tp = 1
+    add_fields(p, PlanSpec, only=("dp", "tp", "ep", "redundant_experts"))
     add_flag(p, "--batch", required=True, help="sequences per rank")
     add_flag(p, "--context", required=True,
                    help="tokens each sequence attends to in the first step, the new one included")
     add_flag(p, "--steps", default=4, help="decode steps (default 4; the "
                    "first is a warm-up and not timed when there are more)")
-    p.add_argument("--dbo", action="store_true", help="dual-batch overlap: two microbatches")
+    add_fields(p, ExecutionSpec, only=("dbo", "kv_dtype", "mtp", "mtp_acceptance"))
     p.add_argument("--static", action="store_true",
                    help="static-shape dispatch/combine and MoE (padded to a fixed capacity)")
     p.add_argument("--capture", action="store_true",
@@ -46,14 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     add_flag(where, "--placement", metavar="FILE", help="expert placement file (epsim balance "
              "--out); default: contiguous, or balanced with --redundant-experts / --loads")
-    add_flag(where, "--loads", metavar="NAME|FILE",
-             help=loads_help("load statistics the placement is balanced from (default with "
-                             "--redundant-experts: the model's synthetic skewed loads)"))
-    add_flag(p, "--redundant-experts", default=0, metavar="R",
-             help="replica slots per MoE layer: without --placement, the balancer places "
-             "experts + R slots from the loads (ep must divide them)")
-    add_flag(p, "--kv-dtype", default=KV_DTYPES[0],
-                   help=f"KV-cache storage (default {KV_DTYPES[0]}; fp8 = float8_e4m3fn)")
+    # the loads the placement is balanced from (default with --redundant-experts: the model's
+    # synthetic skewed loads)
+    add_field(where, *field_option(ExecutionSpec, "loads"))
     add_flag(p, "--dtype", default="fp32",
                    help="compute dtype (default fp32)")
     add_flag(p, "--device", default="cpu", help="default cpu")
@@ -65,11 +59,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="fill the KV cache with a real prefill step over random prompts of "
                    "context - 1 tokens (timed and checked) instead of drawn cache entries")
-    add_mtp_args(p)
     p.add_argument("--check", action="store_true",
                    help="compare with the dense single-process reference (fp32)")
     add_flag(p, "--trace", metavar="OUT", help="write every rank's per-op Chrome trace")
-    add_flag(p, "--seed", default=0, help="weights and inputs (default 0)")
+    add_field(p, *field_option(WorkloadSpec, "seed"))  # here: the weights and inputs
     add_flag(p, "--timeout", default=120, metavar="S",
                    help="seconds a collective may wait before the run fails (default 120)")
     add_flag(p, "--stall-timeout", default=40, metavar="S",
@@ -130,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         raise EpsimError(f"--world-size {args.world_size} but torchrun started {world} ranks")
     opts = RunOptions(
         model=args.model, world_size=world, batch=args.batch, context=args.context,
-        steps=args.steps, dp=args.dp, ep=args.ep, dbo=args.dbo, static=args.static,
+        steps=args.steps, dp=args.dp, ep=args.ep, dbo=bool(args.dbo), static=args.static,
         capture=args.capture, placement=args.placement, kv_dtype=args.kv_dtype,
         check=args.check, seed=args.seed, dtype=args.dtype, device=args.device,
         unfused=args.unfused, shared_expert_in_moe=args.shared_expert_in_moe,

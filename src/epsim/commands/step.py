@@ -6,30 +6,29 @@ import argparse
 import time
 from typing import Any
 
-from epsim.model import Batch, accounting, load_model, make_plan
+from epsim.model import Batch, accounting, load_model
 from epsim.model.config import check_context_length
 from epsim.model.errors import EpsimError
 from epsim.model.loads import read_loads
 from epsim.model.mtp import expected_tokens
-from epsim.model.plan import DEFAULT_MEM_FRACTION, KV_DTYPES, with_implied_fusions
 from epsim.model.trace import write_chrome_trace
-from epsim.sim.hardware.profile import load_profile
-from epsim.sim.serving.presets import dbo_needs_ep
+from epsim.sim.deployment import resolve_deployment
+from epsim.sim.spec import ExecutionSpec
 from epsim.sim.step.simulate import MODES, simulate_step
+from epsim.sim.workload.spec import WorkloadSpec
 
-from ..common import (
-    add_a2a_arg,
+from ..common import emit_json, print_table
+from ..inputs import add_flag
+from ..options import (
+    add_field,
+    add_fields,
     add_hardware_arg,
     add_json_arg,
-    add_kernels_arg,
     add_model_arg,
-    add_mtp_args,
     add_plan_args,
-    emit_json,
-    loads_help,
-    print_table,
+    deployment_from_args,
+    field_option,
 )
-from ..inputs import add_flag
 from ..stamp import STEP_HEADLINE, band_text, regime_of, stamp
 from ..work import add_force_arg, check_step
 
@@ -49,35 +48,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="decode: cached tokens per sequence (the new one included); "
                    "prefill: prompt length")
     add_flag(p, "--phase", default="decode", help="the step's phase (default decode)")
-    dbo = p.add_mutually_exclusive_group()
-    dbo.add_argument("--dbo", action="store_true",
-                     help="two microbatches (dual-batch overlap); a step has no engine, so the "
-                     "default is one microbatch, as vLLM and SGLang run without --dbo / TBO")
-    dbo.add_argument("--no-dbo", action="store_true",
-                     help="one microbatch (the default; kept so commands can state it)")
-    p.add_argument("--no-eplb", action="store_true",
-                   help="contiguous expert placement instead of the balanced one")
-    p.add_argument("--no-graph", action="store_true",
-                   help="eager launches instead of one captured graph per decode step")
-    add_flag(p, "--kv-dtype", default=KV_DTYPES[0], help=f"KV-cache dtype (default {KV_DTYPES[0]})")
-    add_flag(p, "--mem-fraction", default=DEFAULT_MEM_FRACTION,
-                   help="share of HBM for weights + activations + KV cache (default "
-                   f"{DEFAULT_MEM_FRACTION}); the "
-                   "batch's KV cache must fit")
-    loads = p.add_mutually_exclusive_group()
-    add_flag(loads, "--loads", metavar="NAME|FILE",
-                       help=loads_help("expert load statistics for routing (default: synthetic)"))
+    # a step has no scheduler: DBO is off unless asked, as vLLM and SGLang run without it
+    x = add_fields(p, ExecutionSpec, only=("dbo", "eplb", "graph", "kv_dtype", "mem_fraction",
+                                           "kernels", "a2a_mode", "mtp", "mtp_acceptance"))
+    loads = x.add_mutually_exclusive_group()
+    add_field(loads, *field_option(ExecutionSpec, "loads"))
     loads.add_argument("--uniform", action="store_true",
                        help="uniform routing instead of the synthetic skewed loads")
     add_flag(p, "--mode", default=MODES[0],
                    help="fast (vectorised) or exact (simpy, every op of every rank)")
-    add_kernels_arg(p)
-    add_a2a_arg(p)
-    add_mtp_args(p)
     p.add_argument("--explain", action="store_true",
                    help="show where each op kind's time comes from: the kernel-table points "
                    "(and their sources) or the roofline used, and the shapes outside every table")
-    add_flag(p, "--seed", default=0, help="routing sample seed (default 0)")
+    add_field(p, *field_option(WorkloadSpec, "seed"))
     add_flag(p, "--trace", metavar="OUT", help="write a Chrome trace JSON of every rank")
     add_json_arg(p)
     add_force_arg(p)
@@ -89,14 +72,9 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     # a verify step's last draft sits mtp positions past the context
     check_context_length(model, args.context + args.mtp, f"--context {args.context}"
                          + (f" + --mtp {args.mtp}" if args.mtp else ""))
-    profile = load_profile(args.hardware, kernels=args.kernels, a2a_mode=args.a2a_mode)
-    plan = make_plan(model, nodes=args.nodes,
-                     gpus_per_node=args.gpus_per_node or profile.gpus_per_node,
-                     dp=args.dp, tp=args.tp, ep=args.ep,
-                     microbatches=2 if args.dbo else 1, kv_dtype=args.kv_dtype,
-                     graph_mode=not args.no_graph, mem_fraction=args.mem_fraction,
-                     redundant_experts=args.redundant_experts, mtp=args.mtp)
-    plan = with_implied_fusions(dbo_needs_ep(plan, asked=args.dbo), model, profile.plan_options)
+    # the step's plan and DBO as every command resolves them (no KV sizing: checked below)
+    resolved = resolve_deployment(deployment_from_args(args), kv_capacity_tokens=1)
+    profile, plan = resolved.profile, resolved.plan
     check_step(plan.ep, plan.tp, args.force)  # before the collectives' rank x rank matrices
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
@@ -111,7 +89,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             f"({plan.kv_dtype} KV, mem fraction {plan.mem_fraction:g})")
     loads = read_loads(args.loads) if args.loads else None
     started = time.perf_counter()
-    result = simulate_step(model, plan, batch, profile, loads=loads, eplb=not args.no_eplb,
+    result = simulate_step(model, plan, batch, profile, loads=loads, eplb=args.eplb,
                            mode=args.mode, seed=args.seed, trace=bool(args.trace),
                            synthetic="uniform" if args.uniform else "skewed",
                            explain=args.explain)
@@ -121,7 +99,7 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "plan": {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node, "dp": plan.dp,
                  "tp": plan.tp, "ep": plan.ep, "dbo": plan.microbatches == 2,
                  "graph": plan.graph_mode and batch.phase == "decode", "kv_dtype": plan.kv_dtype,
-                 "eplb": not args.no_eplb, "mem_fraction": plan.mem_fraction,
+                 "eplb": args.eplb, "mem_fraction": plan.mem_fraction,
                  "kernels": profile.kernel_set, "a2a_mode": result.a2a_mode,
                  "shared_expert_in_moe": plan.fusion.shared_expert_in_moe,
                  "redundant_experts": plan.redundant_experts,

@@ -135,8 +135,8 @@ def run_grid(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from epsim.sim.deployment import deployment_profile
     from epsim.sim.replay import replay
-    from epsim.sim.scenario import scenario_profile
     from epsim.sim.serving.metrics import goodput_slos
     from epsim.sim.workload.bench_results import read_bench_file
 
@@ -153,10 +153,10 @@ def run_bench(args: argparse.Namespace) -> int:
     sc = scenario_from_args(
         args, dataset="fixed", isl=1, osl=1, concurrency=None, num_prompts=1,
         random_range_ratio=0.0, request_rate=math.inf, burstiness=1.0, dataset_path=None,
-        metric_percentiles=(50.0,), percentile_metrics=("ttft",), bench_client=bench.client)
+        percentiles=(50.0,), percentile_metrics=("ttft",), bench_client=bench.client)
     report = replay(bench, sc, goodput=goodput_slos(args.goodput))
     if args.json:
-        emit_json(report, scenario_profile(sc).provenance())
+        emit_json(report, deployment_profile(sc.deployment).provenance())
     else:
         print_bench_report(report)
     return 0

@@ -37,7 +37,8 @@ from epsim.sim.serving.simulate import ServingRun
 from epsim.sim.workload.bench_results import STAT_KEY, BenchResult
 from epsim.sim.workload.spec import WorkloadSpec
 
-from .scenario import Scenario, StepCache, run_scenario
+from .scenario import StepCache, run_scenario
+from .spec import Scenario
 
 
 def replay_scenario(bench: BenchResult, sc: Scenario) -> Scenario:
@@ -46,7 +47,7 @@ def replay_scenario(bench: BenchResult, sc: Scenario) -> Scenario:
     req = bench.requests(sc.workload.seed)
     w = WorkloadSpec(dataset="fixed", num_prompts=bench.num_prompts,
                      isl=int(req.input_lens.max()), osl=int(req.output_lens.max()),
-                     max_concurrency=bench.max_concurrency, request_rate=bench.request_rate,
+                     concurrency=bench.max_concurrency, request_rate=bench.request_rate,
                      burstiness=bench.burstiness, seed=sc.workload.seed,
                      bench_client=bench.client).validate()
     return replace(sc, workload=w)

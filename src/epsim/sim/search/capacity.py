@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, check_scenario, scenario_layout
+from epsim.sim.deployment import deployment_layout
+from epsim.sim.scenario import StepCache, check_scenario
+from epsim.sim.spec import Scenario
 
 from .slo import SLO
 from .tune import SearchOptions, SearchSpace, TuneResult, planned_points, split_errors, tune
@@ -126,7 +128,7 @@ def _check_splits(base: Scenario, space: SearchSpace, hardware: Sequence[str],
     for hw in hardware:
         for layout in unit_layouts:
             sc = _unit_scenario(base, hw, layout, unit_nodes)
-            scenario_layout(sc)  # --instance-nodes must divide every unit's sides
+            deployment_layout(sc.deployment)  # --instance-nodes must divide every unit's sides
             errors = split_errors(sc, space)
             failing = errors if failing is None else {
                 s: why for s, why in failing.items() if s in errors}
@@ -215,7 +217,7 @@ def plan_capacity(base: Scenario, slo: SLO, target: float, space: SearchSpace, *
                           bar, opts, searched)
         if unit is not None:
             plans.append(_size(hw, unit, target, prices.get(hw, prices.get("*")),
-                               base.instance_nodes))
+                               base.deployment.instances.instance_nodes))
     plans.sort(key=lambda c: (c.cost_per_hour_usd if c.cost_per_hour_usd is not None else 0.0,
                               c.nodes))
     return plans

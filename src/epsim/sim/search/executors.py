@@ -41,7 +41,8 @@ from typing import Any
 from threadpoolctl import threadpool_limits
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, run_scenario
+from epsim.sim.scenario import StepCache, run_scenario
+from epsim.sim.spec import Scenario
 
 from .lifeline import stop_workers, watch_parent
 from .reach import probe

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario
 from epsim.sim.serving.metrics import METRICS
+from epsim.sim.spec import Scenario
 
 #: the comparisons a term may use
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -102,6 +102,6 @@ def parse_slo(text: str) -> SLO:
 
 def with_slo_metrics(sc: Scenario, slo: SLO) -> Scenario:
     """``sc`` computing every percentile and metric the SLO names."""
-    pct = tuple(dict.fromkeys([*sc.percentiles, *slo.percentiles()]))
-    mets = tuple(dict.fromkeys([*sc.percentile_metrics, *slo.metrics()]))
+    pct = tuple(dict.fromkeys([*sc.measurement.percentiles, *slo.percentiles()]))
+    mets = tuple(dict.fromkeys([*sc.measurement.percentile_metrics, *slo.metrics()]))
     return sc.with_(percentiles=pct, percentile_metrics=mets)

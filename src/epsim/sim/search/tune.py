@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epsim.model.errors import EpsimError
-from epsim.sim.scenario import Scenario, StepCache, check_scenario, run_scenario
+from epsim.sim.scenario import StepCache, check_scenario, run_scenario
 from epsim.sim.serving.metrics import NoSteadyWindow
+from epsim.sim.spec import Scenario
 
 from .bisect import boundaries, probe_budget
 from .executors import Executor, split_diagnostics
@@ -113,7 +114,7 @@ def apply_point(sc: Scenario, point: Mapping[str, Any], num_prompts: int | None)
            else None if w.measure == "steady" else c)
     rate = point.get("request_rate")
     changes["workload"] = replace(
-        sc.workload, max_concurrency=c, num_prompts=num_prompts or own,
+        sc.workload, concurrency=c, num_prompts=num_prompts or own,
         request_rate=w.request_rate if rate is None else float(rate))
     return sc.with_(**changes)
 
@@ -263,7 +264,7 @@ def tune(base: Scenario, slo: SLO, space: SearchSpace, *, objective: str = OBJEC
     """
     check_scenario(base)  # a point skipped for its lengths would hide why every point is
     objective = OBJECTIVE_ALIASES.get(objective, objective)
-    if objective == "request_goodput" and not base.goodput:
+    if objective == "request_goodput" and not base.measurement.goodput:
         raise EpsimError("--objective goodput counts the requests meeting every per-request SLO "
                          "of --goodput (vLLM's goodput): give e.g. --goodput ttft:5000 tpot:100")
     if check_splits:

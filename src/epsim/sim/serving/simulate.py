@@ -162,7 +162,7 @@ def cyclic_gc_paused() -> Iterator[None]:
 def simulate_serving(requests: Requests, config: ServingConfig,
                      decode_model: StepTimeModel | EngineStepTime,
                      prefill_model: StepTimeModel | EngineStepTime | None = None, *,
-                     max_concurrency: int | None = None, details: bool = True,
+                     concurrency: int | None = None, details: bool = True,
                      progress: Callable[[int, int], None] | None = None,
                      rank_counts: bool | None = None) -> ServingRun:
     """Run the benchmark: every request from send to last token -> :class:`ServingRun`.
@@ -194,7 +194,7 @@ def simulate_serving(requests: Requests, config: ServingConfig,
     server = Server(st, loop, Counters(), spec, keep_steps=details,
                     rank_counts=details if rank_counts is None else rank_counts)
     build = disaggregated if config.disaggregated else colocated_instances
-    client = Client(st, requests, max_concurrency, loop, build(server, config, decode, prefill),
+    client = Client(st, requests, concurrency, loop, build(server, config, decode, prefill),
                     progress)
     server.client = client
     with cyclic_gc_paused():

@@ -163,8 +163,8 @@ def measured_run(w: WorkloadSpec, ranks: int, requests: Requests | None,
         run = simulate(requests if requests is not None else sample(w), False)
         return run, compute_metrics(run, *measured)
     sized = requests is None and w.num_prompts is None
-    n = steady_num_prompts(w.max_concurrency, ranks)
-    want = target_completions(w.max_concurrency, ranks)
+    n = steady_num_prompts(w.concurrency, ranks)
+    want = target_completions(w.concurrency, ranks)
     doubling = 0
     while True:
         if requests is None:
@@ -173,7 +173,7 @@ def measured_run(w: WorkloadSpec, ranks: int, requests: Requests | None,
             run = simulate(requests, True)
         last = not sized or doubling == MAX_DOUBLINGS
         try:
-            m = steady_metrics(run, w.max_concurrency, ranks, *measured)
+            m = steady_metrics(run, w.concurrency, ranks, *measured)
             if last or m["window"]["completions"] >= want:
                 return run, m
         except EpsimError:  # no window yet: more requests, unless this was the last try

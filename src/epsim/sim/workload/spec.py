@@ -21,7 +21,7 @@ A workload is the list of requests a benchmark client sends and when it may send
                                     shipped name), the first ``num_prompts`` rows (all by
                                     default), arrivals scaled by ``time_scale``; the open loop's
                                     rate and burstiness do not apply, a concurrency cap still does
-    arrivals     closed loop: ``max_concurrency`` requests in flight at most (a new one is sent
+    arrivals     closed loop: ``concurrency`` requests in flight at most (a new one is sent
                  when one finishes); open loop: ``request_rate`` requests/s with exponential
                  (Poisson, ``burstiness`` 1) or gamma gaps, or ``inf`` (all sent at time 0).
                  vLLM combines them: requests are generated at the rate and then wait for a free
@@ -41,6 +41,7 @@ import numpy as np
 
 from epsim.model.config import ModelConfig, check_context_length
 from epsim.model.errors import EpsimError
+from epsim.model.fields import option
 
 from .sharegpt import SHAREGPT_LIKE, sharegpt_file_lengths, sharegpt_like_lengths
 from .traces import SHIPPED_TRACES, scaled_lengths, trace_head
@@ -105,7 +106,7 @@ class WorkloadSpec:
     isl / osl: input / output tokens (fixed, random); for sharegpt-like ``osl`` (when given) fixes
         every answer's length as vLLM's ``--sharegpt-output-len`` does. Example: 2000 / 100.
     random_range_ratio: ``r`` of the random dataset, as ``bench_client`` reads it.
-    max_concurrency: closed-loop cap on requests in flight (``None``: no cap).
+    concurrency: closed-loop cap on requests in flight (``None``: no cap).
     request_rate: requests/s of the open loop; ``math.inf`` sends everything at time 0.
     burstiness: gamma shape of the inter-arrival gaps (1: Poisson), as vLLM's ``--burstiness``.
     dataset_path: a local ShareGPT JSON for ``sharegpt-like`` (``None``: the synthetic one);
@@ -119,21 +120,51 @@ class WorkloadSpec:
         cool-down, ``sim/serving/window.py``); ``num_prompts`` ``None`` there: sized for it.
     """
 
-    dataset: str = "fixed"
-    num_prompts: int | None = 1000
-    isl: int | None = None
-    osl: int | None = None
-    random_range_ratio: float = 0.0
-    max_concurrency: int | None = None
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    dataset_path: str | None = None
-    time_scale: float = 1.0
-    prefill_scale: float = 1.0
-    decode_scale: float = 1.0
-    seed: int = 0
-    bench_client: str = DEFAULT_BENCH_CLIENT
-    measure: str = "burst"
+    dataset: str = option("fixed", "--dataset", "request lengths (default: fixed with --isl, "
+                          "else sharegpt-like)", aliases=("--dataset-name",), derived=True)
+    num_prompts: int | None = option(
+        1000, "--num-prompts", "requests in the benchmark (default: the concurrency, else "
+        "1000; --measure steady: enough for its window; --dataset trace: its first N rows, "
+        "default all)", metavar="N", derived=True)
+    # --random-input / --random-output: the names SGLang's bench_serving documents (argparse
+    # prefixes of its --random-input-len / --random-output-len), declared so they stay valid
+    isl: int | None = option(None, "--isl", "input tokens", metavar="I", swept="sweep",
+                             aliases=("--random-input-len", "--random-input"))
+    osl: int | None = option(None, "--osl", "output tokens (exact, as under --ignore-eos)",
+                             metavar="O", swept="sweep",
+                             aliases=("--random-output-len", "--random-output"))
+    random_range_ratio: float = option(
+        0.0, "--random-range-ratio", "random dataset: lengths uniform in [L(1-r), L(1+r)], "
+        "r < 1 (vLLM), or in [rL, L], r <= 1 (--bench-client sglang)", metavar="r")
+    concurrency: int | None = option(
+        None, "--concurrency", "closed loop: requests in flight at most",
+        aliases=("--max-concurrency",), metavar="C", swept="sweep")
+    request_rate: float = option(math.inf, "--request-rate", "open loop: requests/s, Poisson "
+                                 "arrivals, or inf (default)", metavar="R", swept="sweep")
+    burstiness: float = option(1.0, "--burstiness",
+                               "gamma shape of inter-arrival gaps (1: Poisson)")
+    dataset_path: str | None = option(
+        None, "--dataset-path", "a local ShareGPT JSON for --dataset sharegpt-like; a request "
+        "trace CSV (Azure's TIMESTAMP, ContextTokens, GeneratedTokens or Vidur's arrived_at, "
+        "num_prefill_tokens, num_decode_tokens) or a shipped one ({traces}) for --dataset "
+        "trace", metavar="FILE")
+    time_scale: float = option(1.0, "--time-scale", "--dataset trace: arrival times x S (0.5 "
+                               "doubles the arrival rate)", metavar="S")
+    prefill_scale: float = option(1.0, "--prefill-scale", "--dataset trace: prompt lengths x "
+                                  "F (Vidur's prefill_scale_factor; times --length-scale)",
+                                  metavar="F")
+    decode_scale: float = option(1.0, "--decode-scale", "--dataset trace: output lengths x F "
+                                 "(Vidur's decode_scale_factor; times --length-scale)",
+                                 metavar="F")
+    seed: int = option(0, "--seed", "seeds requests and routing")
+    bench_client: str = option(
+        DEFAULT_BENCH_CLIENT, "--bench-client", "read the benchmark flags as this client does: "
+        "vllm (vllm bench serve) or sglang (python -m sglang.bench_serving)")
+    measure: str = option(
+        "burst", "--measure", "steady: every metric over a window without the warm-up burst "
+        "and the cool-down drain, the run sized for it (default of tune and plan); burst: the "
+        "whole run, as vllm bench serve reports a finite run (default of predict and sweep); "
+        "docs/serving.md", metavar="steady|burst", derived=True)
 
     @property
     def client(self) -> BenchClient:
@@ -170,8 +201,8 @@ class WorkloadSpec:
             raise EpsimError(f"bench-client must be one of {', '.join(BENCH_CLIENTS)}, got "
                              f"{self.bench_client!r}")
         self.client.check_ratio(self.random_range_ratio)
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise EpsimError(f"concurrency must be a positive integer, got {self.max_concurrency}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise EpsimError(f"concurrency must be a positive integer, got {self.concurrency}")
         if self.measure not in MEASURES:
             raise EpsimError(f"--measure must be one of {', '.join(MEASURES)}, got "
                              f"{self.measure!r}")
