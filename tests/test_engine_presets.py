@@ -13,7 +13,7 @@ from epsim.sim.serving import ServingConfig, simulate_serving
 from epsim.sim.serving.presets import (
     EPSIM_CHUNKED_PREFILL,
     HOST_MS_PER_STEP,
-    Deployment,
+    EngineContext,
     EngineOverrides,
     default_engine,
     engine_dbo_default,
@@ -26,13 +26,13 @@ from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 GB = 1e9
 #: DeepSeek-R1 on 8x MI300X, DP8/EP8, FP8 KV: one rank's KV tokens and the model's context
-R1_MI300X = Deployment(hbm_bytes=192 * GB, dp=8, tp=1, kv_capacity_tokens=1_925_783,
-                       context_len=163_840)
+R1_MI300X = EngineContext(hbm_bytes=192 * GB, dp=8, tp=1, kv_capacity_tokens=1_925_783,
+                          context_len=163_840)
 
 
 def on(hbm_gb, dp=8, tp=1):
-    return Deployment(hbm_bytes=hbm_gb * GB, dp=dp, tp=tp, kv_capacity_tokens=1_000_000,
-                      context_len=163_840)
+    return EngineContext(hbm_bytes=hbm_gb * GB, dp=dp, tp=tp, kv_capacity_tokens=1_000_000,
+                         context_len=163_840)
 
 
 def test_vllm_defaults_by_device_memory():

@@ -38,7 +38,7 @@ from epsim.sim.serving.metrics import (
     DEFAULT_PERCENTILES,
 )
 from epsim.sim.serving.presets import (
-    Deployment,
+    EngineContext,
     EngineOverrides,
     EngineSettings,
     dbo_needs_ep,
@@ -356,7 +356,7 @@ def _trace_echo(w: WorkloadSpec, requests: Requests) -> dict[str, Any]:
 def scenario_engine(sc: Scenario, model: ModelConfig, profile: HardwareProfile,
                     plan: ParallelPlan, kv_capacity_tokens: int) -> EngineSettings:
     """The engine's settings for this deployment, the scenario's explicit values in place."""
-    deployment = Deployment(hbm_bytes=profile.hbm_bytes, dp=plan.dp, tp=plan.tp,
+    deployment = EngineContext(hbm_bytes=profile.hbm_bytes, dp=plan.dp, tp=plan.tp,
                             kv_capacity_tokens=kv_capacity_tokens,
                             context_len=model.max_position_embeddings)
     overrides = EngineOverrides(
