@@ -21,7 +21,12 @@ from epsim.sim.serving.metrics import (
     per_request_itls_s,
 )
 from epsim.sim.serving.simulate import ServingRun
-from epsim.sim.workload.bench_results import even_lengths, parse_bench, read_bench_file
+from epsim.sim.workload.bench_results import (
+    RESULT_FORMATS,
+    even_lengths,
+    parse_bench,
+    read_bench_file,
+)
 from epsim.sim.workload.spec import BENCH_CLIENTS, Requests, WorkloadSpec, sample_requests
 
 #: a vllm bench serve --save-result file without --save-detailed (keys as serve.py writes them)
@@ -140,6 +145,19 @@ def test_a_file_without_markers_takes_the_client_named_and_refuses_a_contradicti
     assert parse_bench(bare, client="sglang").client == "sglang"
     with pytest.raises(EpsimError, match="a vllm result, but --bench-client sglang"):
         parse_bench(VLLM, client="sglang")
+
+    with pytest.raises(EpsimError, match="unknown benchmark client 'genai'"):
+        parse_bench(bare, client="genai")
+
+
+def test_each_bench_client_is_one_result_format_with_its_metric_names():
+    # the clients whose flags epsim reads are the clients whose files it reads
+    assert set(RESULT_FORMATS) == set(BENCH_CLIENTS) == {"vllm", "sglang"}
+    assert all(name == f.name for name, f in RESULT_FORMATS.items())
+    assert not RESULT_FORMATS["vllm"].keys & RESULT_FORMATS["sglang"].keys
+    sglang = parse_bench({**SGLANG, "p99_e2e_latency_ms": 7.0})
+    assert sglang.client == "sglang" and sglang.measured["p99_e2el_ms"] == 7.0
+    assert parse_bench({**VLLM, "p99_e2el_ms": 5.0}).measured["p99_e2el_ms"] == 5.0
 
 
 def test_even_lengths_sum_to_the_total():

@@ -2,6 +2,8 @@
 SGLang 0.5.23), explicit flags override them, and the reference scenario runs under each."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,12 +13,16 @@ from epsim.model.errors import EpsimError
 from epsim.sim.scenario import StepCache, run_scenario
 from epsim.sim.serving import ServingConfig, simulate_serving
 from epsim.sim.serving.presets import (
+    ENGINES,
     EPSIM_CHUNKED_PREFILL,
     HOST_MS_PER_STEP,
-    Deployment,
+    MAX_FITTED,
+    EngineContext,
     EngineOverrides,
+    EnginePreset,
+    charges_host,
     default_engine,
-    engine_dbo_default,
+    engine_preset,
     engine_settings,
     sglang_max_running,
     vllm_batch_defaults,
@@ -27,13 +33,13 @@ from epsim.sim.workload.spec import Requests, WorkloadSpec
 
 GB = 1e9
 #: DeepSeek-R1 on 8x MI300X, DP8/EP8, FP8 KV: one rank's KV tokens and the model's context
-R1_MI300X = Deployment(hbm_bytes=192 * GB, dp=8, tp=1, kv_capacity_tokens=1_925_783,
-                       context_len=163_840)
+R1_MI300X = EngineContext(hbm_bytes=192 * GB, dp=8, tp=1, kv_capacity_tokens=1_925_783,
+                          context_len=163_840)
 
 
 def on(hbm_gb, dp=8, tp=1):
-    return Deployment(hbm_bytes=hbm_gb * GB, dp=dp, tp=tp, kv_capacity_tokens=1_000_000,
-                      context_len=163_840)
+    return EngineContext(hbm_bytes=hbm_gb * GB, dp=dp, tp=tp, kv_capacity_tokens=1_000_000,
+                         context_len=163_840)
 
 
 def test_vllm_defaults_by_device_memory():
@@ -78,13 +84,72 @@ def test_split_is_vllm_with_the_reports_dbo_and_prefill_first_is_epsims_own():
         "prefill_first", EPSIM_CHUNKED_PREFILL, None)
     assert (e.cuda_graph_max_bs, e.host_ms_per_step, e.dbo) == (None, 0.0, False)
     # only the reference report's split engine turns DBO on by default
-    assert [engine_dbo_default(n) for n in (None, "vllm", "sglang", "split", "prefill_first")
-            ] == [False, False, False, True, False]
+    assert [engine_preset(n).dbo_default for n in ("vllm", "sglang", "split", "prefill_first")
+            ] == [False, False, True, False]
     # --engine prefill_first keeps its own policy whatever caps are given
     e = engine_settings("prefill_first", R1_MI300X, EngineOverrides(max_num_seqs=100, dbo=True))
     assert (e.max_running_per_rank, e.dbo) == (None, True)
     with pytest.raises(EpsimError, match="unknown engine None"):
         engine_settings(None, R1_MI300X)
+
+
+def test_the_registry_holds_the_four_presets_each_with_its_defaults():
+    assert list(ENGINES) == ["vllm", "sglang", "split", "prefill_first"]
+    assert all(isinstance(p, EnginePreset) and p.name == n for n, p in ENGINES.items())
+    assert {n: p.dbo_default for n, p in ENGINES.items()} == {
+        "vllm": False, "sglang": False, "split": True, "prefill_first": False}
+    # each preset's settings carry its name and its DBO default
+    for name, preset in ENGINES.items():
+        s = preset.settings(R1_MI300X)
+        assert (s.engine, s.dbo, s.prefill_eager) == (name, preset.dbo_default,
+                                                      preset.prefill_eager)
+        assert engine_settings(name, R1_MI300X) == s and engine_preset(name) is preset
+    # only epsim's own policy has no host model, no caps to override, and runs prefill as the
+    # plan says
+    assert [n for n, p in ENGINES.items() if not p.has_host_model] == ["prefill_first"]
+    assert [n for n, p in ENGINES.items() if not p.overridable] == ["prefill_first"]
+    assert [n for n, p in ENGINES.items() if not p.prefill_eager] == ["prefill_first"]
+    assert [charges_host(n) for n in (None, "vllm", "prefill_first")] == [True, True, False]
+    # a home for fitted engine parameters, empty until a fit fills it
+    assert all(dict(p.fitted) == {} and len(p.fitted) <= MAX_FITTED for p in ENGINES.values())
+
+
+@pytest.mark.parametrize("name", ["tensorrt", None, "VLLM"])
+def test_an_unknown_engine_is_refused_in_one_line_naming_the_four(name):
+    with pytest.raises(EpsimError) as e:
+        engine_preset(name)
+    assert str(e.value) == (f"unknown engine {name!r} (one of vllm, sglang, split, "
+                            "prefill_first)")
+
+
+#: an engine's name compared as a string: ``== "vllm"``, ``"split" !=``, ``is "sglang"``,
+#: ``in ("vllm", ...)``, ``== PREFILL_FIRST``
+_NAME = r"""["'](?:vllm|sglang|split|prefill_first)["']"""
+NAME_COMPARED = re.compile(
+    rf"(?:==|!=|\bis(?:\s+not)?)\s*(?:{_NAME}|PREFILL_FIRST\b)|{_NAME}\s*(?:==|!=)"
+    rf"|\bin\s*[(\[{{][^()\[\]{{}}]*{_NAME}")
+
+
+def test_the_regex_finds_each_form_of_a_compared_engine_name():
+    for line in ('if engine == "vllm":', "x = e != 'sglang'", 'if "split" == e:',
+                 'e in ("vllm",\n      "sglang")', "e not in ['prefill_first']",
+                 "sc.engine == PREFILL_FIRST", 'e is "split"'):
+        assert NAME_COMPARED.search(line), line
+    for line in ('ENGINES = {"vllm": VllmPreset()}', 'name = "sglang"', 'dims = [("split", 1)]',
+                 'scheduler: str = "prefill_first"', 'for f in (Format("vllm"), Format("x"))'):
+        assert not NAME_COMPARED.search(line), line
+
+
+def test_no_engine_name_is_compared_as_a_string_outside_the_registry():
+    src = Path(__file__).resolve().parents[1] / "src"
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path.relative_to(src).as_posix() == "epsim/sim/serving/presets.py":
+            continue
+        text = "\n".join(line for line in path.read_text().splitlines()
+                         if not line.lstrip().startswith("#"))
+        found += [f"{path.relative_to(src)}: {m.group(0)!r}" for m in NAME_COMPARED.finditer(text)]
+    assert not found, "ask the preset (presets.engine_preset) instead: " + "; ".join(found)
 
 
 def test_the_default_engine_is_the_hardware_vendors():

@@ -9,16 +9,16 @@ from serving_models import Affine
 
 from epsim.common import add_scenario_args, scenario_from_args
 from epsim.sim.serving import ServingConfig, simulate_serving
-from epsim.sim.serving.presets import Deployment, EngineOverrides, engine_settings
+from epsim.sim.serving.presets import EngineContext, EngineOverrides, engine_settings
 from epsim.sim.serving.step_time import EngineStepTime, StepPolicy
 from epsim.sim.workload.spec import Requests
 
 GB = 1e9
 
 
-def deployment(dp: int) -> Deployment:
-    return Deployment(hbm_bytes=192 * GB, dp=dp, tp=1, kv_capacity_tokens=1_000_000,
-                      context_len=163_840)
+def deployment(dp: int) -> EngineContext:
+    return EngineContext(hbm_bytes=192 * GB, dp=dp, tp=1, kv_capacity_tokens=1_000_000,
+                         context_len=163_840)
 
 
 def test_vllm_host_time_at_two_batch_sizes():

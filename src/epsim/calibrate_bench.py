@@ -16,7 +16,7 @@ from typing import Any
 
 from epsim.model import jsonout
 from epsim.model.errors import EpsimError
-from epsim.sim.serving.presets import PREFILL_FIRST
+from epsim.sim.serving.presets import charges_host
 
 from .common import add_engine_args, add_mtp_args, emit_json, print_table, scenario_from_args
 from .inputs import add_flag
@@ -89,7 +89,7 @@ def run_bench_fit(args: argparse.Namespace) -> int:
     runs = [read_bench_file(f, args.bench_client) for f in args.from_bench]
     sc = _scenario(args)
     names = tuple(args.factors) if args.factors else (
-        DEFAULT_FACTORS + (("host",) if sc.deployment.engine.engine != PREFILL_FIRST else ()))
+        DEFAULT_FACTORS + (("host",) if charges_host(sc.deployment.engine.engine) else ()))
     report = fit_bench(runs, sc, names, loo=not args.no_loo)
     plausible.warn(report["refused"], "calibrate --from-bench")
     d = sc.deployment

@@ -52,7 +52,7 @@ from epsim.model.errors import EpsimError
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
 from epsim.sim.replay import replay
 from epsim.sim.scenario import StepCache
-from epsim.sim.serving.presets import HOST_MS_PER_STEP, PREFILL_FIRST
+from epsim.sim.serving.presets import HOST_MS_PER_STEP, charges_host
 from epsim.sim.spec import Scenario
 from epsim.sim.workload.bench_results import BenchResult
 
@@ -303,7 +303,7 @@ def fit_bench(runs: Sequence[BenchResult], sc: Scenario, names: Sequence[str], *
     if unknown or not names:
         raise EpsimError(f"unknown factor {', '.join(unknown) or '(none)'}: choose from "
                          + ", ".join(FACTORS))
-    if "host" in names and sc.deployment.engine.engine == PREFILL_FIRST:
+    if "host" in names and not charges_host(sc.deployment.engine.engine):
         raise EpsimError("the host time per step acts under --engine only, and --engine "
                          "prefill_first (epsim's own policy) charges none: run another engine "
                          "(the default is the hardware vendor's), or drop host from --factors")

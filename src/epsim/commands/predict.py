@@ -11,6 +11,7 @@ from epsim.model.errors import EpsimError
 from epsim.model.outputs import write_text_atomic
 from epsim.sim.scenario import run_scenario
 from epsim.sim.serving.bench_write import vllm_result
+from epsim.sim.serving.presets import engine_preset
 from epsim.sim.serving.simulate import ServingRun
 from epsim.sim.serving.trace import write_serving_trace
 
@@ -50,10 +51,11 @@ def print_result(r: Mapping[str, Any]) -> None:
           f"{'on' if r['eplb'] else 'off'}, graph {'on' if r['graph'] else 'off'}, KV "
           f"{r['kv_dtype']}{dis}")
     engine = r.get("engine")
+    caption = engine_preset(engine).caption  # epsim's own policy has no caps to show
     print(f"scheduler {r.get('scheduler')}" + (f" (engine {engine}: max_num_seqs "
           f"{r['max_num_seqs']}, max_num_batched_tokens {r['max_num_batched_tokens']}, chunk "
           f"{r['chunked_prefill_size']}, graphs to batch {r['cuda_graph_max_bs']})"
-          if engine != "prefill_first" else " (epsim's own policy, --engine prefill_first)"))
+          if caption is None else f" ({caption})"))
     rows = [("Successful requests:", r["completed"]),
             ("Maximum request concurrency:", r["max_concurrency"]),
             ("Request rate (req/s):", r["request_rate"]),

@@ -16,7 +16,7 @@ This module is the one place where the engine and DBO are decided:
 
 * the engine: ``--engine``, else the hardware vendor's (``presets.default_engine``);
 * DBO: ``--dbo on|off``, else the engine preset's default, else off; an explicit ``--dbo on``
-  on a plan without EP is refused (``presets.DBO_NEEDS_EP``), a preset's default simply does
+  on a plan without EP is refused (:data:`DBO_NEEDS_EP`), a preset's default simply does
   not apply there.
 
 ``step`` resolves the same way with the benchmark left out (:func:`resolve_step`).
@@ -33,16 +33,20 @@ from epsim.model.errors import EpsimError
 from epsim.model.plan import ParallelPlan, make_plan, with_implied_fusions
 from epsim.sim.hardware.profile import HardwareProfile, load_profile
 from epsim.sim.serving.presets import (
-    DBO_NEEDS_EP,
+    EngineContext,
     EngineOverrides,
     EngineSettings,
     default_engine,
-    engine_dbo_default,
-    engine_settings,
+    engine_preset,
 )
-from epsim.sim.serving.presets import Deployment as EngineContext
 
 from .spec import Deployment, Scenario
+
+#: vLLM's DBO and SGLang's TBO split the batch of a DP-attention + EP deployment around its
+#: dispatch and combine (vLLM: ``--enable-dbo`` with an all2all backend; SGLang:
+#: ``--enable-two-batch-overlap`` with ``--moe-a2a-backend deepep``); neither runs on TP-only MoE
+DBO_NEEDS_EP = ("--dbo needs an expert-parallel plan (ep > 1): vLLM's DBO and SGLang's TBO "
+                "overlap the EP dispatch and combine; a TP-only plan runs one microbatch")
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ def deployment_profile(d: Deployment) -> HardwareProfile:
 def decide_dbo(asked: bool | None, engine: str, plan: ParallelPlan) -> bool:
     """Two microbatches or one: ``asked`` (the ``--dbo`` flag), else ``engine``'s preset
     default; never without EP (an explicit ``--dbo on`` there is refused)."""
-    dbo = engine_dbo_default(engine) if asked is None else asked
+    dbo = engine_preset(engine).dbo_default if asked is None else asked
     if dbo and not plan.expert_parallel:
         if asked:
             raise EpsimError(DBO_NEEDS_EP)
@@ -183,7 +187,7 @@ def _engine_settings(d: Deployment, engine: str, model: ModelConfig,
         dbo=d.execution.dbo,
         host_ms_per_step=e.host_ms_per_step if e.host_ms_per_step is not None else fitted,
         host_overlap=e.host_overlap)
-    settings = engine_settings(engine, context, overrides)
+    settings = engine_preset(engine).settings(context, overrides)
     dbo = plan.microbatches == 2
     return settings if settings.dbo == dbo else replace(settings, dbo=dbo)
 

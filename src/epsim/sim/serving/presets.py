@@ -1,4 +1,5 @@
-"""Engine presets (``--engine vllm|sglang|split``): a scheduling policy and the engine's defaults.
+"""Engine presets (``--engine vllm|sglang|split``): a scheduling policy and the engine's defaults,
+one :class:`EnginePreset` per engine, found by name in :data:`ENGINES` (:func:`engine_preset`).
 
 Every default below is read from the engine's own code, at one release each:
 
@@ -6,13 +7,14 @@ Every default below is read from the engine's own code, at one release each:
     SGLang 0.5.23  the PyPI wheel ``sglang-0.5.23`` (``sglang/_version.py``)
 
 Several defaults depend on the GPU (both engines size them by device memory) or on the
-deployment (SGLang divides its chunk over the DP-attention ranks), so a preset is a function of
-the hardware profile's HBM, the plan and the KV capacity: :func:`engine_settings`. Every figure
+deployment (SGLang divides its chunk over the DP-attention ranks), so a preset's settings are a
+function of the hardware profile's HBM, the plan and the KV capacity (:class:`EngineContext`):
+:meth:`EnginePreset.settings`, or :func:`engine_settings` by name. Every figure
 is per dp rank, as both engines run one scheduler per DP rank (vLLM's engine core per DP rank;
 SGLang's scheduler per attention-DP worker). Explicit flags override a preset
 (:class:`EngineOverrides`). Without ``--engine`` a deployment runs its hardware vendor's engine
 (:func:`default_engine`: vLLM on AMD, SGLang on NVIDIA); epsim's own policy stays a named option,
-``--engine prefill_first`` (:func:`epsim_settings`).
+``--engine prefill_first`` (:class:`PrefillFirstPreset`).
 
 The engine's host work per step (:data:`HOST_SOURCES`) is fixed + per request + per token, plus
 a per-step DP synchronisation when dp > 1, on the busiest rank. vLLM's per-request term is the
@@ -28,12 +30,12 @@ only where a step is shorter than it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from epsim.model.errors import EpsimError
-from epsim.model.plan import ParallelPlan
 
 from .step_time import StepPolicy
 
@@ -77,7 +79,8 @@ HOST_FIELDS = ("host_ms_per_step", "host_us_per_request", "host_us_per_token", "
 class EngineSettings:
     """What an engine runs one deployment with, per dp rank, each figure with its source.
 
-    engine: ``"vllm"``, ``"sglang"``, ``"split"`` or ``None`` (epsim's own).
+    engine: the preset's name (:data:`ENGINES`): ``"vllm"``, ``"sglang"``, ``"split"`` or
+        ``"prefill_first"`` (epsim's own).
     scheduler: the policy (``sim/serving/schedulers.py``).
     max_running_per_rank / max_batched_tokens / chunked_prefill_size: the scheduler's caps
         (``ServingConfig``'s fields of the same names).
@@ -85,6 +88,8 @@ class EngineSettings:
     dbo / dbo_min_decode_tokens / dbo_min_prefill_tokens: two microbatches, and above which
         tokens per rank.
     eager_if_any_prefill: a step with any prefill runs eagerly on every rank.
+    prefill_eager: a step with prefill runs eagerly (the engines'; epsim's own runs every step
+        as the plan says).
     host_ms_per_step / host_us_per_request / host_us_per_token / host_dp_sync_ms: the host's
         work per step on the busiest rank, fixed + per request + per token + the DP ranks'
         synchronisation (``--host-ms-per-step`` pins a flat value, the others 0).
@@ -103,6 +108,7 @@ class EngineSettings:
     dbo_min_decode_tokens: int = 0
     dbo_min_prefill_tokens: int = 0
     eager_if_any_prefill: bool = False
+    prefill_eager: bool = True
     host_ms_per_step: float = 0.0
     host_us_per_request: float = 0.0
     host_us_per_token: float = 0.0
@@ -114,7 +120,7 @@ class EngineSettings:
     def step_policy(self, graph: bool) -> StepPolicy:
         """How each step runs (``graph``: the plan's graph mode, ``--no-graph`` off)."""
         return StepPolicy(graph=graph, dbo=self.dbo, graph_max_bs=self.cuda_graph_max_bs,
-                          prefill_eager=self.engine != PREFILL_FIRST,
+                          prefill_eager=self.prefill_eager,
                           eager_if_any_prefill=self.eager_if_any_prefill,
                           dbo_min_decode_tokens=self.dbo_min_decode_tokens,
                           dbo_min_prefill_tokens=self.dbo_min_prefill_tokens,
@@ -154,7 +160,7 @@ class EngineOverrides:
 
 
 @dataclass(frozen=True)
-class Deployment:
+class EngineContext:
     """What the presets' defaults depend on: one GPU's HBM in bytes, the dp ranks and tp of
     the plan, one rank's KV capacity in tokens and the model's context length."""
 
@@ -163,6 +169,88 @@ class Deployment:
     tp: int
     kv_capacity_tokens: int
     context_len: int | None
+
+
+#: at most this many engine parameters are fitted per engine (:attr:`EnginePreset.fitted`)
+MAX_FITTED = 3
+
+
+class EnginePreset:
+    """One engine: its defaults for a deployment (:meth:`defaults`) and the rules by which
+    explicit flags change them (:meth:`settings`). One subclass per engine, one instance each
+    in :data:`ENGINES`.
+
+    name: ``--engine``'s value, echoed as ``"engine"``.
+    dbo_default: DBO when neither ``--dbo`` nor ``--no-dbo`` is given.
+    overridable: the caps and the host time may be overridden (epsim's own policy has neither:
+        only its chunk and DBO).
+    has_host_model: the engine charges host time per step.
+    prefill_eager: a step with prefill runs eagerly (:attr:`EngineSettings.prefill_eager`).
+    chunk_follows_batched_tokens: ``--max-num-batched-tokens`` alone sets the prompt chunk too
+        (vLLM chunks prompts within its token budget; SGLang's chunk is its own flag).
+    checks_vllm_caps: ``max_num_batched_tokens >= max_num_seqs`` is enforced, as vLLM does.
+    caption: what a result's summary says in place of the engine's caps (``None``: the caps).
+    fitted: engine parameters fitted to measured runs, name -> value, at most
+        :data:`MAX_FITTED` per engine (e.g. the request path's ms, the scheduler's ms per step,
+        the overhead per prefill). None is fitted yet: every preset's is empty and nothing
+        reads it; a fit fills it here, each value with its source beside it.
+    """
+
+    name: ClassVar[str]
+    dbo_default: ClassVar[bool] = False
+    overridable: ClassVar[bool] = True
+    has_host_model: ClassVar[bool] = True
+    prefill_eager: ClassVar[bool] = True
+    chunk_follows_batched_tokens: ClassVar[bool] = False
+    checks_vllm_caps: ClassVar[bool] = False
+    caption: ClassVar[str | None] = None
+    fitted: ClassVar[Mapping[str, float]] = MappingProxyType({})
+
+    def defaults(self, ctx: EngineContext) -> EngineSettings:
+        """The engine's own settings for deployment ``ctx``."""
+        raise NotImplementedError
+
+    def graph_bs_after_cap(self, s: EngineSettings, seqs: int, tokens: int | None
+                           ) -> int | None:
+        """The capture limit after ``--max-num-seqs seqs`` (``tokens``: an explicit
+        ``--max-num-batched-tokens``): the preset's own unless the engine resizes it."""
+        return s.cuda_graph_max_bs
+
+    def settings(self, ctx: EngineContext, overrides: EngineOverrides | None = None
+                 ) -> EngineSettings:
+        """The settings for deployment ``ctx``, the explicit flags of ``overrides`` in place of
+        the preset's values."""
+        o = overrides or EngineOverrides()
+        s = self.defaults(ctx)
+        if not self.overridable:  # no caps to override, no host time
+            own = {k: v for k, v in (("chunked_prefill_size", o.chunked_prefill_size),
+                                     ("dbo", o.dbo)) if v is not None}
+            return replace(s, **own) if own else s
+        changes: dict[str, Any] = {}
+        if o.max_num_seqs is not None:
+            changes["max_running_per_rank"] = o.max_num_seqs
+            if o.cuda_graph_max_bs is None:  # both engines size the graphs by the cap
+                changes["cuda_graph_max_bs"] = self.graph_bs_after_cap(
+                    s, o.max_num_seqs, o.max_num_batched_tokens)
+        if o.max_num_batched_tokens is not None:
+            changes["max_batched_tokens"] = o.max_num_batched_tokens
+            if self.chunk_follows_batched_tokens and o.chunked_prefill_size is None:
+                changes["chunked_prefill_size"] = o.max_num_batched_tokens
+        for name, value in (("chunked_prefill_size", o.chunked_prefill_size),
+                            ("cuda_graph_max_bs", o.cuda_graph_max_bs), ("dbo", o.dbo),
+                            ("host_ms_per_step", o.host_ms_per_step),
+                            ("host_overlap", o.host_overlap)):
+            if value is not None:
+                changes[name] = value
+        if o.host_ms_per_step is not None:  # a flat value: the batch terms give way
+            changes.update(host_us_per_request=0.0, host_us_per_token=0.0, host_dp_sync_ms=0.0)
+        flagged = {k: "flag" for k in changes}
+        s = replace(s, **changes, sources={**s.sources, **flagged}) if changes else s
+        if self.checks_vllm_caps and s.max_batched_tokens < (s.max_running_per_rank or 0):
+            # vLLM refuses it too (SchedulerConfig.verify_max_model_len)
+            raise EpsimError(f"--max-num-batched-tokens {s.max_batched_tokens} must be at "
+                             f"least --max-num-seqs {s.max_running_per_rank} (as vLLM requires)")
+        return s
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,54 +275,66 @@ def vllm_capture_max(max_num_seqs: int, max_num_batched_tokens: int) -> int:
     return min(max_num_seqs * 2, 512, max_num_batched_tokens)
 
 
-def _vllm_like(engine: str, scheduler: str, d: Deployment, dbo: bool, dbo_source: str
-               ) -> EngineSettings:
-    tokens, seqs = vllm_batch_defaults(d.hbm_bytes)
-    batch_src = (f"{VLLM} vllm/engine/arg_utils.py EngineArgs.get_batch_defaults "
-                 "(OPENAI_API_SERVER, by device memory: >=160 GiB 16384/1024, >=70 GiB "
-                 "8192/1024, else 2048/256)")
-    return EngineSettings(
-        engine=engine, scheduler=scheduler, chunked_prefill_size=tokens,
-        max_running_per_rank=seqs, max_batched_tokens=tokens,
-        cuda_graph_max_bs=vllm_capture_max(seqs, tokens), dbo=dbo,
-        dbo_min_decode_tokens=32, dbo_min_prefill_tokens=512, eager_if_any_prefill=True,
-        host_ms_per_step=0.0, host_us_per_request=VLLM_HOST_US_PER_REQUEST,
-        host_dp_sync_ms=VLLM_HOST_DP_SYNC_MS if d.dp > 1 else 0.0, host_overlap=True,
-        sources={
-            "scheduler": f"{VLLM} vllm/v1/core/sched/scheduler.py Scheduler.schedule",
-            "max_num_batched_tokens": batch_src, "max_num_seqs": batch_src,
-            "chunked_prefill_size": "vLLM chunks prompts within max_num_batched_tokens",
-            "cuda_graph_max_bs": f"{VLLM} vllm/config/vllm.py VllmConfig._set_cudagraph_sizes "
-                                 "(min(max_num_seqs * 2, 512, max_num_batched_tokens); the "
-                                 "mode synchronised over DP ranks by the minimum: "
-                                 "vllm/v1/worker/dp_utils.py)",
-            "dbo": dbo_source,
-            "dbo_thresholds": f"{VLLM} vllm/config/parallel.py dbo_decode_token_threshold 32, "
-                              "dbo_prefill_token_threshold 512",
-            "host_ms_per_step": HOST_SOURCES["vllm_fixed"],
-            "host_us_per_request": HOST_SOURCES["vllm_per_request"],
-            "host_us_per_token": HOST_SOURCES["per_token"],
-            "host_dp_sync_ms": HOST_SOURCES["vllm_dp_sync"],
-            "host_overlap": f"{VLLM} vllm/config/vllm.py async_scheduling on by default "
-                            "(auto: on unless a pooling model, an incompatible speculative "
-                            "method or executor, DP not among them; a vLLM 0.19.1 log with "
-                            "--enforce-eager says 'Asynchronous scheduling is enabled.'; default "
-                            "since vllm-project/vllm#27614, on in v0.16.0 server logs; opt-in "
-                            "--async-scheduling before, vllm-project/vllm#19970)",
-        })
+class VllmPreset(EnginePreset):
+    """vLLM V1 (``--engine vllm``): decode first, prefill chunks in the same step, vLLM's caps;
+    DBO off."""
+
+    name = "vllm"
+    scheduler: ClassVar[str] = "decode_first"
+    dbo_source: ClassVar[str] = f"{VLLM} vllm/config/parallel.py enable_dbo = False"
+    chunk_follows_batched_tokens = True
+    checks_vllm_caps = True
+
+    def defaults(self, ctx: EngineContext) -> EngineSettings:
+        tokens, seqs = vllm_batch_defaults(ctx.hbm_bytes)
+        batch_src = (f"{VLLM} vllm/engine/arg_utils.py EngineArgs.get_batch_defaults "
+                     "(OPENAI_API_SERVER, by device memory: >=160 GiB 16384/1024, >=70 GiB "
+                     "8192/1024, else 2048/256)")
+        return EngineSettings(
+            engine=self.name, scheduler=self.scheduler, chunked_prefill_size=tokens,
+            max_running_per_rank=seqs, max_batched_tokens=tokens,
+            cuda_graph_max_bs=vllm_capture_max(seqs, tokens), dbo=self.dbo_default,
+            dbo_min_decode_tokens=32, dbo_min_prefill_tokens=512, eager_if_any_prefill=True,
+            host_ms_per_step=0.0, host_us_per_request=VLLM_HOST_US_PER_REQUEST,
+            host_dp_sync_ms=VLLM_HOST_DP_SYNC_MS if ctx.dp > 1 else 0.0, host_overlap=True,
+            sources={
+                "scheduler": f"{VLLM} vllm/v1/core/sched/scheduler.py Scheduler.schedule",
+                "max_num_batched_tokens": batch_src, "max_num_seqs": batch_src,
+                "chunked_prefill_size": "vLLM chunks prompts within max_num_batched_tokens",
+                "cuda_graph_max_bs": f"{VLLM} vllm/config/vllm.py VllmConfig."
+                                     "_set_cudagraph_sizes (min(max_num_seqs * 2, 512, "
+                                     "max_num_batched_tokens); the mode synchronised over DP "
+                                     "ranks by the minimum: vllm/v1/worker/dp_utils.py)",
+                "dbo": self.dbo_source,
+                "dbo_thresholds": f"{VLLM} vllm/config/parallel.py dbo_decode_token_threshold "
+                                  "32, dbo_prefill_token_threshold 512",
+                "host_ms_per_step": HOST_SOURCES["vllm_fixed"],
+                "host_us_per_request": HOST_SOURCES["vllm_per_request"],
+                "host_us_per_token": HOST_SOURCES["per_token"],
+                "host_dp_sync_ms": HOST_SOURCES["vllm_dp_sync"],
+                "host_overlap": f"{VLLM} vllm/config/vllm.py async_scheduling on by default "
+                                "(auto: on unless a pooling model, an incompatible speculative "
+                                "method or executor, DP not among them; a vLLM 0.19.1 log with "
+                                "--enforce-eager says 'Asynchronous scheduling is enabled.'; "
+                                "default since vllm-project/vllm#27614, on in v0.16.0 server "
+                                "logs; opt-in --async-scheduling before, "
+                                "vllm-project/vllm#19970)",
+            })
+
+    def graph_bs_after_cap(self, s: EngineSettings, seqs: int, tokens: int | None
+                           ) -> int | None:
+        """vLLM recomputes its capture limit from the cap (:func:`vllm_capture_max`)."""
+        return vllm_capture_max(seqs, tokens or s.max_batched_tokens or seqs)
 
 
-def vllm_settings(d: Deployment) -> EngineSettings:
-    """vLLM V1: decode first, prefill chunks in the same step, vLLM's caps; DBO off."""
-    return _vllm_like("vllm", "decode_first", d, False,
-                      f"{VLLM} vllm/config/parallel.py enable_dbo = False")
+class SplitPreset(VllmPreset):
+    """The reference report's modified vLLM (``--engine split``): separate prefill and decode
+    queues, vLLM's caps, with the report's DBO and graphs (docs/design.md section 1)."""
 
-
-def split_settings(d: Deployment) -> EngineSettings:
-    """The reference report's modified vLLM: separate prefill and decode queues, vLLM's caps,
-    with the report's DBO and graphs (docs/design.md section 1)."""
-    return _vllm_like("split", "split", d, True,
-                      "the reference report enables dual batch overlap (docs/design.md 1)")
+    name = "split"
+    scheduler = "split"
+    dbo_default = True
+    dbo_source = "the reference report enables dual batch overlap (docs/design.md 1)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,53 +365,73 @@ def sglang_max_running(kv_capacity_tokens: int, context_len: int | None) -> int:
     return min(max(min(estimated, 4096), 2048), kv_capacity_tokens // 2)
 
 
-def sglang_settings(d: Deployment) -> EngineSettings:
-    """SGLang with DP attention: prefill first, its chunk divided over the DP ranks."""
-    chunk, graph_bs = sglang_memory_defaults(d.hbm_bytes, d.tp)
-    per_rank = max(1, chunk // d.dp) if d.dp > 1 else chunk
-    mem = f"{SGLANG} srt/arg_groups/memory_hook.py handle_gpu_memory_settings"
-    return EngineSettings(
-        engine="sglang", scheduler="sglang", chunked_prefill_size=per_rank,
-        max_running_per_rank=max(1, sglang_max_running(d.kv_capacity_tokens, d.context_len)),
-        max_batched_tokens=16384, cuda_graph_max_bs=graph_bs, dbo=False,
-        eager_if_any_prefill=True, host_ms_per_step=HOST_MS_PER_STEP, host_overlap=True,
-        sources={
-            "scheduler": f"{SGLANG} srt/managers/scheduler.py (a new prefill batch runs before "
-                         "decode), srt/managers/schedule_policy.py PrefillAdder",
-            "chunked_prefill_size": f"{mem} (by GPU memory: <90 GiB 8192, <160 GiB 8192, "
-                                    "else 16384), divided by the DP-attention size: "
-                                    "srt/arg_groups/parallel_hook.py",
-            "max_num_seqs": f"{SGLANG} srt/mem_cache/kv_cache_configurator.py "
-                            "resolve_max_num_reqs (per DP worker)",
-            "max_num_batched_tokens": f"{SGLANG} srt/arg_groups/fields/schedule.py "
-                                      "max_prefill_tokens = 16384",
-            "cuda_graph_max_bs": f"{mem} (decode max_bs: 256 if tp < 4 else 512 below 160 "
-                                 "GiB, 512 above)",
-            "dbo": f"{SGLANG} srt/arg_groups/fields/exec_.py enable_two_batch_overlap = False",
-            "mixed_chunk": f"{SGLANG} srt/arg_groups/fields/schedule.py enable_mixed_chunk = "
-                           "False",
-            "host_ms_per_step": HOST_SOURCES["sglang"],
-            "host_overlap": f"{SGLANG} srt/arg_groups/fields/schedule.py "
-                            "disable_overlap_schedule = False",
-        })
+class SglangPreset(EnginePreset):
+    """SGLang with DP attention (``--engine sglang``): prefill first, its chunk divided over
+    the DP ranks."""
+
+    name = "sglang"
+
+    def defaults(self, ctx: EngineContext) -> EngineSettings:
+        chunk, graph_bs = sglang_memory_defaults(ctx.hbm_bytes, ctx.tp)
+        per_rank = max(1, chunk // ctx.dp) if ctx.dp > 1 else chunk
+        mem = f"{SGLANG} srt/arg_groups/memory_hook.py handle_gpu_memory_settings"
+        return EngineSettings(
+            engine=self.name, scheduler="sglang", chunked_prefill_size=per_rank,
+            max_running_per_rank=max(1, sglang_max_running(ctx.kv_capacity_tokens,
+                                                           ctx.context_len)),
+            max_batched_tokens=16384, cuda_graph_max_bs=graph_bs, dbo=self.dbo_default,
+            eager_if_any_prefill=True, host_ms_per_step=HOST_MS_PER_STEP, host_overlap=True,
+            sources={
+                "scheduler": f"{SGLANG} srt/managers/scheduler.py (a new prefill batch runs "
+                             "before decode), srt/managers/schedule_policy.py PrefillAdder",
+                "chunked_prefill_size": f"{mem} (by GPU memory: <90 GiB 8192, <160 GiB 8192, "
+                                        "else 16384), divided by the DP-attention size: "
+                                        "srt/arg_groups/parallel_hook.py",
+                "max_num_seqs": f"{SGLANG} srt/mem_cache/kv_cache_configurator.py "
+                                "resolve_max_num_reqs (per DP worker)",
+                "max_num_batched_tokens": f"{SGLANG} srt/arg_groups/fields/schedule.py "
+                                          "max_prefill_tokens = 16384",
+                "cuda_graph_max_bs": f"{mem} (decode max_bs: 256 if tp < 4 else 512 below 160 "
+                                     "GiB, 512 above)",
+                "dbo": f"{SGLANG} srt/arg_groups/fields/exec_.py enable_two_batch_overlap = "
+                       "False",
+                "mixed_chunk": f"{SGLANG} srt/arg_groups/fields/schedule.py enable_mixed_chunk "
+                               "= False",
+                "host_ms_per_step": HOST_SOURCES["sglang"],
+                "host_overlap": f"{SGLANG} srt/arg_groups/fields/schedule.py "
+                                "disable_overlap_schedule = False",
+            })
+
+    def graph_bs_after_cap(self, s: EngineSettings, seqs: int, tokens: int | None
+                           ) -> int | None:
+        """SGLang lowers its default to the cap when the cap is smaller (memory_hook.py)."""
+        return min(s.cuda_graph_max_bs, seqs) if s.cuda_graph_max_bs else None
 
 
 # --------------------------------------------------------------------------------------------
-# The registry and the overrides
+# epsim's own policy, the registry
 # --------------------------------------------------------------------------------------------
 
-def epsim_settings(d: Deployment | None = None) -> EngineSettings:
+class PrefillFirstPreset(EnginePreset):
     """epsim's own policy (``--engine prefill_first``): prefill first, 8192-token chunks, no
     caps, every step as the plan says, no host time."""
-    return EngineSettings(engine=PREFILL_FIRST, scheduler="prefill_first",
-                          chunked_prefill_size=EPSIM_CHUNKED_PREFILL, dbo=False,
-                          sources={"scheduler": "epsim's own policy (docs/serving.md)"})
+
+    name = PREFILL_FIRST
+    overridable = False
+    has_host_model = False
+    prefill_eager = False
+    caption = "epsim's own policy, --engine prefill_first"
+
+    def defaults(self, ctx: EngineContext) -> EngineSettings:
+        return EngineSettings(engine=self.name, scheduler="prefill_first",
+                              chunked_prefill_size=EPSIM_CHUNKED_PREFILL, dbo=self.dbo_default,
+                              prefill_eager=self.prefill_eager,
+                              sources={"scheduler": "epsim's own policy (docs/serving.md)"})
 
 
-ENGINES: dict[str, Callable[[Deployment], EngineSettings]] = {
-    "vllm": vllm_settings, "sglang": sglang_settings, "split": split_settings,
-    PREFILL_FIRST: epsim_settings,
-}
+#: the presets by name (``--engine``'s choices, in this order)
+ENGINES: Mapping[str, EnginePreset] = MappingProxyType({
+    p.name: p for p in (VllmPreset(), SglangPreset(), SplitPreset(), PrefillFirstPreset())})
 
 
 #: the engine a deployment runs when ``--engine`` is not given, by the hardware's vendor: the
@@ -321,79 +441,28 @@ ENGINES: dict[str, Callable[[Deployment], EngineSettings]] = {
 DEFAULT_ENGINE_BY_VENDOR: dict[str, str] = {"amd": "vllm", "nvidia": "sglang"}
 
 
-#: vLLM's DBO and SGLang's TBO split the batch of a DP-attention + EP deployment around its
-#: dispatch and combine (vLLM: ``--enable-dbo`` with an all2all backend; SGLang:
-#: ``--enable-two-batch-overlap`` with ``--moe-a2a-backend deepep``); neither runs on TP-only MoE
-DBO_NEEDS_EP = ("--dbo needs an expert-parallel plan (ep > 1): vLLM's DBO and SGLang's TBO "
-                "overlap the EP dispatch and combine; a TP-only plan runs one microbatch")
-
-
-def dbo_needs_ep(plan: ParallelPlan, asked: bool) -> ParallelPlan:
-    """``plan`` as DBO / TBO can run it: both overlap the EP dispatch and combine, so a plan
-    without EP runs one microbatch. ``asked`` (``--dbo``) on such a plan is refused
-    (:data:`DBO_NEEDS_EP`); an engine's default DBO (``split``) simply does not apply."""
-    if plan.microbatches == 1 or plan.expert_parallel:
-        return plan
-    if asked:
-        raise EpsimError(DBO_NEEDS_EP)
-    return plan.with_(microbatches=1)
-
-
 def default_engine(vendor: str) -> str:
     """The engine a deployment on ``vendor``'s hardware runs without ``--engine`` (vLLM where
     the vendor is unknown, as for a fitted CPU profile)."""
     return DEFAULT_ENGINE_BY_VENDOR.get(vendor, "vllm")
 
 
-def engine_dbo_default(engine: str | None) -> bool:
-    """DBO when neither ``--dbo`` nor ``--no-dbo`` is given: the engine's own (vLLM's
-    ``enable_dbo`` and SGLang's ``enable_two_batch_overlap`` are off by default; the reference
-    report's ``split`` engine runs it)."""
-    return engine == "split"
-
-
-def engine_settings(engine: str | None, d: Deployment,
-                    overrides: EngineOverrides | None = None) -> EngineSettings:
-    """The settings of ``engine`` for deployment ``d``, with the explicit flags of
-    ``overrides`` in place of the preset's values."""
-    o = overrides or EngineOverrides()
-    if engine not in ENGINES:
+def engine_preset(engine: str | None) -> EnginePreset:
+    """The preset named ``engine``; an unknown name is refused in one line naming the four."""
+    preset = ENGINES.get(engine) if isinstance(engine, str) else None
+    if preset is None:
         raise EpsimError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
-    s = ENGINES[engine](d)
-    if engine == PREFILL_FIRST:  # epsim's own policy has no caps to override, no host time
-        own = {k: v for k, v in (("chunked_prefill_size", o.chunked_prefill_size),
-                                 ("dbo", o.dbo)) if v is not None}
-        return replace(s, **own) if own else s
-    changes: dict[str, Any] = {}
-    if o.max_num_seqs is not None:
-        changes["max_running_per_rank"] = o.max_num_seqs
-        if o.cuda_graph_max_bs is None:  # both engines size the graphs by the cap
-            changes["cuda_graph_max_bs"] = _graph_bs_for(engine, s, o.max_num_seqs,
-                                                         o.max_num_batched_tokens)
-    if o.max_num_batched_tokens is not None:
-        changes["max_batched_tokens"] = o.max_num_batched_tokens
-        if engine != "sglang" and o.chunked_prefill_size is None:
-            changes["chunked_prefill_size"] = o.max_num_batched_tokens
-    for name, value in (("chunked_prefill_size", o.chunked_prefill_size),
-                        ("cuda_graph_max_bs", o.cuda_graph_max_bs), ("dbo", o.dbo),
-                        ("host_ms_per_step", o.host_ms_per_step),
-                        ("host_overlap", o.host_overlap)):
-        if value is not None:
-            changes[name] = value
-    if o.host_ms_per_step is not None:  # a flat value: the batch terms give way
-        changes.update(host_us_per_request=0.0, host_us_per_token=0.0, host_dp_sync_ms=0.0)
-    flagged = {k: "flag" for k in changes}
-    s = replace(s, **changes, sources={**s.sources, **flagged}) if changes else s
-    if engine != "sglang" and s.max_batched_tokens < (s.max_running_per_rank or 0):
-        # vLLM refuses it too (SchedulerConfig.verify_max_model_len)
-        raise EpsimError(f"--max-num-batched-tokens {s.max_batched_tokens} must be at least "
-                         f"--max-num-seqs {s.max_running_per_rank} (as vLLM requires)")
-    return s
+    return preset
 
 
-def _graph_bs_for(engine: str, s: EngineSettings, seqs: int, tokens: int | None) -> int | None:
-    """The capture limit after ``--max-num-seqs``: vLLM recomputes it from the cap; SGLang
-    lowers its default to the cap when the cap is smaller (memory_hook.py)."""
-    if engine == "sglang":
-        return min(s.cuda_graph_max_bs, seqs) if s.cuda_graph_max_bs else None
-    return vllm_capture_max(seqs, tokens or s.max_batched_tokens or seqs)
+def charges_host(engine: str | None) -> bool:
+    """Whether ``engine`` charges host time per step (``None``: the hardware vendor's engine,
+    which does)."""
+    return engine is None or engine_preset(engine).has_host_model
+
+
+def engine_settings(engine: str | None, ctx: EngineContext,
+                    overrides: EngineOverrides | None = None) -> EngineSettings:
+    """The settings of ``engine`` for deployment ``ctx``, with the explicit flags of
+    ``overrides`` in place of the preset's values (:meth:`EnginePreset.settings`)."""
+    return engine_preset(engine).settings(ctx, overrides)

@@ -48,7 +48,7 @@ from epsim.model.bounds import (
 )
 from epsim.model.errors import EpsimError
 
-from .spec import BENCH_CLIENTS, Requests, issue_times
+from .spec import Requests, issue_times
 
 #: how far two counts of one file may disagree (sum(input_lens) vs total_input_tokens, ...)
 COUNT_TOLERANCE = 1e-3
@@ -71,7 +71,25 @@ SCALAR_METRICS = ("duration", "request_throughput", "request_goodput", "output_t
                   "total_token_throughput", "input_throughput", "max_output_tokens_per_s",
                   "max_concurrent_requests", "concurrency", "spec_decode_acceptance_length",
                   "spec_decode_acceptance_rate")
-#: SGLang's single-number metric names -> epsim's
+
+
+@dataclass(frozen=True)
+class ResultFormat:
+    """One benchmark client's result file: ``name`` (``--bench-client``), ``title`` (in
+    messages), ``keys`` (only its files have them: format detection) and ``metric_names`` (its
+    latency statistics' metric names -> epsim's, which are vLLM's)."""
+
+    name: str
+    title: str
+    keys: frozenset[str]
+    metric_names: Mapping[str, str]
+
+
+#: the clients whose result files epsim reads, by name (the names of ``BENCH_CLIENTS``)
+RESULT_FORMATS: dict[str, ResultFormat] = {f.name: f for f in (
+    ResultFormat("vllm", "vLLM", VLLM_KEYS, {}),
+    ResultFormat("sglang", "SGLang", SGLANG_KEYS, SGLANG_METRIC_NAMES))}
+#: SGLang's single-number metric names -> epsim's (read from either client's file)
 SGLANG_SCALARS = {"accept_length": "spec_decode_acceptance_length",
                   "total_throughput": "total_token_throughput"}
 #: the keys that set the workload replayed (read by ``_Workload`` and ``_listed_lengths``)
@@ -238,15 +256,15 @@ def _last_object(text: str, name: str) -> tuple[dict[str, Any], str]:
 def detect_client(obj: Mapping[str, Any], client: str | None = None, source: str = "") -> str:
     """Which client wrote ``obj``: its keys say, else ``client``; both at once is an error."""
     keys = set(obj)
-    is_vllm = bool(keys & VLLM_KEYS)
-    is_sglang = bool(keys & SGLANG_KEYS)
-    if is_vllm and is_sglang:
-        raise EpsimError(f"{source}: mixes keys of vLLM's result ({sorted(keys & VLLM_KEYS)[0]})"
-                         f" and SGLang's ({sorted(keys & SGLANG_KEYS)[0]})")
-    found = "vllm" if is_vllm else "sglang" if is_sglang else None
+    formats = [f for f in RESULT_FORMATS.values() if keys & f.keys]
+    if len(formats) > 1:
+        a, b = formats[:2]
+        raise EpsimError(f"{source}: mixes keys of {a.title}'s result ({sorted(keys & a.keys)[0]})"
+                         f" and {b.title}'s ({sorted(keys & b.keys)[0]})")
+    found = formats[0].name if formats else None
     if found and client and client != found:
         raise EpsimError(f"{source}: a {found} result, but --bench-client {client} was given")
-    if client is not None and client not in BENCH_CLIENTS:
+    if client is not None and client not in RESULT_FORMATS:
         raise EpsimError(f"unknown benchmark client {client!r}")
     if found is None and client is None:
         raise EpsimError(f"{source}: neither a vllm bench serve result nor an SGLang "
@@ -436,8 +454,7 @@ def _metric_name(key: str, client: str) -> str | None:
     or None for a key that is not a metric."""
     m = STAT_KEY.match(key)
     if m:
-        metric = SGLANG_METRIC_NAMES.get(m.group(2), m.group(2)) if client == "sglang" \
-            else m.group(2)
+        metric = RESULT_FORMATS[client].metric_names.get(m.group(2), m.group(2))
         return f"{m.group(1)}_{metric}_ms"
     if key in SCALAR_METRICS or key in SGLANG_SCALARS:
         return SGLANG_SCALARS.get(key, key)
