@@ -20,7 +20,7 @@ from epsim.sim.serving.presets import PREFILL_FIRST
 
 from .common import add_engine_args, add_mtp_args, emit_json, print_table, scenario_from_args
 from .inputs import add_flag
-from .stamp import stamp_provenance
+from .provenance import stamp_provenance
 
 #: the factors fitted without --factors (host joins them under every engine but
 #: prefill_first, which charges no host time)

@@ -53,7 +53,7 @@ from epsim.sim.workload.spec import DATASETS, WorkloadSpec
 from epsim.sim.workload.traces import shipped_traces
 
 from .inputs import add_flag
-from .stamp import row_provenance, stamp_provenance
+from .provenance import row_provenance, stamp_provenance
 
 
 def loads_help(what: str) -> str:

@@ -16,7 +16,7 @@ from ..calibrate_bench import add_bench_args, run_bench_fit
 from ..calibrate_trace import add_trace_args, run_trace
 from ..common import add_json_arg, emit_json, print_table
 from ..inputs import add_flag
-from ..stamp import stamp_provenance
+from ..provenance import stamp_provenance
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -16,6 +16,7 @@ from ..common import (
     emit_json,
     print_columns,
 )
+from ..fidelity import SERVING_HEADLINE, band_text, regime_of, stamp
 from ..frontier_chart import (
     add_frontier_args,
     check_prices,
@@ -34,7 +35,6 @@ from ..search_args import (
     search_options_from_args,
     search_space_from_args,
 )
-from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
 from ..work import check_search
 
 

@@ -29,8 +29,8 @@ from ..common import (
     loads_help,
     print_table,
 )
+from ..fidelity import STEP_HEADLINE, band_text, regime_of, stamp
 from ..inputs import add_flag
-from ..stamp import STEP_HEADLINE, band_text, regime_of, stamp
 from ..work import add_force_arg, check_step
 
 

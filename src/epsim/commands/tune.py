@@ -13,6 +13,7 @@ from ..common import (
     emit_json,
     print_columns,
 )
+from ..fidelity import SERVING_HEADLINE, band_text, regime_of, stamp
 from ..frontier_chart import (
     add_frontier_args,
     check_prices,
@@ -30,7 +31,6 @@ from ..search_args import (
     search_options_from_args,
     search_space_from_args,
 )
-from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
 from ..work import check_search
 
 
