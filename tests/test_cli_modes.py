@@ -139,3 +139,24 @@ def test_validate_bench_prints_one_json_object_under_both_spellings(epsim, tmp_p
         report.pop("sim_wall_s", None)
         reports.append(report)
     assert reports[0] == reports[1]
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["calibrate", "micro", "--out", "{d}/p.json"], "--out"),
+    (["calibrate", "bench", RESULT, *DEPLOYMENT, "--out", "{d}/p.json"], "--out"),
+    (["calibrate", "trace", RESULT, "--out", "{d}/p.json"], "--out"),
+    (["validate", "grid", "--profile", "mi300x", "--plot", "{d}/p.png"], "--plot"),
+])
+def test_a_subcommands_outputs_are_reserved_before_it_runs(tmp_path, argv, flag):
+    from epsim.specs import output_targets
+
+    args = parse([a.replace("{d}", str(tmp_path)) for a in argv])
+    assert [(what, str(path)) for what, path in output_targets(args)] == \
+        [(flag, argv[-1].replace("{d}", str(tmp_path)))]
+
+
+def test_an_output_a_subcommand_cannot_write_is_one_line(capsys):
+    # reserved before the run: no calibration starts
+    assert main(["calibrate", "micro", "--quick", "--out", "/proc/epsim-x.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write /proc/epsim-x" in err, err
