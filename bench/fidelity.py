@@ -18,7 +18,7 @@ breakdown). Then the median |error| over the checks with a figure, and the direc
 ``--write-bands`` writes ``epsim/data/error_bands.json``: per regime, the median and largest
 |error| and the number of checks, stamped with the epsim version and the hash of the shipped
 hardware profiles it was measured on. Every prediction's ``error_band`` reads that file
-(``epsim/stamp.py``).
+(``epsim/fidelity.py``).
 """
 
 from __future__ import annotations
@@ -134,9 +134,9 @@ def main() -> int:
     summary = {"checks": len(judged), "within": sum(r["within"] for r in judged),
                "median_abs_error": median, "bands": bands(rows)}
     if args.write_bands:
+        from epsim.fidelity import model_version
         from epsim.model import jsonout
         from epsim.model.outputs import write_text_atomic
-        from epsim.stamp import model_version
         BANDS.parent.mkdir(parents=True, exist_ok=True)
         doc = {"about": "expected error of a prediction per regime, from bench/fidelity.py over "
                         "the published checks in bench/data/published_checks.json",

@@ -38,18 +38,18 @@ SKIPPED: dict[str, str] = {
     "pip install -e '.[runtime,dev,plot]'": "installs (what .ci/run does in a fresh clone)",
     "python -m pytest -q": "the whole suite, this test among it",
     "epsim describe --model path/to/config.json": "your own config.json",
-    "epsim validate --bench result.json --model deepseek-v3 --hardware mi300x --dp 8 --ep 8":
+    "epsim validate bench result.json --model deepseek-v3 --hardware mi300x --dp 8 --ep 8":
         "your own vllm / sglang result (the shipped examples run in docs/validation.md's)",
     "epsim balance --loads my_decode.json,prefill_in4096 --gpus 8 --redundant-experts 32 "
     "--out p.json": "your own load file",
-    "epsim calibrate --out cpu.json": "calibration: about 2 minutes on 2 cores "
+    "epsim calibrate micro --out cpu.json": "calibration: about 2 minutes on 2 cores "
                                       "(tests/test_validate.py runs --quick)",
-    "epsim validate --profile cpu.json --grid cpu": "needs the calibrated cpu.json (minutes)",
-    "epsim calibrate --out cpu.json --quick": "torch ranks measuring this machine "
+    "epsim validate grid --profile cpu.json --grid cpu": "needs the calibrated cpu.json (minutes)",
+    "epsim calibrate micro --out cpu.json --quick": "torch ranks measuring this machine "
                                               "(tests/test_validate.py runs it)",
     "epsim step --model tiny-deepseek --hardware cpu.json --gpus-per-node 2 --dp 2 --ep 2 "
     "--batch 8 --context 256 --no-graph": "needs the calibrated cpu.json",
-    "epsim calibrate --device cuda --out gpu.json": "a CUDA GPU",
+    "epsim calibrate micro --device cuda --out gpu.json": "a CUDA GPU",
     "python bench/fidelity.py": "a benchmark: minutes (tests/test_error_band.py checks its bands)",
     "python bench/fidelity.py --write-bands": "rewrites the shipped error bands",
     "python bench/bench_predict.py --reproduce": "a benchmark: minutes",

@@ -1,10 +1,10 @@
-"""Every prediction carries the expected error of its regime (``epsim/stamp.py``)."""
+"""Every prediction carries the expected error of its regime (``epsim/fidelity.py``)."""
 
 import json
 
 import pytest
 
-from epsim.stamp import (
+from epsim.fidelity import (
     SERVING_HEADLINE,
     band_text,
     error_band,

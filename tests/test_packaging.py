@@ -80,7 +80,7 @@ def test_help_lists_the_shipped_load_names(epsim, command):
 
 
 def test_validate_help_names_the_default_grid(epsim):
-    text = " ".join(epsim("validate", "--help").stdout.split())
+    text = " ".join(epsim("validate", "grid", "--help").stdout.split())
     assert f"default: the shipped {DEFAULT_GRID!r}" in text
 
 

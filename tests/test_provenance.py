@@ -11,8 +11,8 @@ from conftest import REPO
 
 import epsim as package
 from epsim.frontier_chart import chart_footer
+from epsim.provenance import footer_text, provenance, stamp_provenance
 from epsim.sim.hardware.profile import load_profile, profile_from_dict, shipped_profiles
-from epsim.stamp import footer_text, provenance, stamp_provenance
 
 PROFILES = REPO / "src" / "epsim" / "sim" / "hardware" / "profiles"
 TINY = ["--model", "tiny-deepseek", "--hardware", "mi300x", "--gpus-per-node", "2", "--dp", "2",

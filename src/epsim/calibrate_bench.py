@@ -1,11 +1,13 @@
-"""``epsim calibrate --from-bench FILES... --hardware PROFILE --out PROFILE [deployment flags]``
-(part of ``epsim calibrate``): the flags and the run. The fit is ``epsim.calibrate.bench_fit``
-(its docstring: the factors, the metrics fitted, the identifiability rule); this module builds
-the deployment, reads the files, calls, writes the profile and prints.
+"""``epsim calibrate bench FILES... --model M --hardware PROFILE --out PROFILE [deployment flags]``
+(also spelled ``epsim calibrate --from-bench FILES...``): the flags and the run. The fit is
+``epsim.calibrate.bench_fit`` (its docstring: the factors, the metrics fitted, the
+identifiability rule); this module builds the deployment, reads the files, calls, writes the
+profile and prints.
 
-The deployment flags are ``epsim validate --bench``'s (model, hardware, plan, kernel set, engine
+The deployment flags are ``epsim validate bench``'s (model, hardware, plan, kernel set, engine
 and its overrides, MTP); ``--model``, ``--hardware``, ``--kernels``, ``--nodes``, ``--dp``,
-``--ep``, ``--tp`` and ``--kv-dtype`` are shared with ``--from-trace``.
+``--ep``, ``--tp`` and ``--kv-dtype`` are the trace fit's too
+(``calibrate_trace.add_deployment_args``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from epsim.model.errors import EpsimError
 from epsim.sim.serving.presets import charges_host
 
 from .common import add_engine_args, add_mtp_args, emit_json, print_table, scenario_from_args
-from .inputs import add_flag
-from .stamp import stamp_provenance
+from .inputs import add_flag, spec_for
+from .provenance import stamp_provenance
 
 #: the factors fitted without --factors (host joins them under every engine but
 #: prefill_first, which charges no host time)
@@ -32,12 +34,19 @@ _SCENARIO_DEFAULTS: dict[str, Any] = {
 }
 
 
-def add_bench_args(p: argparse.ArgumentParser) -> None:
+def add_bench_args(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """The runs (``--from-bench FILE...``, or the positional ``FILE...`` of ``epsim calibrate
+    bench``), the factors and the deployment's serving flags (its model, hardware and plan:
+    ``calibrate_trace.add_deployment_args``)."""
     g = p.add_argument_group("from measured benchmark runs (--from-bench)")
-    add_flag(g, "--from-bench", nargs="+", default=None, metavar="FILE",
-             help="vllm bench serve --save-result JSONs / SGLang bench_serving lines of one "
-             "deployment: fit --factors to them by least squares (each run replayed as "
-             "validate --bench does) and write the fitted profile to --out")
+    what = ("vllm bench serve --save-result JSONs / SGLang bench_serving lines of one "
+            "deployment: fit --factors to them by least squares (each run replayed as "
+            "validate bench does) and write the fitted profile to --out")
+    if positional:
+        add_flag(g, "from_bench", spec=spec_for("--from-bench"), nargs="+", metavar="FILE",
+                 help=what)
+    else:
+        add_flag(g, "--from-bench", nargs="+", default=None, metavar="FILE", help=what)
     add_flag(g, "--factors", lists=True, default=None,
              help="the factors fitted (comma list; default attention,grouped_gemm, plus host "
              "unless --engine prefill_first): per op class multipliers on the final op time, host: the "

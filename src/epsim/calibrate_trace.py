@@ -1,6 +1,6 @@
-"""``epsim calibrate --from-trace TRACE.json`` (part of ``epsim calibrate``): the flags and the
-run (the work is in ``epsim.calibrate.trace_calibrate``; this module resolves the deployment,
-calls and prints).
+"""``epsim calibrate trace TRACE.json`` (also spelled ``epsim calibrate --from-trace TRACE.json``):
+the flags and the run (the work is in ``epsim.calibrate.trace_calibrate``; this module resolves
+the deployment, calls and prints).
 
 The deployment compared is the trace's where it says (``distributedInfo`` world size and rank,
 the device name, a ``seqlen`` in the trace name, the layers its annotations cover), else the
@@ -18,38 +18,52 @@ from typing import Any
 from epsim.model.errors import EpsimError
 
 from .common import emit_json, print_table
-from .inputs import add_flag
+from .inputs import add_flag, spec_for
 
 
-def add_trace_args(p: argparse.ArgumentParser) -> None:
+def add_trace_args(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """The trace (``--from-trace TRACE.json``, or the positional ``TRACE.json`` of ``epsim
+    calibrate trace``), its scope and the traced pass; the deployment's flags are
+    :func:`add_deployment_args`."""
     g = p.add_argument_group("from a profiler trace (--from-trace)")
-    add_flag(g, "--from-trace", metavar="TRACE.json", default=None,
-             help="a PyTorch profiler (Kineto) Chrome trace: map its GPU kernels to op kinds, "
-             "compare them with the simulator's (with --model), fit per-kind factors (--out)")
+    what = ("a PyTorch profiler (Kineto) Chrome trace: map its GPU kernels to op kinds, "
+            "compare them with the simulator's (with --model), fit per-kind factors (--out)")
+    if positional:
+        add_flag(g, "from_trace", spec=spec_for("--from-trace"), metavar="TRACE.json",
+                 help=what)
+    else:
+        add_flag(g, "--from-trace", metavar="TRACE.json", default=None, help=what)
     add_flag(g, "--annotations", default=None, metavar="NAMES|all",
              help="CPU annotations whose launched kernels are in scope (default: DualPipe's "
              "forward attn(F),mlp(F),dispatch(F),combine(F) where the trace has them, else "
              "every kernel; all: every kernel)")
-    add_flag(g, "--model", default=None, metavar="M",
-             help="the traced model, for the comparison (a trace does not name it)")
-    add_flag(g, "--hardware", default=None, metavar="H",
-             help="hardware profile (default: the one the trace's device name names)")
-    add_flag(g, "--kernels", default=None, metavar="SET",
-             help="the profile's kernel set for the comparison (default: its default set)")
-    for flag, what in (("--nodes", "nodes (default: world size / GPUs per node)"),
-                       ("--dp", "data-parallel groups (default: the trace's world size)"),
-                       ("--ep", "expert-parallel degree (default: the trace's world size)"),
-                       ("--tp", "tensor-parallel degree (default 1)")):
-        add_flag(g, flag, default=None, help=what)
     add_flag(g, "--batch", default=1, help="sequences per rank in the traced pass (default 1)")
     add_flag(g, "--context", default=None,
              help="tokens per sequence (default: the trace name's seqlen)")
-    add_flag(g, "--kv-dtype", default=None,
-             help="attention math dtype of the traced run (default bf16: training's "
-             "FlashAttention; --from-bench: the KV-cache dtype, default fp8)")
     add_flag(g, "--layers", default=None,
              help="MoE layers the scope holds (default: how often its most frequent "
              "annotation occurs)")
+
+
+def add_deployment_args(p: argparse.ArgumentParser) -> None:
+    """The deployment measured, shared by the trace and the benchmark fits: ``--model``,
+    ``--hardware``, ``--kernels``, ``--nodes``, ``--dp``, ``--ep``, ``--tp``, ``--kv-dtype``."""
+    g = p.add_argument_group("the deployment measured")
+    add_flag(g, "--model", default=None, metavar="M",
+             help="the model measured (a trace does not name it: without it, a trace's "
+             "mapping alone is reported)")
+    add_flag(g, "--hardware", default=None, metavar="H",
+             help="hardware profile (trace: default the one the trace's device name names)")
+    add_flag(g, "--kernels", default=None, metavar="SET",
+             help="the profile's kernel set (default: its default set)")
+    for flag, what in (("--nodes", "nodes (trace: default world size / GPUs per node)"),
+                       ("--dp", "data-parallel groups (trace: default its world size)"),
+                       ("--ep", "expert-parallel degree (trace: default its world size)"),
+                       ("--tp", "tensor-parallel degree (default 1)")):
+        add_flag(g, flag, default=None, help=what)
+    add_flag(g, "--kv-dtype", default=None,
+             help="trace: attention math dtype of the traced run (default bf16: training's "
+             "FlashAttention); benchmark runs: the KV-cache dtype (default fp8)")
 
 
 def _hardware(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[str, str]:

@@ -41,7 +41,7 @@ class _Version(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
-        from .stamp import version_text
+        from .provenance import version_text
 
         sys.stdout.write(version_text() + "\n")
         raise SystemExit(0)

@@ -39,7 +39,7 @@ from .options import (  # noqa: F401  (the flag groups, for the commands that im
     add_workload_args,
     scenario_from_args,
 )
-from .stamp import row_provenance, stamp_provenance
+from .provenance import row_provenance, stamp_provenance
 
 
 def loads_help(what: str) -> str:

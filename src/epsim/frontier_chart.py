@@ -15,7 +15,7 @@ from epsim.sim.search.slo import SLO
 
 from .common import write_csv
 from .inputs import add_flag
-from .stamp import footer_text, provenance
+from .provenance import footer_text, provenance
 
 #: what a frontier point carries of its row besides the chart's axes (those the row has)
 CARRIED = ("hardware", "engine", "concurrency", "nodes", "gpus", "dp", "tp", "ep", "dbo",
@@ -139,7 +139,7 @@ def write_frontier_plot(points: Sequence[Mapping[str, Any]], path: str, title: s
 
 
 def chart_footer(points: Sequence[Mapping[str, Any]]) -> str:
-    """The chart's footer: the provenance of its points (``epsim.stamp.footer_text``)."""
+    """The chart's footer: the provenance of its points (``epsim.provenance.footer_text``)."""
     marks = [p["provenance"] for p in points if isinstance(p.get("provenance"), Mapping)]
     return footer_text(provenance(*marks))
 

@@ -1,6 +1,15 @@
-"""``epsim calibrate``: microbenchmark the device at hand and fit a hardware profile.
+"""``epsim calibrate``: fit a hardware profile, in one of three ways (subcommands):
 
-The work is in ``epsim.calibrate.profile.calibrate``; this module parses, calls and prints.
+    epsim calibrate micro --out PROFILE.json    microbenchmarks of the device at hand
+                                                (``epsim.calibrate.profile.calibrate``)
+    epsim calibrate trace TRACE.json            a PyTorch profiler trace (``calibrate_trace``)
+    epsim calibrate bench FILE... --out P.json  measured benchmark runs (``calibrate_bench``)
+
+The spellings from before the subcommands keep their meaning: ``epsim calibrate --out P.json``
+is ``micro``, ``--from-trace T`` is ``trace``, ``--from-bench FILE...`` is ``bench``. The legacy
+form is the parent parser itself, with every mode's flags (hidden from its help), each added
+by the same function that adds it to its subcommand (``epsim.modes``). This module parses,
+calls and prints.
 """
 
 from __future__ import annotations
@@ -13,33 +22,35 @@ from epsim.calibrate.exchange_fits import DEFAULT_EXCHANGE_FIT
 from epsim.model.errors import EpsimError
 
 from ..calibrate_bench import add_bench_args, run_bench_fit
-from ..calibrate_trace import add_trace_args, run_trace
+from ..calibrate_trace import add_deployment_args, add_trace_args, run_trace
 from ..common import add_json_arg, emit_json, print_table
 from ..inputs import add_flag
-from ..stamp import stamp_provenance
+from ..modes import add_modes, legacy_flags
+from ..provenance import stamp_provenance
+
+_EXCHANGE_FIT_SCOPE = ("--exchange-fit chooses how a CPU calibration fits the all-to-all "
+                       "table: it does not apply to --from-trace, --from-bench or --device cuda")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "calibrate", help="fit a hardware profile from microbenchmarks on this machine",
-        description="Time every op kind through the runtime's own implementations (single-rank "
-        "decode steps of calibration-only model shapes, a GEMM grid), the EP all-to-all over "
-        "message sizes at world sizes 2 and 4, and how ranks share the cores; save the tables "
-        "as CSV beside the profile and fit a profile the simulator loads "
-        "(epsim step --hardware PROFILE.json).",
-    )
+_MICRO = ("Time every op kind through the runtime's own implementations (single-rank decode "
+          "steps of calibration-only model shapes, a GEMM grid), the EP all-to-all over "
+          "message sizes at world sizes 2 and 4, and how ranks share the cores; save the "
+          "tables as CSV beside the profile and fit a profile the simulator loads (epsim step "
+          "--hardware PROFILE.json).")
+
+
+def _add_micro_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     add_flag(p, "--device", default="cpu",
-                   help="cpu (default), or cuda: one GPU, world size 1 (the communication "
-                   "figures then come from --base)")
-    add_flag(p, "--out", default=None, metavar="PROFILE.json",
-                   help="where to write the fitted profile (tables go beside it; with "
-                   "--from-trace: the profile with the trace's per-kind factors; --from-bench: the "
-                   "profile fitted to the runs)")
+             help="cpu (default), or cuda: one GPU, world size 1 (the communication "
+             "figures then come from --base)")
+    add_flag(p, "--out", metavar="PROFILE.json", required=required,
+             **({} if required else {"default": None}),
+             help="where to write the fitted profile (tables go beside it)")
     p.add_argument("--quick", action="store_true", help="a small subset of every sweep (seconds; "
                    "for tests, not for a profile you rely on)")
     add_flag(p, "--base", metavar="HW", default=None,
-                   help="--device cuda: shipped profile whose communication figures are kept "
-                   "(default h200)")
+             help="--device cuda: shipped profile whose communication figures are kept "
+             "(default h200)")
     add_flag(p, "--exchange-fit", default=None,
              help="the EP exchange's fixed cost: the exchanges' median share of a step in "
              "the ranks sweep's decode steps, with how long issuing them held the host there "
@@ -47,26 +58,60 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
              "all-to-all benchmark (slowest), or what the last rank to arrive waits plus the "
              "straggler measured in decode steps (last-plus-straggler); "
              "calibrate/exchange_fits.py")
+
+
+def _add_trace_mode(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    add_trace_args(p, positional=positional)
+    add_deployment_args(p)
+    add_flag(p, "--out", metavar="PROFILE.json", default=None,
+             help="with --model: write the profile with the trace's per-kind factors")
+
+
+def _add_bench_mode(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    add_bench_args(p, positional=positional)
+    add_deployment_args(p)
+    add_flag(p, "--out", metavar="PROFILE.json", required=positional,
+             **({} if positional else {"default": None}),
+             help="where to write the profile fitted to the runs")
+
+
+def _add_legacy(p: argparse.ArgumentParser) -> None:
+    """Today's flags on the parent: every mode's, each defined once (``--out`` by micro's)."""
+    _add_micro_args(p, required=False)
     add_trace_args(p)
+    add_deployment_args(p)
     add_bench_args(p)
     add_json_arg(p)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="fit a hardware profile: microbenchmarks on this machine (micro), a "
+        "profiler trace (trace) or measured benchmark runs (bench)",
+        description="Fit a hardware profile the simulator loads (epsim step --hardware "
+        "PROFILE.json): from microbenchmarks of this machine (micro), a PyTorch profiler trace "
+        "(trace) or measured vllm/sglang benchmark runs (bench).",
+    )
+    with legacy_flags(p, "epsim calibrate --out P.json (micro), --from-trace T (trace), "
+                      "--from-bench FILE... (bench)"):
+        _add_legacy(p)
     p.set_defaults(run=run)
+    add_modes(p, {
+        "micro": ("microbenchmark this machine and fit a profile", _add_micro_args, run_micro,
+                  _MICRO),
+        "trace": ("map a profiler trace to op kinds; with --model compare, with --out fit",
+                  _add_trace_mode, run_trace),
+        "bench": ("fit a profile to measured vllm/sglang benchmark runs", _add_bench_mode,
+                  run_bench_fit),
+    })
 
 
 def run(args: argparse.Namespace) -> int:
-    import importlib.util
-
-    # here, not at the top: the recipes' fits import pandas, which the parser of every other
-    # command would otherwise load (about 0.5 s and 100 MB)
-    from epsim.calibrate.devices import DEVICES
-
+    """The legacy form: the mode its flags name."""
     if args.from_trace and args.from_bench:
         raise EpsimError("--from-trace and --from-bench are two fits: give one")
-    if args.exchange_fit is not None and (args.from_trace or args.from_bench
-                                          or not DEVICES[args.device].local_ranks):
-        raise EpsimError("--exchange-fit chooses how a CPU calibration fits the all-to-all "
-                         "table: it does not apply to --from-trace, --from-bench or --device "
-                         "cuda")
+    if args.exchange_fit is not None and (args.from_trace or args.from_bench):
+        raise EpsimError(_EXCHANGE_FIT_SCOPE)
     if args.from_trace:
         return run_trace(args)
     if args.from_bench:
@@ -75,7 +120,19 @@ def run(args: argparse.Namespace) -> int:
         raise EpsimError("--out PROFILE.json is required (unless --from-trace)")
     if args.factors:
         raise EpsimError("--factors names what --from-bench fits: give --from-bench FILES")
+    return run_micro(args)
 
+
+def run_micro(args: argparse.Namespace) -> int:
+    """``epsim calibrate micro``: microbenchmark the device, fit and write the profile."""
+    import importlib.util
+
+    # here, not at the top: the recipes' fits import pandas, which the parser of every other
+    # command would otherwise load (about 0.5 s and 100 MB)
+    from epsim.calibrate.devices import DEVICES
+
+    if args.exchange_fit is not None and not DEVICES[args.device].local_ranks:
+        raise EpsimError(_EXCHANGE_FIT_SCOPE)
     try:
         has_torch = importlib.util.find_spec("torch") is not None
     except Exception:  # an import blocker or a broken install: as good as missing

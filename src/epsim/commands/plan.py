@@ -1,9 +1,13 @@
-"""``epsim plan``: how many nodes serve a target output throughput within an SLO, and the cost."""
+"""``epsim plan``: how many nodes serve a target output throughput within an SLO, and the cost.
+
+The parser, the checks, the search's run and the outputs are ``epsim.search_command``'s (shared
+with ``epsim tune``); this module keeps plan's flags (the target, the unit layouts, the prices),
+the capacity search it calls and how it reports the plans.
+"""
 
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 from epsim.model.errors import EpsimError
@@ -11,97 +15,81 @@ from epsim.sim.hardware.profile import load_profile
 from epsim.sim.search.capacity import UnitSearch, plan_capacity
 from epsim.sim.search.samplers import choose
 
-from ..common import (
-    Progress,
-    emit_json,
-    print_columns,
-)
-from ..frontier_chart import (
-    add_frontier_args,
-    check_prices,
-    frontier_of,
-    require_matplotlib,
-    series_label,
-    write_frontier_outputs,
-)
+from ..common import print_columns
+from ..fidelity import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..frontier_chart import frontier_of, series_label
 from ..inputs import add_flag
-from ..search_args import (
-    DEFAULT_SEARCH_HARDWARE,
-    add_search_args,
-    executor_from_args,
-    search_base_from_args,
-    search_diagnostics,
-    search_options_from_args,
-    search_space_from_args,
-)
-from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
-from ..work import check_search
+from ..search_command import add_search_parser, finish, run_search, search_inputs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "plan", help="nodes, prefill/decode split and cost to serve a target throughput",
+    add_search_parser(
+        subparsers, "plan", run=run, before=[_add_target], after=[_add_units], prices=False,
+        help="nodes, prefill/decode split and cost to serve a target throughput",
         description="Tune a deployment unit (co-located nodes, or a prefill:decode split) per "
         "hardware for the SLO, then size the deployment to the target output throughput.")
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--target-output-throughput", required=True,
              metavar="TOK_S", help="output tokens/s the deployment must serve")
-    add_search_args(p)
+
+
+def _add_units(p: argparse.ArgumentParser) -> None:
     add_flag(p, "--disagg-splits", default=None, metavar="P:D,...",
-                   help="prefill:decode node splits to try as units (e.g. 1:1,1:2)")
+             help="prefill:decode node splits to try as units (e.g. 1:1,1:2)")
     p.add_argument("--no-colocated", action="store_true",
                    help="do not try co-located units")
     add_flag(p, "--gpu-hour-usd", default=None,
-                   help="price per GPU-hour: one number, or per hardware (mi300x=2.1,h200=3.7)")
-    add_frontier_args(p, prices=False)
-    p.set_defaults(run=run)
+             help="price per GPU-hour: one number, or per hardware (mi300x=2.1,h200=3.7)")
 
 
-def run(args: argparse.Namespace) -> int:
-    slo = args.slo
-    space = search_space_from_args(args, units=True)
-    hardware = list(args.hardware or (DEFAULT_SEARCH_HARDWARE,))
-    for name in hardware:  # every profile readable before any point is simulated
-        load_profile(name, kernels=args.kernels)
+def _layouts(args: argparse.Namespace) -> list[tuple[int, int] | None]:
+    """The unit layouts compared: co-located (None) and each prefill:decode split."""
     layouts: list[tuple[int, int] | None] = [] if args.no_colocated else [None]
     layouts += list(args.disagg_splits or ())
     if args.disagg and args.disagg not in layouts:
         layouts.append(args.disagg)
     if not layouts:
         raise EpsimError("--no-colocated needs --disagg-splits")
-    prices = args.gpu_hour_usd
-    check_prices(prices, hardware)
-    if args.plot:
-        require_matplotlib()
+    return layouts
+
+
+def _check_profiles(args: argparse.Namespace, hardware: list[str]) -> None:
+    for name in hardware:  # every profile readable before any point is simulated
+        load_profile(name, kernels=args.kernels)
+
+
+def run(args: argparse.Namespace) -> int:
+    slo, prices = args.slo, args.gpu_hour_usd
+    inputs = search_inputs(args, units=True, check=lambda hw: _check_profiles(args, hw))
+    hardware, layouts = inputs.hardware, _layouts(args)
     searched: list[UnitSearch] = []
-    base = search_base_from_args(args, hardware[0])
-    check_search("plan", args, base, space, units=len(hardware) * len(layouts))
-    bar = Progress("plan", enabled=not args.json)
-    t0 = time.perf_counter()
-    try:
-        with executor_from_args(args) as executor:
-            options = search_options_from_args(args, executor)
-            plans = plan_capacity(base, slo, args.target_output_throughput, space,
-                                  hardware=hardware, unit_layouts=layouts,
-                                  unit_nodes=(args.nodes or (1,))[0], gpu_hour_usd=prices,
-                                  num_prompts=args.num_prompts, progress=bar, options=options,
-                                  searched=searched)
-    finally:
-        bar.close()
+    done = run_search("plan", args, inputs, lambda options, bar: plan_capacity(
+        inputs.base, slo, args.target_output_throughput, inputs.space, hardware=hardware,
+        unit_layouts=layouts, unit_nodes=(args.nodes or (1,))[0], gpu_hour_usd=prices,
+        num_prompts=args.num_prompts, progress=bar, options=options, searched=searched),
+        units=len(hardware) * len(layouts))
+    plans = done.result
     points = _frontier(searched, prices)
-    if points:
-        write_frontier_outputs(args, points, searched[0].result.points[0], "plan", slo)
     if not plans:
         raise EpsimError(f"no configuration of {', '.join(hardware)} meets the SLO {slo}")
-    if args.json:
-        emit_json({"slo": str(slo), "target_output_throughput": args.target_output_throughput,
-                   "plans": [_stamped(c.as_dict()) for c in plans],
-                   "interactivity_frontier": points,
-                   **({"boundaries": _boundaries(searched)} if args.search == "bisect" else {}),
-                   "error_band": _stamped(plans[0].as_dict())["error_band"],
-                   "diagnostics": search_diagnostics(executor, choose(args.search, space.size()),
-                                                     time.perf_counter() - t0)})
-        return 0
-    print(f"target {args.target_output_throughput:,.0f} output tok/s within {slo}")
+    return finish("plan", args, points, searched[0].result.points[0] if points else None,
+                  lambda: {"slo": str(slo),
+                           "target_output_throughput": args.target_output_throughput,
+                           "plans": [_stamped(c.as_dict()) for c in plans],
+                           "interactivity_frontier": points,
+                           **({"boundaries": _boundaries(searched)}
+                              if args.search == "bisect" else {}),
+                           "error_band": _stamped(plans[0].as_dict())["error_band"],
+                           "diagnostics": done.diagnostics(
+                               choose(args.search, inputs.space.size()))},
+                  lambda: print_plans(args, plans))
+
+
+def print_plans(args: argparse.Namespace, plans: list[Any]) -> None:
+    """The plans as a table, and the first plan's error band."""
+    print(f"target {args.target_output_throughput:,.0f} output tok/s within {args.slo}")
     rows: list[dict[str, Any]] = []
     for c in plans:
         u = c.unit
@@ -119,7 +107,6 @@ def run(args: argparse.Namespace) -> int:
         })
     print_columns(rows, list(rows[0]))
     print(f"error band (first plan): {band_text(_stamped(plans[0].as_dict())['error_band'])}")
-    return 0
 
 
 def _boundaries(searched: list[UnitSearch]) -> list[dict[str, Any]]:

@@ -23,8 +23,9 @@ from ..common import (
     print_columns,
     scenario_from_args,
 )
+from ..fidelity import SERVING_HEADLINE, band_text, regime_of, stamp
 from ..inputs import add_flag
-from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp, stamp_provenance
+from ..provenance import stamp_provenance
 from ..work import add_force_arg, estimate, point_requests
 from ..work import check as check_work
 

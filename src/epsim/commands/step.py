@@ -18,6 +18,7 @@ from epsim.sim.step.simulate import MODES, simulate_step
 from epsim.sim.workload.spec import WorkloadSpec
 
 from ..common import emit_json, print_table
+from ..fidelity import STEP_HEADLINE, band_text, regime_of, stamp
 from ..inputs import add_flag
 from ..options import (
     add_field,
@@ -29,7 +30,6 @@ from ..options import (
     deployment_from_args,
     field_option,
 )
-from ..stamp import STEP_HEADLINE, band_text, regime_of, stamp
 from ..work import add_force_arg, check_step
 
 

@@ -1,49 +1,30 @@
-"""``epsim tune``: the highest throughput whose percentiles meet an SLO, over a search space."""
+"""``epsim tune``: the highest throughput whose percentiles meet an SLO, over a search space.
+
+The parser, the checks, the search's run and the outputs are ``epsim.search_command``'s (shared
+with ``epsim plan``); this module keeps the search it calls and how it reports the answer.
+"""
 
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 from epsim.sim.search.tune import TuneResult, tune
 
-from ..common import (
-    Progress,
-    emit_json,
-    print_columns,
-)
-from ..frontier_chart import (
-    add_frontier_args,
-    check_prices,
-    frontier_of,
-    require_matplotlib,
-    series_label,
-    write_frontier_outputs,
-)
-from ..search_args import (
-    DEFAULT_SEARCH_HARDWARE,
-    add_search_args,
-    executor_from_args,
-    search_base_from_args,
-    search_diagnostics,
-    search_options_from_args,
-    search_space_from_args,
-)
-from ..stamp import SERVING_HEADLINE, band_text, regime_of, stamp
-from ..work import check_search
+from ..common import print_columns
+from ..fidelity import SERVING_HEADLINE, band_text, regime_of, stamp
+from ..frontier_chart import frontier_of, series_label
+from ..search_command import add_search_parser, finish, run_search, search_inputs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "tune", help="best throughput meeting an SLO over concurrency, DBO, splits, KV, graph",
+    add_search_parser(
+        subparsers, "tune", run=run,
+        help="best throughput meeting an SLO over concurrency, DBO, splits, KV, graph",
         description="Simulate every point of the search space (concurrency, DBO on/off, dp x tp "
         "splits, KV dtype, graph mode) and report the highest throughput whose metrics meet "
         "the SLO, with the throughput/latency frontier; --search bisect finds each "
         "deployment's highest concurrency or request rate within the SLO instead.")
-    add_search_args(p)
-    add_frontier_args(p)
-    p.set_defaults(run=run)
 
 
 COLS = ("concurrency", "dp", "tp", "ep", "dbo", "graph", "kv_dtype", "output_throughput",
@@ -64,29 +45,22 @@ def summary(res: TuneResult, slo: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     slo = args.slo
-    if args.plot:
-        require_matplotlib()
-    hardware = list(args.hardware or (DEFAULT_SEARCH_HARDWARE,))
-    check_prices(args.gpu_hour_usd, hardware)
-    space = search_space_from_args(args)
-    base = search_base_from_args(args, hardware[0])
-    check_search("tune", args, base, space)
-    bar = Progress("tune", enabled=not args.json)
-    t0 = time.perf_counter()
-    try:
-        with executor_from_args(args) as executor:
-            res = tune(base, slo, space, objective=args.objective, num_prompts=args.num_prompts,
-                       progress=bar, options=search_options_from_args(args, executor))
-    finally:
-        bar.close()
+    inputs = search_inputs(args)
+    searched = run_search("tune", args, inputs, lambda options, bar: tune(
+        inputs.base, slo, inputs.space, objective=args.objective, num_prompts=args.num_prompts,
+        progress=bar, options=options))
+    res = searched.result
     # one series per hardware/engine: the best of every configuration at each interactivity
     points = frontier_of(res.points, lambda r: series_label(r, ()), args.gpu_hour_usd)
-    write_frontier_outputs(args, points, res.points[0], "tune", slo)
-    if args.json:
-        emit_json({**summary(res, str(slo)), "interactivity_frontier": points,
-                   "diagnostics": search_diagnostics(
-            executor, res.strategy, time.perf_counter() - t0)})
-        return 0
+    return finish("tune", args, points, res.points[0] if res.points else None,
+                  lambda: {**summary(res, str(slo)), "interactivity_frontier": points,
+                           "diagnostics": searched.diagnostics(res.strategy)},
+                  lambda: print_text(res, args))
+
+
+def print_text(res: TuneResult, args: argparse.Namespace) -> None:
+    """The answer as text: the best point, its error band, the frontier, the boundaries."""
+    slo = args.slo
     cols = tuple(dict.fromkeys([*COLS[:-1], *(k for k, _, _ in slo.terms), COLS[-1]]))
     print(f"SLO {slo}; maximising {res.objective}; {len(res.points)} points simulated "
           f"({res.strategy} search)"
@@ -109,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
         print("frontier (throughput vs " + res.latency + "):")
     print_columns(res.frontier, cols)
     print_boundaries(res.boundaries, args.sla_variable)
-    return 0
 
 
 def print_boundaries(rows: list[dict[str, Any]], variable: str) -> None:

@@ -1,13 +1,17 @@
-"""``epsim validate``: the simulator against measurements.
+"""``epsim validate``: the simulator against measurements, in one of two ways (subcommands):
 
-Two modes:
-    --profile PROFILE   run the runtime over a grid, simulate the same, compare step times
-                        (the work is in ``epsim.calibrate.validate``)
-    --bench FILE        a measured ``vllm bench serve`` / SGLang ``bench_serving`` result,
-                        replayed under the deployment the flags give (``epsim.sim.workload.bench_results``
-                        reads it, ``epsim.sim.replay`` replays and compares)
+    epsim validate grid --profile PROFILE   run the runtime over a grid, simulate the same,
+                                            compare step times (``epsim.calibrate.validate``)
+    epsim validate bench FILE --model M --hardware H
+                                            a measured ``vllm bench serve`` / SGLang
+                                            ``bench_serving`` result, replayed under the
+                                            deployment the flags give
+                                            (``epsim.sim.workload.bench_results`` reads it,
+                                            ``epsim.sim.replay`` replays and compares)
 
-This module parses, calls and prints.
+The spellings from before the subcommands keep their meaning: ``epsim validate --profile P``
+is ``grid``, ``epsim validate --bench FILE`` is ``bench`` (``epsim.modes``). This module
+parses, calls and prints.
 """
 
 from __future__ import annotations
@@ -33,22 +37,40 @@ from ..common import (
     emit_json,
     scenario_from_args,
 )
-from ..inputs import add_flag
+from ..inputs import add_flag, spec_for
+from ..modes import add_modes, legacy_flags
+
+_GRID = ("Run every configuration of a grid on local runtime ranks, simulate the same "
+         "configurations with the profile (sim.step.simulate.simulate_step), and report measured "
+         "against predicted step times and per-op-kind times.")
+_BENCH = ("Replay a vllm bench serve --save-result JSON or an SGLang bench_serving result line "
+          "(its requests, concurrency or rate) under the deployment the flags give, and report "
+          "every metric it measured against the prediction.")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "validate", help="check the simulator against the runtime under a (fitted) profile, or "
-        "against a measured vllm/sglang benchmark result (--bench)",
-        description="--profile: run every configuration of a grid on local runtime ranks, "
-        "simulate the same configurations with the profile (sim.step.simulate.simulate_step), and report "
-        "measured against predicted step times and per-op-kind times. --bench FILE: replay a "
-        "vllm bench serve --save-result JSON or an SGLang bench_serving result line (its "
-        "requests, concurrency or rate) under the deployment the flags give, and report every "
-        "metric it measured against the prediction.",
+        "validate", help="check the simulator against the runtime under a (fitted) profile "
+        "(grid), or against a measured vllm/sglang benchmark result (bench)",
+        description="grid: " + _GRID + " bench: " + _BENCH,
     )
-    add_flag(p, "--profile", metavar="PROFILE", default=None,
-             help="runtime mode: a profile JSON (epsim calibrate --out) or a shipped hardware name")
+    with legacy_flags(p, "epsim validate --profile P (grid), --bench FILE (bench)"):
+        _add_grid_args(p, required=False)
+        _add_bench_args(p, positional=False)
+        add_json_arg(p)
+    p.set_defaults(run=run)
+    add_modes(p, {
+        "grid": ("the runtime over a grid against the simulator under a profile",
+                 _add_grid_args, run_grid, _GRID),
+        "bench": ("a measured vllm/sglang benchmark result against its replay",
+                  _add_bench_args, run_bench, _BENCH),
+    })
+
+
+def _add_grid_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    add_flag(p, "--profile", metavar="PROFILE", required=required,
+             **({} if required else {"default": None}),
+             help="a profile JSON (epsim calibrate micro --out) or a shipped hardware name")
     add_flag(p, "--grid", metavar="NAME|FILE", default=DEFAULT_GRID,
              help="the configurations: a shipped grid (" + ", ".join(shipped_grids())
              + f") or a JSON list of them (default: the shipped {DEFAULT_GRID!r})")
@@ -63,16 +85,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "(docs/validation.md, 'How a case is judged')")
     add_flag(p, "--plot", metavar="OUT.png", default=None,
              help="write a measured-vs-predicted scatter plot (matplotlib)")
-    _add_bench_args(p)
-    add_json_arg(p)
-    p.set_defaults(run=run)
 
 
-def _add_bench_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("measured benchmark (--bench) and the deployment that ran it")
-    add_flag(g, "--bench", metavar="FILE", default=None,
-             help="a vllm bench serve --save-result JSON (--save-detailed: its request lengths "
-             "are replayed) or an SGLang bench_serving --output-file line (the last one)")
+def _add_bench_args(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    g = p.add_argument_group("measured benchmark and the deployment that ran it")
+    what = ("a vllm bench serve --save-result JSON (--save-detailed: its request lengths "
+            "are replayed) or an SGLang bench_serving --output-file line (the last one)")
+    if positional:
+        add_flag(g, "bench", spec=spec_for("--bench"), metavar="FILE", help=what)
+    else:
+        add_flag(g, "--bench", metavar="FILE", default=None, help=what)
     add_model_arg(g, required=False)
     add_hardware_arg(g, required=False)
     add_bench_client_arg(g, default=None)
@@ -87,6 +109,7 @@ def _add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The legacy form: the mode its flags name."""
     if args.bench and args.profile:
         raise EpsimError("--bench and --profile are two modes of validate: give one")
     if args.bench:
@@ -96,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         return run_bench(args)
     if not args.profile:
         raise EpsimError("validate needs --profile PROFILE (the runtime over a grid) or "
-                         "--bench FILE (a measured benchmark result)")
+                         "--bench FILE (a measured benchmark result): epsim validate grid "
+                         "--profile PROFILE, or epsim validate bench FILE")
     if args.model or args.hardware:
         raise EpsimError("--model and --hardware describe a --bench replay; the runtime mode "
                          "takes its models from --grid")
@@ -104,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_grid(args: argparse.Namespace) -> int:
+    """``epsim validate grid``: the runtime over a grid against the simulator."""
     from epsim.calibrate.validate import validate
 
     t0 = time.perf_counter()
@@ -135,6 +160,7 @@ def run_grid(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    """``epsim validate bench``: a measured benchmark result against its replay."""
     from epsim.sim.deployment import deployment_profile
     from epsim.sim.replay import replay
     from epsim.sim.serving.metrics import goodput_slos
