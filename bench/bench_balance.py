@@ -26,7 +26,7 @@ from epsim.model.eplb.balance import lower_bound  # noqa: E402
 from epsim.model.loads import frequencies, read_loads, shipped_loads  # noqa: E402
 from epsim.model.placement import contiguous_placement  # noqa: E402
 from epsim.sim.hardware.profile import load_profile  # noqa: E402
-from epsim.sim.step.rebalance import (  # noqa: E402
+from rebalance_study import (  # noqa: E402
     RebalancePolicy,
     expert_weight_bytes,
     load_stream,
@@ -193,7 +193,7 @@ def online(files: dict[str, np.ndarray]) -> None:
 def online_simulated(files: dict[str, np.ndarray]) -> None:
     from epsim.model import make_plan
     from epsim.model.opgraph import Batch
-    from epsim.sim.step.rebalance import simulate_online_eplb
+    from rebalance_study import simulate_online_eplb
 
     print("## Online rebalancing through the step simulator (sim.step.simulate.simulate_step)\n")
     model = load_model("deepseek-r1")

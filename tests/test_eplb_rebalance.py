@@ -1,3 +1,8 @@
+"""Online rebalancing (bench/rebalance_study.py: a study, outside the package)."""
+
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -6,7 +11,9 @@ from epsim.model.eplb import balance_placement
 from epsim.model.loads import read_loads
 from epsim.model.placement import Placement
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.step.rebalance import (
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from rebalance_study import (  # noqa: E402
     LINK_EFFICIENCY,
     OnlineRebalancer,
     RebalancePolicy,
@@ -90,7 +97,7 @@ def test_online_rebalancing_follows_a_workload_shift():
 
 
 def test_timed_rebalancing_charges_the_move_to_its_step():
-    from epsim.sim.step.rebalance import simulate_timed_rebalancing
+    from rebalance_study import simulate_timed_rebalancing
 
     a = read_loads("prefill_in2048")
     b = read_loads("decode_in2000out100")
@@ -118,7 +125,7 @@ def test_timed_rebalancing_charges_the_move_to_its_step():
 def test_online_eplb_through_the_step_simulator():
     from epsim.model import make_plan
     from epsim.model.opgraph import Batch
-    from epsim.sim.step.rebalance import simulate_online_eplb
+    from rebalance_study import simulate_online_eplb
 
     model = load_model("deepseek-r1")
     plan = make_plan(model, dp=8, ep=8)

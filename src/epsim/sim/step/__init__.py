@@ -1,6 +1,6 @@
 """One forward step of every rank, simulated: ``simulate_step`` and its ``StepResult``.
 
-    simulate.py     the entry point: compile, route, run the engine, report (``StepResult``)
+    simulate.py     the entry point: compile, route, run the executor, report (``StepResult``)
     memo.py         ``StepMemo``: what the calls of one owner share (compiled steps, samples)
     compile.py      a plan's step compiled once: the op graph's structure, each batch costed on
                     it from one layer per class
@@ -15,10 +15,9 @@
     routed.py       that routing applied to the compiled step: the fused MoE's and the
                     exchanges' times under it
     holds.py        how the host and the slowest rank stretch the EP exchanges
-    engine.py       the program both executors run, its semantics, the fast (vectorised) executor
-    engine_walk.py  the fast executor's walk, compiled with numba
-    exact.py        the exact executor (simpy), every op of every rank
-    rebalance.py    online expert rebalancing studied through the step simulator
+    executor/       the program both executors run and its semantics (``program.py``), the fast
+                    (vectorised) executor and its numba walk (``walk.py``), the exact one (simpy,
+                    ``exact.py``); its own face (``sim.step.executor``)
 
 Uses ``epsim.sim.hardware`` and ``epsim.model``.
 """

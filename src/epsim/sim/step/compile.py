@@ -3,7 +3,7 @@
 Glossary:
     structure   what a plan's step program shares across batches: the op graph's ops in issue
                 order, their dependencies and collective groups, the schedule and the fast
-                executor's steps (``sim.step.engine.plan_steps``). It depends on the model, the plan,
+                executor's steps (``sim.step.executor.plan_steps``). It depends on the model, the plan,
                 the profile, the phase (decode or prefill) and the microbatch count (a one-sequence
                 batch runs as one microbatch), never on the batch's sizes.
     costing     a batch's numbers on a structure: each op's duration from the cost model, the
@@ -51,7 +51,7 @@ from epsim.sim.hardware import a2a
 from epsim.sim.hardware.profile import HardwareProfile
 
 from . import op_cost, roofline
-from .engine import CATEGORIES, Program, StepPlan, plan_steps
+from .executor import CATEGORIES, LaunchPlan, Program, plan_steps
 from .holds import EXCHANGES, dispatch_holds, host_holds, stragglers
 from .kernels import NO_DEPLOYMENT, floored, host_launch, kernel_count
 from .memo import OP_CACHE_SIZE, StepMemo, remember
@@ -335,7 +335,7 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
                    memo=costed.memo, straggler=late, rep_index=s.rep_index)
 
 
-def _reshare(s: _Structure, steps: StepPlan | None, net: np.ndarray) -> StepPlan | None:
+def _reshare(s: _Structure, steps: LaunchPlan | None, net: np.ndarray) -> LaunchPlan | None:
     """The structure's executor steps with each folded run's category shares of ``net`` (each
     op's own time), summed in the order ``plan_steps`` sums them."""
     if steps is None:

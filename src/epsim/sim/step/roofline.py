@@ -37,7 +37,7 @@ Measured kernel tables: where the profile's selected kernel set (``HardwareProfi
 has a table for an op, ``op_time`` takes the table's time (``epsim.sim.step.op_cost``); this
 roofline is the fallback, and without a kernel set the only model.
 
-Launch costs (per-kernel CPU launch, graph replay) are the engine's business (:mod:`sim.step.engine`).
+Launch costs (per-kernel CPU launch, graph replay) are the executor's business (:mod:`sim.step.executor`).
 Cost functions are registered per op kind in ``COST_MODELS``.
 """
 

@@ -40,7 +40,7 @@ from epsim.sim.hardware.profile import HardwareProfile
 
 from . import op_cost, op_kinds, roofline
 from .compile import Compiled, op_cost_key
-from .engine import Program
+from .executor import Program
 from .kernels import floored, kernel_count
 from .memo import NOMINAL_KEPT, ROUTED_KEPT, SAMPLES_KEPT, StepMemo, remember
 from .routing import (

@@ -3,7 +3,7 @@
 What happens in a call:
 
 1. the op graph of one rank (``epsim.model.graph.build_step_graph``) is compiled into a
-   :class:`sim.step.engine.Program`: every op's cost-model time (:mod:`sim.step.roofline`), the host's issue
+   :class:`sim.step.executor.Program`: every op's cost-model time (:mod:`sim.step.roofline`), the host's issue
    times (eager) or the graph-replay costs (captured), the collective groups
    (:mod:`sim.step.compile`). The program's structure is built once per plan and phase; a new
    batch is costed on it, and each compiled batch is memoised, so repeated calls (the serving
@@ -14,7 +14,7 @@ What happens in a call:
    ``epsim.model.eplb.default_placement``: balanced unless ``eplb=False``, then contiguous);
 3. each rank's fused-MoE time follows its own experts' counts, and each dispatch/combine lasts as
    long as its busiest link (traffic matrix from the sampled routing);
-4. the engine runs every rank (:mod:`sim.step.engine`): ``mode="exact"`` through simpy, ``"fast"`` the
+4. the executor runs every rank (:mod:`sim.step.executor`): ``mode="exact"`` through simpy, ``"fast"`` the
    same semantics vectorised (they agree; a test checks it).
 """
 
@@ -38,8 +38,7 @@ from epsim.sim.hardware.profile import HardwareProfile
 
 from . import op_cost
 from .compile import EXCHANGES, Compiled, compile_step
-from .engine import CATEGORIES, Program, Timeline, run_fast
-from .exact import run_exact
+from .executor import CATEGORIES, Program, Timeline, run_exact, run_fast
 from .kernels import inventory_json
 from .memo import StepMemo, remember
 from .op_kinds import DEPLOYED, moe_layout
