@@ -37,7 +37,6 @@ from epsim.model.opgraph import Batch
 from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware.profile import HardwareProfile
-
 from epsim.sim.step import StepMemo, simulate_step
 
 #: usable share of a link's peak for bulk copies: about 48 of 64 GB/s per xGMI link on MI300X

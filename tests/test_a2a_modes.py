@@ -13,8 +13,7 @@ from epsim.sim.hardware import a2a
 from epsim.sim.hardware.kernel_sets import lookup, parse_kernels
 from epsim.sim.hardware.profile import load_profile
 from epsim.sim.step import op_cost, roofline
-from epsim.sim.step.executor import run_fast
-from epsim.sim.step.executor import run_exact
+from epsim.sim.step.executor import run_exact, run_fast
 from epsim.sim.step.routing import RoutingSample, node_tokens, once_per_destination
 from epsim.sim.step.simulate import simulate_step
 from tests.test_sim_executor import both, program

@@ -123,9 +123,10 @@ def test_timed_rebalancing_charges_the_move_to_its_step():
 
 
 def test_online_eplb_through_the_step_simulator():
+    from rebalance_study import simulate_online_eplb
+
     from epsim.model import make_plan
     from epsim.model.opgraph import Batch
-    from rebalance_study import simulate_online_eplb
 
     model = load_model("deepseek-r1")
     plan = make_plan(model, dp=8, ep=8)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epsim.sim.step.executor.exact import run_exact
 from epsim.sim.step.executor.program import (
     CATEGORIES,
     Program,
@@ -14,7 +15,6 @@ from epsim.sim.step.executor.program import (
     plan_steps,
     run_fast,
 )
-from epsim.sim.step.executor.exact import run_exact
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
 
