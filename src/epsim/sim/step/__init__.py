@@ -6,11 +6,10 @@
                     it from one layer per class
     kernels.py      the kernel inventory's costs: each kernel's floor on the device, its
                     launch and framework dispatch on an eager host
-    op_cost.py      one op's seconds: the selected kernel set's table, else the roofline
-                    (``op_time``), and how it was timed (``explain``)
-    op_kinds.py     per op kind, how a table costs it (``KIND_COSTING``): features, table
-                    dtype and scope, the roofline at other features, the profile keys it reads
-    roofline.py     the roofline cost model per op kind, and the collectives' busiest link
+    cost/           one op's seconds, one module per op-kind family (gemm, attention, comm,
+                    elementwise), the one roofline (``roofline.py``), the kind registry
+                    (``registry.py``), the kernel tables' timing (``timing.py``); its own face
+                    (``sim.step.cost``) and README.md (how to add an op kind)
     routing.py      the step's expert routing sampled from load statistics
     routed.py       that routing applied to the compiled step: the fused MoE's and the
                     exchanges' times under it
