@@ -27,7 +27,7 @@ Semantics (both executors implement exactly these; ``tests/test_sim_executor.py`
   exchanges in ``sim.hardware.a2a``'s ``low_latency`` mode) slows nothing.
 * The step ends when the last op of the last rank ends.
 
-``run_exact`` (``sim/step/exact.py``) simulates that with simpy (one compute process and one
+``run_exact`` (``sim/step/executor/exact.py``) simulates that with simpy (one compute process and one
 comm process per rank, a barrier per collective and group, rate changes as events). ``run_fast``
 (here) computes the same times
 directly in issue order, vectorised over ranks with numpy, and folds runs of compute ops that wait
