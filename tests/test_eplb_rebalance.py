@@ -1,5 +1,6 @@
 """Online rebalancing (bench/rebalance_study.py: a study, outside the package)."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -12,19 +13,28 @@ from epsim.model.loads import read_loads
 from epsim.model.placement import Placement
 from epsim.sim.hardware.profile import load_profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from rebalance_study import (  # noqa: E402
-    LINK_EFFICIENCY,
-    OnlineRebalancer,
-    RebalancePolicy,
-    expert_weight_bytes,
-    load_stream,
-    move_cost,
-    sample_step_loads,
-    simulate_rebalancing,
-    transfer_matrix,
-    transfer_seconds,
-)
+
+def _load_study():
+    """bench/rebalance_study.py, loaded by its path (bench/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "rebalance_study.py"
+    spec = importlib.util.spec_from_file_location("rebalance_study", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+_study = _load_study()
+LINK_EFFICIENCY = _study.LINK_EFFICIENCY
+OnlineRebalancer = _study.OnlineRebalancer
+RebalancePolicy = _study.RebalancePolicy
+expert_weight_bytes = _study.expert_weight_bytes
+load_stream = _study.load_stream
+move_cost = _study.move_cost
+sample_step_loads = _study.sample_step_loads
+simulate_rebalancing = _study.simulate_rebalancing
+transfer_matrix = _study.transfer_matrix
+transfer_seconds = _study.transfer_seconds
 
 
 def test_deepseek_expert_bytes():
