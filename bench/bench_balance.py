@@ -19,6 +19,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rebalance_study import (  # noqa: E402
+    RebalancePolicy,
+    expert_weight_bytes,
+    load_stream,
+    simulate_rebalancing,
+)
 
 from epsim.model import load_model  # noqa: E402
 from epsim.model.eplb import DEFAULT_METHOD, balance_placement, moved_experts  # noqa: E402
@@ -26,12 +32,6 @@ from epsim.model.eplb.balance import lower_bound  # noqa: E402
 from epsim.model.loads import frequencies, read_loads, shipped_loads  # noqa: E402
 from epsim.model.placement import contiguous_placement  # noqa: E402
 from epsim.sim.hardware.profile import load_profile  # noqa: E402
-from epsim.sim.step.rebalance import (  # noqa: E402
-    RebalancePolicy,
-    expert_weight_bytes,
-    load_stream,
-    simulate_rebalancing,
-)
 
 PAIRS = {"decode_in1000out1000": "decode_in2000out100", "decode_in2000out100":
          "decode_in1000out1000", "prefill_in2048": "prefill_in4096",
@@ -191,9 +191,10 @@ def online(files: dict[str, np.ndarray]) -> None:
 
 
 def online_simulated(files: dict[str, np.ndarray]) -> None:
+    from rebalance_study import simulate_online_eplb
+
     from epsim.model import make_plan
     from epsim.model.opgraph import Batch
-    from epsim.sim.step.rebalance import simulate_online_eplb
 
     print("## Online rebalancing through the step simulator (sim.step.simulate.simulate_step)\n")
     model = load_model("deepseek-r1")

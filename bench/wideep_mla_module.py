@@ -23,7 +23,7 @@ the absorption BMMs), timed eagerly: it includes the host's launch of each kerne
 floor, batch 1 x 1 token, is 0.59-0.64 ms).
 
 epsim's side: the ops of one decoder layer's attention block that the row covers (``COVERED``),
-each timed by ``op_cost.op_time`` under the profile's default kernel set, plus the profile's
+each timed by ``sim.step.cost.op_time`` under the profile's default kernel set, plus the profile's
 ``graph_node_s`` per op (the gap a graph replay puts between kernels, which the row includes);
 DP attention (tp 1), one microbatch, KV cache BF16 (as measured) and FP8 (epsim's default).
 Prefill adds no gap and no launch cost: the eager rows' host time is theirs alone.
@@ -39,7 +39,7 @@ from epsim.model import Batch, load_model
 from epsim.model.graph import build_step_graph
 from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware.profile import HardwareProfile, load_profile
-from epsim.sim.step.op_cost import op_time
+from epsim.sim.step.cost import op_time
 
 #: the graph's ops (``model/graph_builder.py`` names) a module row's time covers
 COVERED = ("attn.q_a_norm", "attn.q_b", "attn.kv_a_norm", "attn.rope", "attn.q_absorb",

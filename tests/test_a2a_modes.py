@@ -12,12 +12,11 @@ from epsim.model.errors import EpsimError
 from epsim.sim.hardware import a2a
 from epsim.sim.hardware.kernel_sets import lookup, parse_kernels
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.step import op_cost, roofline
-from epsim.sim.step.engine import run_fast
-from epsim.sim.step.exact import run_exact
+from epsim.sim.step.cost import comm
+from epsim.sim.step.executor import run_exact, run_fast
 from epsim.sim.step.routing import RoutingSample, node_tokens, once_per_destination
 from epsim.sim.step.simulate import simulate_step
-from tests.test_sim_engine import both, program
+from tests.test_sim_executor import both, program
 
 R1 = load_model("deepseek-r1")
 LL, NORMAL = a2a.A2A_MODES["low_latency"], a2a.A2A_MODES["normal"]
@@ -89,7 +88,7 @@ def test_collective_time_of_the_two_node_case_by_hand():
     # switch: the busiest GPU port; member 3 receives 16 rows and sends 22 inside node 1
     t_intra = 22 * row / e.link_bandwidth_usable
     t_nic = 8 * row / e.nic_bandwidth_usable  # member 3 sends 8, member 1 receives 8
-    assert float(roofline.collective_time("dispatch", hier, p, nodes, captured=True)) == \
+    assert float(comm.collective_time("dispatch", hier, p, nodes, captured=True)) == \
         pytest.approx(e.a2a_latency_s + max(t_intra, t_nic), rel=1e-12)
 
 
@@ -122,12 +121,12 @@ def test_nominal_hierarchical_dispatch_two_nodes_by_hand():
     # for its remote twin (2 x per_peer); the NIC one row per token for the other node
     want = e.a2a_latency_s + max(2 * per_peer * row / e.link_bandwidth_usable,
                                  node_hit * row / e.nic_bandwidth_usable)
-    got = op_cost.nominal_collective(op, p, nodes, True, NORMAL)
+    got = comm.nominal_collective(op, p, nodes, True, NORMAL)
     assert got == pytest.approx(want, rel=1e-12)
     # flat: 1 local peer over the fabric, 2 remote peers each over the NIC
     flat = e.a2a_latency_s + max(per_peer * row / e.link_bandwidth_usable,
                                  2 * per_peer * row / e.nic_bandwidth_usable)
-    assert op_cost.nominal_collective(op, p, nodes, True, LL) == pytest.approx(flat, rel=1e-12)
+    assert comm.nominal_collective(op, p, nodes, True, LL) == pytest.approx(flat, rel=1e-12)
     assert got < flat  # the node-level de-duplication halves the NIC bytes here
 
 

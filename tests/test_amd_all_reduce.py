@@ -8,7 +8,7 @@ from epsim.model import Batch, build_step_graph, load_model, make_plan
 from epsim.model.plan import Fusion
 from epsim.sim.hardware.kernel_sets import lookup
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.step import op_cost
+from epsim.sim.step.cost import timing
 
 R1 = load_model("deepseek-r1")
 
@@ -50,4 +50,4 @@ def test_tp8_decode_all_reduce_takes_the_table_time():
     assert op.dims["group_size"] == 8
     want, how = lookup(table, {"ranks": 8, "bytes": 4 * 7168 * 2})
     assert how.method == "table-interpolated" and 6.7e-6 < want < 7.6e-6
-    assert op_cost.op_time(op, p) == pytest.approx(want, rel=1e-9)
+    assert timing.op_time(op, p) == pytest.approx(want, rel=1e-9)

@@ -20,7 +20,7 @@ from epsim.calibrate.profile import profile_from_tables, read_tables, table_path
 from epsim.model import EpsimError
 from epsim.model.opgraph import Op
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
-from epsim.sim.step import op_cost, roofline
+from epsim.sim.step.cost import roofline, timing
 
 KINDS_TRUE = {  # kind: (overhead s, flops factor, bytes factor)
     "gemm": (7e-6, 1.0, 1.0),
@@ -209,14 +209,14 @@ def test_fitted_profile_drives_the_cost_model_with_the_fitted_formula():
     # a plain GEMM: overhead + flops / F + bytes / B (tile 1, no occupancy)
     op = gemm_op(8, 192, 384)
     want = KINDS_TRUE["gemm"][0] + op.flops / F_TRUE + op.bytes / B_TRUE
-    assert op_cost.op_time(op, prof) == pytest.approx(want, rel=1e-6)
+    assert timing.op_time(op, prof) == pytest.approx(want, rel=1e-6)
     # a batched GEMM is the gemm.batched class
     bop = Op(id="b", kind="gemm", name="attn.q_absorb", layer=0, microbatch=0,
              category="attention", dims={"batch": 4, "m": 8, "n": 32, "k": 16}, dtype="bf16",
              flops=2e4, bytes_read=5e3, bytes_written=1e3)
     a, sf, sb = KINDS_TRUE["gemm.batched"]
     assert roofline.op_class(bop) == "gemm.batched"
-    assert op_cost.op_time(bop, prof) == pytest.approx(a + sf * 2e4 / F_TRUE + sb * 6e3 / B_TRUE,
+    assert timing.op_time(bop, prof) == pytest.approx(a + sf * 2e4 / F_TRUE + sb * 6e3 / B_TRUE,
                                                     rel=1e-5)
 
 
@@ -241,7 +241,7 @@ def test_optional_keys_leave_gpu_profiles_alone():
     assert e.core_share(8) == 1.0
     assert e.a2a_latency("combine", 8) == e.a2a_latency_s
     op = gemm_op(512, 1536, 7168)
-    assert op_cost.op_time(op, prof) == pytest.approx(
+    assert timing.op_time(op, prof) == pytest.approx(
         max(op.flops / (prof.peak("bf16") * e.gemm_fraction("bf16")),
             op.bytes / (prof.hbm_bandwidth * e.hbm_fraction)))
 

@@ -13,7 +13,7 @@ MAX_MODULE_LINES = 500
 LONG_FUNCTIONS = {
     # numba compiles one loop over the whole program; split into calls it would pass the
     # executor's state through arguments on every step of the walk
-    ("src/epsim/sim/step/engine_walk.py", "walk"),
+    ("src/epsim/sim/step/executor/walk.py", "walk"),
 }
 
 

@@ -1,3 +1,9 @@
+"""Online rebalancing (bench/rebalance_study.py: a study, outside the package)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -6,18 +12,29 @@ from epsim.model.eplb import balance_placement
 from epsim.model.loads import read_loads
 from epsim.model.placement import Placement
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.step.rebalance import (
-    LINK_EFFICIENCY,
-    OnlineRebalancer,
-    RebalancePolicy,
-    expert_weight_bytes,
-    load_stream,
-    move_cost,
-    sample_step_loads,
-    simulate_rebalancing,
-    transfer_matrix,
-    transfer_seconds,
-)
+
+
+def _load_study():
+    """bench/rebalance_study.py, loaded by its path (bench/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "rebalance_study.py"
+    spec = importlib.util.spec_from_file_location("rebalance_study", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+_study = _load_study()
+LINK_EFFICIENCY = _study.LINK_EFFICIENCY
+OnlineRebalancer = _study.OnlineRebalancer
+RebalancePolicy = _study.RebalancePolicy
+expert_weight_bytes = _study.expert_weight_bytes
+load_stream = _study.load_stream
+move_cost = _study.move_cost
+sample_step_loads = _study.sample_step_loads
+simulate_rebalancing = _study.simulate_rebalancing
+transfer_matrix = _study.transfer_matrix
+transfer_seconds = _study.transfer_seconds
 
 
 def test_deepseek_expert_bytes():
@@ -90,7 +107,7 @@ def test_online_rebalancing_follows_a_workload_shift():
 
 
 def test_timed_rebalancing_charges_the_move_to_its_step():
-    from epsim.sim.step.rebalance import simulate_timed_rebalancing
+    from rebalance_study import simulate_timed_rebalancing
 
     a = read_loads("prefill_in2048")
     b = read_loads("decode_in2000out100")
@@ -116,9 +133,10 @@ def test_timed_rebalancing_charges_the_move_to_its_step():
 
 
 def test_online_eplb_through_the_step_simulator():
+    from rebalance_study import simulate_online_eplb
+
     from epsim.model import make_plan
     from epsim.model.opgraph import Batch
-    from epsim.sim.step.rebalance import simulate_online_eplb
 
     model = load_model("deepseek-r1")
     plan = make_plan(model, dp=8, ep=8)

@@ -18,8 +18,8 @@ from epsim.model.graph import build_step_graph
 from epsim.model.opgraph import Batch
 from epsim.model.plan import Fusion, make_plan
 from epsim.sim.hardware.profile import load_profile
-from epsim.sim.step.op_cost import answered_by_table, op_time
-from epsim.sim.step.op_kinds import op_features
+from epsim.sim.step.cost.registry import op_features
+from epsim.sim.step.cost.timing import answered_by_table, op_time
 
 # Model cards (Hugging Face): DeepSeek-V3.2-Exp 671B (685B with the 14B MTP module) / 37B
 # activated (the DeepSeek-V3 card's split, which V3.2 keeps); GLM-4.5 355B / 32B, GLM-4.5-Air

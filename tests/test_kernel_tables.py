@@ -1,4 +1,4 @@
-"""Measured kernel tables (sim/hardware/kernel_sets.py, sim/step/op_cost.py, op_kinds.py) on a SYNTHETIC test profile.
+"""Measured kernel tables (sim/hardware/kernel_sets.py, sim/step/timing.py, op_kinds.py) on a SYNTHETIC test profile.
 
 tests/data/mi300x-kernels-test.json is the shipped mi300x profile plus a kernels section of
 made-up times (its sources say so): nothing here is a measurement.
@@ -18,9 +18,8 @@ from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_pl
 from epsim.model.opgraph import OP_KINDS, Op
 from epsim.sim.hardware.kernel_sets import COLLECTIVE_TABLES, FEATURES, lookup, parse_kernels
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
-from epsim.sim.step import op_cost, op_kinds
-from epsim.sim.step.op_kinds import KIND_COSTING, costing
-from epsim.sim.step.roofline import COST_MODELS
+from epsim.sim.step.cost import gemm, registry, timing
+from epsim.sim.step.cost.registry import COST_MODELS, KIND_COSTING, costing
 from epsim.sim.step.simulate import simulate_step
 
 DATA = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
@@ -74,7 +73,7 @@ def test_every_published_point_is_reproduced_exactly():
     moe = PROF.kernels.sets["synthetic"].table("grouped_gemm", "fp8", "intra")
     assert 671.55e-6 in moe.seconds.tolist() and 470.75e-6 in moe.seconds.tolist()
     # and through the cost model: a GEMM at a measured shape takes the measured time
-    assert op_cost.op_time(_gemm(256, 1536, 7168), PROF) == 60e-6
+    assert timing.op_time(_gemm(256, 1536, 7168), PROF) == 60e-6
 
 
 @settings(max_examples=200, deadline=None)
@@ -113,21 +112,21 @@ def test_outside_the_table_scales_the_nearest_point_by_the_roofline():
     def roof(m):  # FP8 GEMM roofline, 16-row tiles, 1-byte weights, bf16 activations
         return max(2.0 * math.ceil(m / 16) * 16 * n * k / FP8, (n * k + 2.0 * (m * k + m * n)) / BW)
 
-    big = op_cost.op_time(_gemm(4096, n, k), PROF)  # table's m ends at 1024 (200 us)
+    big = timing.op_time(_gemm(4096, n, k), PROF)  # table's m ends at 1024 (200 us)
     assert big == pytest.approx(200e-6 * roof(4096) / roof(1024), rel=1e-12)
-    small = op_cost.op_time(_gemm(4, n, k), PROF)  # below 16 (20 us): the nearest is m = 16
+    small = timing.op_time(_gemm(4, n, k), PROF)  # below 16 (20 us): the nearest is m = 16
     assert small == pytest.approx(20e-6 * roof(4) / roof(16), rel=1e-12)
-    how = op_cost.describe(_gemm(4096, n, k), PROF)
+    how = timing.describe(_gemm(4096, n, k), PROF)
     assert how["method"] == "table-extrapolated"
     assert how["table"].x[how["points"][0]].tolist() == [1.0, n, k, 1024.0]
     # a shape between two tabled (n, k) pairs has no corners: nearest point, scaled
-    mid = op_cost.describe(_gemm(256, 4096, 7168), PROF)
+    mid = timing.describe(_gemm(256, 4096, 7168), PROF)
     assert mid["method"] == "table-extrapolated" and 0 < mid["ratio"]
     # a batched GEMM (MLA's absorption) is not what a table without `batch` measured
     batched = _op("gemm", {"batch": 128, "m": 256, "n": 1536, "k": 7168}, flops=1.0, read=1.0,
                   weights=1.0)
-    assert op_cost.describe(batched, PROF)["method"] == "roofline"
-    assert op_cost.op_time(batched, PROF) == op_cost.op_time(batched, MI)
+    assert timing.describe(batched, PROF)["method"] == "roofline"
+    assert timing.op_time(batched, PROF) == timing.op_time(batched, MI)
 
 
 def test_collective_tables_and_scope():
@@ -138,12 +137,12 @@ def test_collective_tables_and_scope():
     ar = _op("all_reduce", {"tokens": 1, "width": 1, "group": "tp", "group_size": 8},
              read=4e6, dtype="bf16", peers=tuple([1e6] * 8))
     fallback = 1.0
-    assert op_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.zeros(8)) == 60e-6
+    assert timing.op_seconds(ar, prof, lambda: fallback, nodes=np.zeros(8)) == 60e-6
     far = _op("all_reduce", ar.dims, read=16e6, dtype="bf16", peers=tuple([4e6] * 8))
-    grown = op_cost.op_seconds(far, prof, lambda: fallback, nodes=np.zeros(8))
+    grown = timing.op_seconds(far, prof, lambda: fallback, nodes=np.zeros(8))
     assert grown > 60e-6 and grown < 4 * 60e-6  # the latency part does not grow
     # an inter-node group finds no intra-node table: the roofline
-    assert op_cost.op_seconds(ar, prof, lambda: fallback, nodes=np.arange(8) // 4) == 1.0
+    assert timing.op_seconds(ar, prof, lambda: fallback, nodes=np.arange(8) // 4) == 1.0
 
 
 # -- malformed tables ---------------------------------------------------------------------------
@@ -239,8 +238,8 @@ def test_kernel_set_selection():
     # a set scaled from the roofline: decode attention at half the roofline's time
     graph = build_step_graph(R1, make_plan(R1, dp=8, ep=8), Batch.decode(64, 3000))
     attn = next(op for op in graph if op.kind == "attention_decode")
-    assert op_cost.op_time(attn, fast_attn) == op_cost.op_time(attn, MI) / 2.0
-    assert op_cost.op_time(attn, fast_attn.with_kernels("none")) == op_cost.op_time(attn, MI)
+    assert timing.op_time(attn, fast_attn) == timing.op_time(attn, MI) / 2.0
+    assert timing.op_time(attn, fast_attn.with_kernels("none")) == timing.op_time(attn, MI)
 
 
 def test_a_set_scaled_from_another_set():
@@ -272,8 +271,8 @@ def test_dbo_microbatches_are_looked_up_at_their_own_shapes():
     plan = make_plan(R1, dp=8, ep=8, microbatches=2)
     graph = build_step_graph(R1, plan, Batch.decode(512, 2100))
     moe = [op for op in graph if op.kind == "grouped_gemm"]
-    assert {op_kinds.op_features(op, 8)["tokens"] for op in moe} == {256.0}
-    assert {op_cost.op_time(op, PROF, top_k=8) for op in moe} == {470.75e-6}
+    assert {registry.op_features(op, 8)["tokens"] for op in moe} == {256.0}
+    assert {timing.op_time(op, PROF, top_k=8) for op in moe} == {470.75e-6}
     r = _step(batch=512, dbo=True, explain=True)
     per_op_us = r.op_kinds_ms["grouped_gemm"] / (2 * len(R1.moe_layers)) * 1e3
     assert per_op_us == pytest.approx(470.75, rel=0.1)
@@ -346,7 +345,7 @@ def test_one_costing_entry_per_op_kind():
     assert {k for k, c in KIND_COSTING.items() if c.exchange} == {"dispatch", "combine"}
     # kinds costed alike share one entry; an unknown kind is costed as a streaming op
     assert KIND_COSTING["dispatch"] is KIND_COSTING["combine"]
-    assert KIND_COSTING["lm_head"] is op_kinds._COMPUTE
+    assert KIND_COSTING["lm_head"] is gemm.COSTING["lm_head"]
     assert KIND_COSTING["norm"] is KIND_COSTING["sample"] is costing("no-such-kind")
     # every source key is a figure of the shipped profile (a KeyError names one that is not),
     # and the profile cites it
@@ -356,7 +355,7 @@ def test_one_costing_entry_per_op_kind():
         for part in key.split("."):
             value = value[part]
         assert key in MI.sources
-    assert set(op_kinds.roofline_sources("attention_decode", MI)) == {
+    assert set(registry.roofline_sources("attention_decode", MI)) == {
         f"profile:{k}" for k in KIND_COSTING["attention_decode"].sources}
 
 
@@ -413,16 +412,16 @@ def test_repeated_and_single_swept_values_give_the_array_lookups_results():
         op = g.op(name)
         values = np.round(np.exp(rng.uniform(np.log(0.5), np.log(3e5), 80)) * 8) / 8
         values = rng.choice(values, size=(20, 31))  # 620 values, at most 80 distinct
-        assert len(np.unique(values)) < values.size >= op_cost._DISTINCT_FROM
+        assert len(np.unique(values)) < values.size >= timing._DISTINCT_FROM
 
         def seconds(v, op=op, top_k=top_k, nodes=nodes):
-            return op_cost.routed_seconds(op, shipped, lambda: v,
+            return timing.routed_seconds(op, shipped, lambda: v,
                                               lambda: np.full(v.shape, -1.0), top_k=top_k,
                                               nodes=nodes, captured=True)
 
         once = seconds(values)
         flat = values.reshape(-1)
-        step = op_cost._DISTINCT_FROM - 1
+        step = timing._DISTINCT_FROM - 1
         plain = np.concatenate([seconds(flat[i:i + step]) for i in range(0, flat.size, step)])
         assert once.shape == values.shape and (once > 0).all()
         assert once.reshape(-1).tobytes() == plain.tobytes()

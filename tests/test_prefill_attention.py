@@ -12,7 +12,7 @@ import pytest
 from epsim.model import Batch, build_step_graph, load_model, make_plan
 from epsim.sim.hardware.kernel_sets import lookup, parse_kernels
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
-from epsim.sim.step import op_cost, roofline
+from epsim.sim.step.cost import attention, timing
 from epsim.sim.step.simulate import simulate_step
 
 R1 = load_model("deepseek-r1")
@@ -61,8 +61,8 @@ def test_the_prefill_op_and_step_use_the_table():
     prof = _profile(PLANTED)
     op = _prefill_op(1024)
     assert (op.dims["heads"], op.dims["seqs"], op.dims["new_tokens"]) == (16, 1, 1024)
-    assert op_cost.op_time(op, prof) == 500e-6
-    how = op_cost.describe(op, prof)
+    assert timing.op_time(op, prof) == 500e-6
+    how = timing.describe(op, prof)
     assert how["method"] == "table-exact" and how["points"] == (0,)
     # the step: 61 layers, one prefill attention each, 0.5 ms apiece
     step = simulate_step(R1, make_plan(R1, tp=8), Batch.prefill(1, 1024), prof, explain=True)
@@ -80,24 +80,24 @@ def test_a_table_at_other_head_widths_is_transferred_by_the_flop_ratio():
     flops = 2.0 * 16 * 1024 * 1025 / 2 * 320
     rope = 6.0 * 1024 * (16 * 64 + 64)  # the fused RoPE's FLOPs the graph adds to the op
     assert op.flops == flops + rope
-    assert op_cost.op_time(op, prof) == pytest.approx(500e-6 * 320 / 1088, rel=1e-12)
-    how = op_cost.describe(op, prof)
+    assert timing.op_time(op, prof) == pytest.approx(500e-6 * 320 / 1088, rel=1e-12)
+    how = timing.describe(op, prof)
     assert how["method"] == "table-extrapolated"
     assert how["ratio"] == pytest.approx(320 / 1088, rel=1e-12)
 
 
 def test_without_a_prefill_table_the_roofline_as_before():
     op = _prefill_op(4096)
-    want = roofline.attention_prefill_time(op, MI)
+    want = attention.attention_prefill_time(op, MI)
     # hand-computed: compute-bound at the achievable FP8 rate, 1273 TFLOP/s (the roofline's math
     # dtype follows the FP8 KV cache), attention and the fused RoPE's FLOPs
     flops = 2.0 * 16 * 4096 * 4097 / 2 * 320 + 6.0 * 4096 * (16 * 64 + 64)
     assert want == pytest.approx(flops / 1273e12, rel=1e-12) and op.bytes / 4.2e12 < want
-    assert op_cost.op_time(op, MI) == want
+    assert timing.op_time(op, MI) == want
     # a kernel set with tables, none of them for prefill attention: the same roofline
     other = _profile([[4096, 7168, 2048, 100.0]], kind="gemm")
-    assert op_cost.op_time(op, other) == want
-    assert op_cost.describe(op, other)["method"] == "roofline"
+    assert timing.op_time(op, other) == want
+    assert timing.describe(op, other)["method"] == "roofline"
 
 
 def test_shipped_prefill_tables():
@@ -111,7 +111,7 @@ def test_shipped_prefill_tables():
     graph = build_step_graph(load_model("deepseek-v3"), plan, Batch.prefill(1, 4096))
     op = next(o for o in graph if o.kind == "attention_prefill")
     assert (op.dims["heads"], op.dims["seqs"], op.dims["new_tokens"]) == (128, 1, 4096)
-    assert op_cost.op_time(op, h200) == pytest.approx(3.917931365966796e-3 * 320 / 1088,
+    assert timing.op_time(op, h200) == pytest.approx(3.917931365966796e-3 * 320 / 1088,
                                                       rel=1e-9)
     mi = load_profile("mi300x").kernels.sets["aiter"].table("attention_prefill", "bf16")
     assert mi.sources[0] == "aiter-mha-fwd-mi300x" and len(mi) == 31

@@ -23,7 +23,7 @@ from epsim.model import Batch, load_model, make_plan
 from epsim.model.plan import Fusion
 from epsim.sim.hardware.kernel_sets import lookup
 from epsim.sim.hardware.profile import load_profile, shipped_profiles
-from epsim.sim.step import op_cost
+from epsim.sim.step.cost import timing
 from epsim.sim.step.simulate import simulate_step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,7 +166,7 @@ def test_mi300x_no_aiter_is_aiter_over_the_up_to_speedups():
     for name, factor in (("L3.moe.experts_shared.mb0", 3.0), ("L3.attn.q_a.mb0", 2.0),
                          ("L3.attn.core.mb0", 17.0)):
         op = next(o for o in graph if o.id == name)
-        assert op_cost.op_time(op, slow) == pytest.approx(factor * op_cost.op_time(op, aiter),
+        assert timing.op_time(op, slow) == pytest.approx(factor * timing.op_time(op, aiter),
                                                        rel=1e-12)
     desc = slow.kernels.sets["no-aiter"].description
     assert "'up to'" in desc and "bound" in desc

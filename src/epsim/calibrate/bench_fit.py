@@ -6,7 +6,7 @@ is fitted to several runs by least squares on the log of the factors:
 
     op factors   attention, grouped_gemm (MoE), gemm (dense), communication, other: a multiplier
                  on the final time of that class of ops (``efficiency.op_final_scale``, under any
-                 kernel set: ``epsim.sim.step.roofline.final_scaled``)
+                 kernel set: ``epsim.sim.step.cost.roofline.final_scaled``)
     host         the engine's host time per step, ms (``efficiency.host_ms_per_step``; it acts
                  under ``--engine`` only, overlapped with the GPU: a step lasts max(GPU, host))
 

@@ -1,7 +1,8 @@
 """Fitting a hardware profile's compute figures to microbenchmark tables (pure numpy/pandas;
 no torch). The exchange's figures are fitted in ``calibrate/comm_fit.py``, with the solvers here.
 
-The model fitted is the simulator's own (``sim/step/roofline.py``, ``sim/hardware/profile.py``):
+The model fitted is the simulator's own (``sim/step/cost/roofline.py``: the same ``roof`` function,
+``sim/hardware/profile.py``):
 
     compute op of kind k:   t = overhead[k] + scale[k] * max(flops / F, bytes / B)
                             (``scale["gemm"] = 1``: GEMMs define the roofline F and B)
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from epsim.model.errors import EpsimError
+from epsim.sim.step.cost import roof
 
 #: the kind whose scale is fixed to 1: its rows (skinny and square GEMMs) identify F and B
 ROOFLINE_KIND = "gemm"
@@ -61,14 +63,15 @@ class ComputeFit:
         scale = df["kind"].map(lambda k: self.scale.get(k, 1.0)).to_numpy(dtype=float)
         if self.mode == "sum":
             bscale = df["kind"].map(lambda k: self.bytes_scale.get(k, 1.0)).to_numpy(dtype=float)
-            return over + scale * df["flops"].to_numpy(dtype=float) / self.flops \
-                + bscale * df["bytes"].to_numpy(dtype=float) / self.bandwidth
+            return over + roof(df["flops"].to_numpy(dtype=float),
+                               df["bytes"].to_numpy(dtype=float), self.flops, self.bandwidth,
+                               "sum", scale, bscale)
         return over + scale * roofline(df, self.flops, self.bandwidth)
 
 
 def with_classes(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with ``kind`` replaced by the op class the simulator keys fitted figures on
-    (``epsim.sim.step.roofline.op_class``: batched GEMMs are ``gemm.batched``)."""
+    (``epsim.sim.step.cost.roofline.op_class``: batched GEMMs are ``gemm.batched``)."""
     if "gemm_batch" not in df or df.empty:
         return df
     batched = (df["kind"] == "gemm") & (df["gemm_batch"].fillna(1) > 1)
@@ -89,9 +92,10 @@ def step_share_s(rows: pd.DataFrame) -> pd.Series:
 
 
 def roofline(df: pd.DataFrame, flops_per_s: float, bytes_per_s: float) -> np.ndarray:
-    """``[rows]`` max(flops / F, bytes / B): the cost model's roofline (tile 1, occupancy 1)."""
-    return np.maximum(df["flops"].to_numpy(dtype=float) / flops_per_s,
-                      df["bytes"].to_numpy(dtype=float) / bytes_per_s)
+    """``[rows]`` max(flops / F, bytes / B): the cost model's roofline (tile 1, occupancy 1),
+    the simulator's ``roof``."""
+    return roof(df["flops"].to_numpy(dtype=float), df["bytes"].to_numpy(dtype=float),
+                flops_per_s, bytes_per_s)
 
 
 def ls_overhead_scale(x: np.ndarray, t: np.ndarray, fixed_scale: float | None

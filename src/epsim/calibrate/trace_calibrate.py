@@ -25,7 +25,7 @@ from . import plausible
 from .kernel_names import FAMILIES, KernelFamily, classify, short_name
 from .kineto import GpuKernel, KinetoTrace, Span, kernels_under
 
-#: op kinds whose factor a trace may fit: compute kinds, timed by ``roofline.calibrated`` (a
+#: op kinds whose factor a trace may fit: compute kinds, timed by ``sim.step.cost.roofline.calibrated`` (a
 #: collective's trace time includes waiting for its peers, and its profile figures are link
 #: rates, not per-kind factors)
 FITTABLE = frozenset({"gemm", "grouped_gemm", "attention_decode", "attention_prefill", "norm",

@@ -1,5 +1,5 @@
 """numba compilation shared by the compiled loops (``model/eplb/kernels*.py``,
-``sim/step/engine_walk.py``, ``sim/step/routing.py``, ``sim/serving/loop_kernels.py``).
+``sim/step/executor/walk.py``, ``sim/step/routing.py``, ``sim/serving/loop_kernels.py``).
 
     numba      the module, or None where it is not installed (every caller then runs the same
                source as Python)

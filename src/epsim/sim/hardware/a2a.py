@@ -120,7 +120,7 @@ def hierarchical_traffic(tokens: np.ndarray, node_tokens: np.ndarray, gpn: int) 
         ``[..., n, n]`` rows on each link: between nodes only ``(a, i) -> (b, i)`` carries, one
         row per token and destination node; inside node ``b``, ``(b, i) -> (b, j)`` carries the
         direct rows plus those it forwards for the remote members of local index ``i``. The
-        combine's traffic is its transpose. Feed it to ``sim.step.roofline.collective_time``.
+        combine's traffic is its transpose. Feed it to ``sim.step.cost.comm.collective_time``.
     """
     tokens = np.asarray(tokens, dtype=np.float64)
     n = tokens.shape[-1]

@@ -1,7 +1,7 @@
 """Measured kernel tables: the ``kernels`` section of a hardware profile, and their lookup.
 
 A profile may carry, per kernel library, points measured at real shapes (aiter's tuned CSVs,
-DeepGEMM, FlashMLA, MORI-EP, ...). The cost model (``epsim.sim.step.op_cost``) uses them where one
+DeepGEMM, FlashMLA, MORI-EP, ...). The cost model (``epsim.sim.step.cost.timing``) uses them where one
 matches an op's kind, dtype and scope, and the roofline everywhere else. Schema::
 
     "kernels": {

@@ -1,24 +1,22 @@
 """One forward step of every rank, simulated: ``simulate_step`` and its ``StepResult``.
 
-    simulate.py     the entry point: compile, route, run the engine, report (``StepResult``)
+    simulate.py     the entry point: compile, route, run the executor, report (``StepResult``)
     memo.py         ``StepMemo``: what the calls of one owner share (compiled steps, samples)
     compile.py      a plan's step compiled once: the op graph's structure, each batch costed on
                     it from one layer per class
     kernels.py      the kernel inventory's costs: each kernel's floor on the device, its
                     launch and framework dispatch on an eager host
-    op_cost.py      one op's seconds: the selected kernel set's table, else the roofline
-                    (``op_time``), and how it was timed (``explain``)
-    op_kinds.py     per op kind, how a table costs it (``KIND_COSTING``): features, table
-                    dtype and scope, the roofline at other features, the profile keys it reads
-    roofline.py     the roofline cost model per op kind, and the collectives' busiest link
+    cost/           one op's seconds, one module per op-kind family (gemm, attention, comm,
+                    elementwise), the one roofline (``roofline.py``), the kind registry
+                    (``registry.py``), the kernel tables' timing (``timing.py``); its own face
+                    (``sim.step.cost``) and README.md (how to add an op kind)
     routing.py      the step's expert routing sampled from load statistics
     routed.py       that routing applied to the compiled step: the fused MoE's and the
                     exchanges' times under it
     holds.py        how the host and the slowest rank stretch the EP exchanges
-    engine.py       the program both executors run, its semantics, the fast (vectorised) executor
-    engine_walk.py  the fast executor's walk, compiled with numba
-    exact.py        the exact executor (simpy), every op of every rank
-    rebalance.py    online expert rebalancing studied through the step simulator
+    executor/       the program both executors run and its semantics (``program.py``), the fast
+                    (vectorised) executor and its numba walk (``walk.py``), the exact one (simpy,
+                    ``exact.py``); its own face (``sim.step.executor``)
 
 Uses ``epsim.sim.hardware`` and ``epsim.model``.
 """

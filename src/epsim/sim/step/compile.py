@@ -3,7 +3,7 @@
 Glossary:
     structure   what a plan's step program shares across batches: the op graph's ops in issue
                 order, their dependencies and collective groups, the schedule and the fast
-                executor's steps (``sim.step.engine.plan_steps``). It depends on the model, the plan,
+                executor's steps (``sim.step.executor.plan_steps``). It depends on the model, the plan,
                 the profile, the phase (decode or prefill) and the microbatch count (a one-sequence
                 batch runs as one microbatch), never on the batch's sizes.
     costing     a batch's numbers on a structure: each op's duration from the cost model, the
@@ -50,12 +50,13 @@ from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware import a2a
 from epsim.sim.hardware.profile import HardwareProfile
 
-from . import op_cost, roofline
-from .engine import CATEGORIES, Program, StepPlan, plan_steps
+from .cost import comm, timing
+from .cost.registry import DEPLOYED, moe_layout
+from .cost.roofline import op_class
+from .executor import CATEGORIES, LaunchPlan, Program, plan_steps
 from .holds import EXCHANGES, dispatch_holds, host_holds, stragglers
 from .kernels import NO_DEPLOYMENT, floored, host_launch, kernel_count
 from .memo import OP_CACHE_SIZE, StepMemo, remember
-from .op_kinds import DEPLOYED, moe_layout
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,7 +197,7 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
             seen[sig] = seconds
         seconds = seconds + node_s
         if not op.is_collective:
-            kind = roofline.op_class(op)
+            kind = op_class(op)
             share = shares.get(kind)
             if share is None:
                 share = shares[kind] = eff.core_share(ranks_on_node, kind)
@@ -221,13 +222,13 @@ def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: 
         size = plan.world_size if op.dims["group"] == "ep" else plan.tp
         nodes = (np.arange(plan.world_size) // plan.gpus_per_node)[:size]
         mode = exchange if op.kind in EXCHANGES else None
-        return op_cost.op_seconds(
-            op, profile, partial(op_cost.nominal_collective, op, profile, nodes, captured,
+        return timing.op_seconds(
+            op, profile, partial(comm.nominal_collective, op, profile, nodes, captured,
                                  mode),
             nodes=nodes, captured=captured, mode=mode)
     if op.kind in DEPLOYED:
-        return op_cost.op_time(op, profile, top_k=top_k, mode=exchange, layout=moe_layout(plan))
-    return op_cost.op_time(op, profile, top_k=top_k)
+        return timing.op_time(op, profile, top_k=top_k, mode=exchange, layout=moe_layout(plan))
+    return timing.op_time(op, profile, top_k=top_k)
 
 
 def _routed_tokens(ops: Sequence[Op], routed: dict[str, np.ndarray], model: ModelConfig
@@ -335,7 +336,7 @@ def _recost(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: Batch,
                    memo=costed.memo, straggler=late, rep_index=s.rep_index)
 
 
-def _reshare(s: _Structure, steps: StepPlan | None, net: np.ndarray) -> StepPlan | None:
+def _reshare(s: _Structure, steps: LaunchPlan | None, net: np.ndarray) -> LaunchPlan | None:
     """The structure's executor steps with each folded run's category shares of ``net`` (each
     op's own time), summed in the order ``plan_steps`` sums them."""
     if steps is None:

@@ -22,7 +22,7 @@ from epsim.model.opgraph import Op
 from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware.profile import HardwareProfile
 
-from . import roofline
+from .cost.comm import collective_latency
 
 #: the EP exchange kinds
 EXCHANGES = ("dispatch", "combine")
@@ -49,7 +49,7 @@ def host_holds(ops: Sequence[Op], group_size: np.ndarray, profile: HardwareProfi
             continue
         held = eff.host_block(op.kind, int(group_size[i]))
         if held is None and op.kind == "dispatch":
-            held = roofline.collective_latency(op.kind, profile, captured, int(group_size[i]))
+            held = collective_latency(op.kind, profile, captured, int(group_size[i]))
         if held is not None:
             sync[i], release[i] = True, held
             if late is not None and op.kind == "dispatch":

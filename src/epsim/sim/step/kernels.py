@@ -12,7 +12,7 @@ Rules (docs/simulator.md, "Kernel floors and eager launches"):
   timed by their own latency figures (``collective_latency[_graph]_s``, the all-reduce tables).
 * eager: the host issues each op in ``k x (kernel_launch_s + framework_dispatch_s)`` seconds
   (every kernel, compute or communication, is launched by one framework op call), running ahead
-  of the GPU until a sync (``sim.step.engine``).
+  of the GPU until a sync (``sim.step.executor``).
 """
 
 from __future__ import annotations

@@ -38,9 +38,11 @@ from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware import a2a
 from epsim.sim.hardware.profile import HardwareProfile
 
-from . import op_cost, op_kinds, roofline
 from .compile import Compiled, op_cost_key
-from .engine import Program
+from .cost import comm, timing
+from .cost.gemm import grouped_gemm_time, op_top_k
+from .cost.roofline import calibrated
+from .executor import Program
 from .kernels import floored, kernel_count
 from .memo import NOMINAL_KEPT, ROUTED_KEPT, SAMPLES_KEPT, StepMemo, remember
 from .routing import (
@@ -246,23 +248,23 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
         shared = ex_op.dims.get("shared_experts", 0)
         if shared:
             pairs = pairs + shared * row_tokens[:, :, None]
-        return pairs / (op_kinds.op_top_k(ex_op, comp.top_k) or 1.0)
+        return pairs / (op_top_k(ex_op, comp.top_k) or 1.0)
 
     by_value = comp.memo.get("experts_seconds")
     if by_value is None:  # worked out once per compiled batch: whether a table answers
         by_value = comp.memo["experts_seconds"] = (
-            SecondsByValue() if op_cost.answered_by_table(ex_op, profile, top_k=comp.top_k,
+            SecondsByValue() if timing.answered_by_table(ex_op, profile, top_k=comp.top_k,
                                                           mode=comp.exchange, layout="ep")
             else False)
     if by_value is not False:
         # a function of the token count alone: kept per compiled batch across samples
-        t_exp = by_value.get(expert_tokens(), lambda v: op_cost.routed_seconds(
+        t_exp = by_value.get(expert_tokens(), lambda v: timing.routed_seconds(
             ex_op, profile, lambda: v, lambda: _no_fallback(ex_op), top_k=comp.top_k,
             mode=comp.exchange, layout="ep"))
     else:
-        t_exp = op_cost.routed_seconds(
+        t_exp = timing.routed_seconds(
             ex_op, profile, expert_tokens,
-            lambda: roofline.calibrated(ex_op.kind, roofline.grouped_gemm_time(ex_op, profile,
+            lambda: calibrated(ex_op.kind, grouped_gemm_time(ex_op, profile,
                                                                         per_expert), profile),
             top_k=comp.top_k, mode=comp.exchange, layout="ep")
     nodes = np.arange(ranks) // plan.gpus_per_node
@@ -274,12 +276,12 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
     for role, idx, traffic in (("dispatch", di_idx, rows),
                                ("combine", co_idx, np.swapaxes(rows, -1, -2))):
         op = comp.ops[idx[0, 0]]
-        t_roof = roofline.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
+        t_roof = comm.collective_time(role, traffic * op.dims["bytes_per_token"], profile, nodes,
                                       captured)
 
         def tokens(role=role, idx=idx, t_roof=t_roof) -> np.ndarray:
             # the tokens per rank that, uniformly routed, would load the busiest link as much
-            lat = roofline.collective_latency(role, profile, captured, ranks)
+            lat = comm.collective_latency(role, profile, captured, ranks)
             nominal = comp.memo.get(role)
             if nominal is None:  # this batch's, whatever the routing: worked out once
                 nominal = comp.memo[role] = _nominal_rows(comp, idx, profile, nodes, captured,
@@ -287,7 +289,7 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
             bw = nominal - lat
             return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
 
-        t = op_cost.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
+        t = timing.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
                                        nodes=nodes, captured=captured, mode=mode)
         times.append(t)
         if explain:
@@ -322,7 +324,7 @@ def _nominal_rows(comp: Compiled, idx: np.ndarray, profile: HardwareProfile,
         key = (context, op.kind, op.peer_bytes, tuple(op.dims.items()))
         value = memo.nominal.get(key)
         if value is None:
-            value = remember(memo.nominal, key, op_cost.nominal_collective(
+            value = remember(memo.nominal, key, comm.nominal_collective(
                 op, profile, nodes, captured, mode), NOMINAL_KEPT)
         values.append(value)
     return np.asarray(values, dtype=np.float64)[where].reshape(idx.shape)

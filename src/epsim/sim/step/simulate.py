@@ -3,7 +3,7 @@
 What happens in a call:
 
 1. the op graph of one rank (``epsim.model.graph.build_step_graph``) is compiled into a
-   :class:`sim.step.engine.Program`: every op's cost-model time (:mod:`sim.step.roofline`), the host's issue
+   :class:`sim.step.executor.Program`: every op's cost-model time (:mod:`sim.step.cost`), the host's issue
    times (eager) or the graph-replay costs (captured), the collective groups
    (:mod:`sim.step.compile`). The program's structure is built once per plan and phase; a new
    batch is costed on it, and each compiled batch is memoised, so repeated calls (the serving
@@ -14,7 +14,7 @@ What happens in a call:
    ``epsim.model.eplb.default_placement``: balanced unless ``eplb=False``, then contiguous);
 3. each rank's fused-MoE time follows its own experts' counts, and each dispatch/combine lasts as
    long as its busiest link (traffic matrix from the sampled routing);
-4. the engine runs every rank (:mod:`sim.step.engine`): ``mode="exact"`` through simpy, ``"fast"`` the
+4. the executor runs every rank (:mod:`sim.step.executor`): ``mode="exact"`` through simpy, ``"fast"`` the
    same semantics vectorised (they agree; a test checks it).
 """
 
@@ -36,13 +36,12 @@ from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 from epsim.sim.hardware.profile import HardwareProfile
 
-from . import op_cost
 from .compile import EXCHANGES, Compiled, compile_step
-from .engine import CATEGORIES, Program, Timeline, run_fast
-from .exact import run_exact
+from .cost import timing
+from .cost.registry import DEPLOYED, moe_layout
+from .executor import CATEGORIES, Program, Timeline, run_exact, run_fast
 from .kernels import inventory_json
 from .memo import StepMemo, remember
-from .op_kinds import DEPLOYED, moe_layout
 from .routed import route_step
 from .routing import placed_frequencies
 
@@ -79,7 +78,7 @@ class StepResult:
         Example: ``{"grouped_gemm": 38.9, "attention_decode": 66.1, ...}``.
     kernels: the kernel set the profile had selected (``"none"``: the roofline alone).
     kernel_sources: with ``explain=True``, per op kind how its ops on the critical rank were
-        timed (``epsim.sim.step.op_cost.explain``), else None.
+        timed (``epsim.sim.step.cost.timing.explain``), else None.
     kernel_inventory: with ``explain=True``, the kernels each op runs, the kernel floor and
         the host's per-kernel launch and dispatch (``sim.step.kernels.inventory_json``).
     draft_ms: the critical rank's MTP draft-module ops by the cost model (as ``op_kinds_ms``;
@@ -292,14 +291,14 @@ def _explain(comp: Compiled, plan: ParallelPlan, profile: HardwareProfile,
         size = int(prog.group_size[i])
         key = (op.kind, op.name, op.flops, op.bytes, op.peer_bytes, tokens.get(i))
         if key not in cache:
-            cache[key] = op_cost.describe(
+            cache[key] = timing.describe(
                 op, profile, tokens=tokens.get(i), top_k=comp.top_k,
                 nodes=nodes_of[:size] if op.is_collective else None,
                 captured=comp.captured,
                 mode=comp.exchange if op.kind in EXCHANGES or op.kind in DEPLOYED else None,
                 layout=moe_layout(plan) if op.kind in DEPLOYED else "")
         entries.append((op, cache[key]))
-    return op_cost.explain(entries, profile)
+    return timing.explain(entries, profile)
 
 
 def _result(comp: Compiled, prog: Program, tl: Timeline, imbalance: np.ndarray, mode: str,

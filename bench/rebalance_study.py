@@ -1,4 +1,5 @@
-"""Online expert rebalancing in the simulator: re-place experts from a sliding window of recent
+"""Online expert rebalancing studied through the step simulator (a bench study, not part of the
+package: no command runs it): re-place experts from a sliding window of recent
 per-step loads every N steps, and charge the weight copies to the step that does it.
 
 The pieces, usable on their own or by the per-step simulator:
@@ -36,9 +37,7 @@ from epsim.model.opgraph import Batch
 from epsim.model.placement import Placement
 from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware.profile import HardwareProfile
-
-from .memo import StepMemo
-from .simulate import simulate_step
+from epsim.sim.step import StepMemo, simulate_step
 
 #: usable share of a link's peak for bulk copies: about 48 of 64 GB/s per xGMI link on MI300X
 #: (docs/design.md section 4, AMD's "MI300X RCCL xGMI" blog)

@@ -1,4 +1,4 @@
-"""The exact executor: the engine's semantics (``sim.step.engine``'s docstring) as a
+"""The exact executor: the executors' semantics (``sim.step.executor.program``'s docstring) as a
 discrete-event simulation (simpy), every op of every rank.
 
     run_exact   one compute process and one communication process per rank (and a host process
@@ -6,7 +6,7 @@ discrete-event simulation (simpy), every op of every rank.
                 as events
     attribute   per-op start and end times -> the step's ``Timeline`` and its breakdown
 
-``run_fast`` (``sim.step.engine``) computes the same times in issue order; a test checks that
+``run_fast`` (``sim.step.executor.program``) computes the same times in issue order; a test checks that
 the two agree.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from .engine import _LAUNCH, CATEGORIES, Program, Timeline
+from .program import _LAUNCH, CATEGORIES, Program, Timeline
 
 
 class _Barrier:
@@ -162,7 +162,7 @@ class _ExactRun:
 
 
 def run_exact(prog: Program) -> Timeline:
-    """The engine's semantics as a discrete-event simulation (simpy), every op of every rank."""
+    """The executors' semantics as a discrete-event simulation (simpy), every op of every rank."""
     return _ExactRun(prog).run()
 
 

@@ -1,6 +1,6 @@
-"""The step engine: every rank's compute stream and communication engine, walking the schedule.
+"""The step's program and its fast executor: every rank's compute stream and communication queue, walking the schedule.
 
-Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` checks they agree):
+Semantics (both executors implement exactly these; ``tests/test_sim_executor.py`` checks they agree):
 
 * The host issues the ops of ``OpGraph.schedule`` in order. Eager: every op (compute or comm)
   costs the host ``Program.launch_s`` (each of its kernels' ``kernel_launch_s`` plus the
@@ -27,7 +27,7 @@ Semantics (both executors implement exactly these; ``tests/test_sim_engine.py`` 
   exchanges in ``sim.hardware.a2a``'s ``low_latency`` mode) slows nothing.
 * The step ends when the last op of the last rank ends.
 
-``run_exact`` (``sim/step/exact.py``) simulates that with simpy (one compute process and one
+``run_exact`` (``sim/step/executor/exact.py``) simulates that with simpy (one compute process and one
 comm process per rank, a barrier per collective and group, rate changes as events). ``run_fast``
 (here) computes the same times
 directly in issue order, vectorised over ranks with numpy, and folds runs of compute ops that wait
@@ -55,7 +55,7 @@ import numpy as np
 
 from epsim.model.opgraph import OP_CATEGORIES
 
-#: breakdown buckets: the graph's op categories, and the host/launch time only the engine knows
+#: breakdown buckets: the graph's op categories, and the host/launch time only the executor knows
 CATEGORIES: tuple[str, ...] = (*OP_CATEGORIES, "launch")
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
 _LAUNCH = _CAT["launch"]
@@ -102,7 +102,7 @@ class Program:
     host_release_s: np.ndarray
     group_size: np.ndarray
     slowdown: float
-    steps: StepPlan | None = None
+    steps: LaunchPlan | None = None
     comm_slots: int = 1
     quiet: np.ndarray | None = None
 
@@ -226,7 +226,7 @@ class _Step:
 
 
 @dataclass(frozen=True, eq=False)
-class StepPlan:
+class LaunchPlan:
     """A program's executor steps, with what the accounting after a walk needs of them: worked
     out on first use and kept with the steps, since a compiled program is run for every step the
     serving simulator times."""
@@ -261,7 +261,7 @@ class StepPlan:
 
     @cached_property
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """The steps as the compiled walk reads them (``sim.step.engine_walk``): ``coll, first,
+        """The steps as the compiled walk reads them (``sim.step.executor.walk``): ``coll, first,
         last, group, cat, ops_ptr, ops_idx, waits_ptr, waits_idx``."""
         steps = self.steps
         ops_ptr = np.zeros(len(steps) + 1, dtype=np.int64)
@@ -278,17 +278,17 @@ class StepPlan:
                 ops_ptr, np.array(flat, dtype=np.int64),
                 waits_ptr, np.array(waits, dtype=np.int64))
 
-    def with_shares(self, share: np.ndarray) -> StepPlan:
+    def with_shares(self, share: np.ndarray) -> LaunchPlan:
         """These steps with another batch's category shares (what does not depend on them is
         carried over, worked out once)."""
-        other = StepPlan(self.steps, self.fold, share)
+        other = LaunchPlan(self.steps, self.fold, share)
         other.__dict__["compute_steps"] = self.compute_steps
         other.__dict__["node_times"] = self.node_times
         other.__dict__["arrays"] = self.arrays
         return other
 
 
-def plan_steps(prog: Program, fold: bool) -> StepPlan:
+def plan_steps(prog: Program, fold: bool) -> LaunchPlan:
     """The executor steps of ``prog``. Runs of several ops are folded only when their ops take the
     same time on every rank (true of every op but the fused MoE, which waits on its dispatch)."""
     chains = build_chains(prog.is_coll, prog.deps, fold)
@@ -318,7 +318,7 @@ def plan_steps(prog: Program, fold: bool) -> StepPlan:
         waits = tuple(d for d in prog.deps[first] if prog.is_coll[d])
         steps.append(_Step(False, first, chain[-1], chain, waits, 0, cats_all[first], ucats,
                            shares, prog.node_s * len(chain)))
-    return StepPlan(tuple(steps), fold)
+    return LaunchPlan(tuple(steps), fold)
 
 
 def plan_steps_single(prog: Program, i: int) -> list[_Step]:
@@ -328,8 +328,8 @@ def plan_steps_single(prog: Program, i: int) -> list[_Step]:
 
 
 def run_fast(prog: Program, fold: bool = True) -> Timeline:
-    """The engine's semantics computed in issue order, every rank at once (module docstring):
-    the walk itself is compiled (``sim.step.engine_walk.walk``), the accounting after it vectorised."""
+    """The executors' semantics computed in issue order, every rank at once (module docstring):
+    the walk itself is compiled (``sim.step.executor.walk.walk``), the accounting after it vectorised."""
     n, ranks = prog.work.shape
     eager = prog.eager
     fold = fold and not eager  # the host may hold any eager kernel: no runs
@@ -347,7 +347,7 @@ def run_fast(prog: Program, fold: bool = True) -> Timeline:
     gap_cat = np.empty((k, ranks), dtype=np.int64)
     busy_all = np.zeros((k, ranks))
     work_steps = np.zeros((k, ranks))
-    from .engine_walk import walk  # numba loads on the first step, not on import
+    from .walk import walk  # numba loads on the first step, not on import
 
     walk(*plan.arrays, np.ascontiguousarray(prog.work, dtype=np.float64),
          np.asarray(prog.categories, dtype=np.int64), np.asarray(prog.floor, dtype=np.float64),

@@ -1,6 +1,6 @@
 """The fast executor's walk over a program's steps, compiled with numba.
 
-``walk`` is ``sim.step.engine.run_fast``'s loop: every executor step (a collective, or a run of compute
+``walk`` is ``sim.step.executor.program.run_fast``'s loop: every executor step (a collective, or a run of compute
 ops) in issue order, each rank's stream, communication slots and the in-flight collectives that
 slow compute (``comm_compute_slowdown``). It is written over plain arrays and scalar loops so that
 numba compiles it (``@njit(cache=True)``: compiled once per machine, then loaded from the cache);
@@ -10,7 +10,7 @@ arithmetic is the numpy walk's, operation for operation, so step times are bit-i
 collective and compute-run steps it compiled in 7.2 s instead of 4.5 s, a cost every install
 pays once on its first step.
 
-Step arrays (``StepArrays``, from ``sim.step.engine.StepPlan``): per step ``coll`` (bool), ``first`` /
+Step arrays (``StepArrays``, from ``sim.step.executor.program.LaunchPlan``): per step ``coll`` (bool), ``first`` /
 ``last`` (issue index), ``group`` (collective group size), ``cat`` (category); ``ops_ptr`` /
 ``ops_idx`` the step's ops (CSR), ``waits_ptr`` / ``waits_idx`` the collectives (compute steps) or
 dependencies (collectives) it waits for. ``quiet`` ``[n]``: collectives whose kernels hold no
@@ -28,7 +28,7 @@ from epsim.model.compiled import compiled as _compiled
 def _fluid(t0: float, w: float, iv_from: np.ndarray, iv_to: np.ndarray, head: int, tail: int,
            r: int, s: float) -> float:
     """End of ``w`` seconds of compute from ``t0`` on rank ``r``, at ``1 - s`` inside the
-    in-flight intervals ``head .. tail-1`` (sim.step.engine._fluid, one rank)."""
+    in-flight intervals ``head .. tail-1`` (sim.step.executor.program._fluid, one rank)."""
     t = t0
     slow = 1.0 - s
     for j in range(head, tail):

@@ -1,4 +1,4 @@
-"""The engine on hand-built programs: barriers, overlap, interference, host launches; and the fast
+"""The step executors on hand-built programs: barriers, overlap, interference, host launches; and the fast
 executor against the simpy one."""
 
 import numpy as np
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epsim.sim.step.engine import (
+from epsim.sim.step.executor.exact import run_exact
+from epsim.sim.step.executor.program import (
     CATEGORIES,
     Program,
     build_chains,
@@ -14,7 +15,6 @@ from epsim.sim.step.engine import (
     plan_steps,
     run_fast,
 )
-from epsim.sim.step.exact import run_exact
 
 C = {c: i for i, c in enumerate(CATEGORIES)}
 
@@ -211,7 +211,7 @@ def test_two_comm_slots_run_collectives_side_by_side():
 @given(random_programs())
 def test_compiled_walk_equals_its_python_source(prog):
     # the numba-compiled walk and the same function run as Python give the same bits
-    from epsim.sim.step import engine_walk
+    import epsim.sim.step.executor.walk as engine_walk
 
     compiled = run_fast(prog)
     original = engine_walk.walk

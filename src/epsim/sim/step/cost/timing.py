@@ -3,12 +3,12 @@
 Where the selected kernel set (``HardwareProfile.with_kernels``) has a table for an op's kind,
 dtype and scope, the op's time is the table's at the op's features (exact, interpolated, or the
 nearest point scaled by the kind's roofline ratio), divided by the speedups of the sets it was
-scaled through; elsewhere the roofline of :mod:`sim.step.roofline` (times those speedups). Without a
-kernel set the roofline alone, bit for bit.
+scaled through; elsewhere the roofline of the op's family (``sim.step.cost.registry``, times those
+speedups). Without a kernel set the roofline alone, bit for bit.
 
 What a table of each op kind is looked up at (its features, dtype and scope), the kind's
 roofline at other features and the profile figures it reads are the kind's entry in
-``sim.step.op_kinds.KIND_COSTING``; this module times ops with them and reports how
+``sim.step.cost.registry.KIND_COSTING`` (its family's ``COSTING``); this module times ops with them and reports how
 (``describe``, ``explain``).
 """
 
@@ -20,22 +20,21 @@ from typing import Any
 import numpy as np
 
 from epsim.model.opgraph import OP_KINDS, Op
-from epsim.sim.hardware import a2a
 from epsim.sim.hardware.a2a import A2AMode
 from epsim.sim.hardware.kernel_sets import EXTRAPOLATED, METHODS, Table
 from epsim.sim.hardware.profile import HardwareProfile
 from epsim.sim.hardware.table_guard import point_efficiency
 
-from . import roofline
-from .op_kinds import (
-    costing,
+from .registry import (
     feature_roofline,
     kernel_dtype,
     op_features,
+    roofline_op_time,
     roofline_sources,
     scope_of,
     table_scope,
 )
+from .roofline import final_scaled
 
 _OUTSIDE_IDS = 8  # op ids listed per shape outside every table
 #: swept values from which a lookup is made once per distinct value (a step's fused-MoE token
@@ -63,25 +62,6 @@ def _plan(op: Op, profile: HardwareProfile, top_k: int | None, nodes: np.ndarray
 # --------------------------------------------------------------------------------------------
 # Times
 # --------------------------------------------------------------------------------------------
-
-
-def nominal_collective(op: Op, profile: HardwareProfile, nodes: np.ndarray,
-                       captured: bool, mode: A2AMode | None = None) -> float:
-    """The roofline of a collective under its nominal (uniform) per-peer bytes; ``nodes``: the
-    node of each member (the first ``group_size`` entries are used); ``mode``: an EP exchange's
-    (``sim.hardware.a2a``; node-then-GPU traffic under a hierarchical one)."""
-    peers = np.asarray(op.peer_bytes, dtype=np.float64)
-    members = np.asarray(nodes)[:len(peers)]
-    layout = a2a.node_layout(members) if mode is not None and mode.hierarchical else None
-    if layout is not None and costing(op.kind).exchange:
-        d = op.dims
-        tokens, node_tokens = a2a.uniform_tokens(d["expected_tokens_per_peer"], d["tokens"],
-                                                 d["top_k"], len(peers), layout[1])
-        traffic = a2a.link_traffic(op.kind, mode, tokens, members,
-                                   lambda: node_tokens) * d["bytes_per_token"]
-    else:
-        traffic = np.tile(peers, (len(peers), 1))
-    return float(roofline.collective_time(op.kind, traffic, profile, members, captured))
 
 
 def _table_seconds(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[float, ...],
@@ -140,11 +120,11 @@ def op_time(op: Op, profile: HardwareProfile, top_k: int | None = None, *,
     """Seconds one op takes on its own (no launch cost, no interference): the selected kernel
     set's table where it has one (``top_k``: the model's, for a fused MoE op whose dims lack
     it; ``mode`` / ``layout``: the step's deployment, as :func:`op_seconds`), else the roofline
-    (``roofline.roofline_op_time``)."""
+    (``roofline_op_time``)."""
     if profile.active_kernels is not None:
-        return op_seconds(op, profile, lambda: roofline.roofline_op_time(op, profile),
+        return op_seconds(op, profile, lambda: roofline_op_time(op, profile),
                           top_k=top_k, mode=mode, layout=layout)
-    return roofline.final_scaled(op, profile, roofline.roofline_op_time(op, profile))
+    return final_scaled(op, profile, roofline_op_time(op, profile))
 
 
 def answered_by_table(op: Op, profile: HardwareProfile, *, top_k: int | None = None,
@@ -171,8 +151,8 @@ def _seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] |
     """The table's seconds at the op's own features (``swept`` None: ``[1]``) or at every value
     ``swept()`` gives its swept feature, times the set's speedups; ``fallback()`` (times them)
     where the set has no table for the op; then times the profile's fitted ``op_final_scale``
-    (``roofline.final_scaled``: every timed op passes here or through ``op_time`` once)."""
-    return roofline.final_scaled(op, profile, _unscaled(op, profile, swept, fallback, top_k, nodes,
+    (``final_scaled``: every timed op passes here or through ``op_time`` once)."""
+    return final_scaled(op, profile, _unscaled(op, profile, swept, fallback, top_k, nodes,
                                                     captured, mode, layout))
 
 
