@@ -19,9 +19,20 @@ from typing import Any
 from epsim.model import jsonout
 from epsim.model.errors import EpsimError
 from epsim.sim.serving.presets import charges_host
+from epsim.sim.spec import ExecutionSpec, PlanSpec
+from epsim.sim.workload.spec import WorkloadSpec
 
-from .common import add_engine_args, add_mtp_args, emit_json, print_table, scenario_from_args
+from .common import emit_json, print_table
 from .inputs import add_flag, spec_for
+from .options import (
+    add_bench_client_arg,
+    add_config_arg,
+    add_engine_args,
+    add_field,
+    add_fields,
+    field_option,
+    scenario_from_args,
+)
 from .provenance import stamp_provenance
 
 #: the factors fitted without --factors (host joins them under every engine but
@@ -51,22 +62,16 @@ def add_bench_args(p: argparse.ArgumentParser, *, positional: bool = False) -> N
              help="the factors fitted (comma list; default attention,grouped_gemm, plus host "
              "unless --engine prefill_first): per op class multipliers on the final op time, host: the "
              "engine's host ms per step")
-    add_flag(g, "--gpus-per-node", default=None, help="GPUs per node (default: the profile's)")
-    add_flag(g, "--redundant-experts", default=0, metavar="R",
-             help="replica slots per MoE layer (default 0)")
-    add_flag(g, "--loads", default=None, metavar="NAME|FILE",
-             help="expert load statistics for routing (default: synthetic)")
-    g.add_argument("--dbo", action="store_true", help="two microbatches (dual-batch overlap)")
-    g.add_argument("--no-dbo", action="store_true", help="one microbatch")
-    g.add_argument("--no-eplb", action="store_true", help="contiguous expert placement")
-    g.add_argument("--no-graph", action="store_true", help="eager launches")
-    add_flag(g, "--bench-client", default=None,
-             help="the client of files without a format marker: vllm or sglang")
-    add_flag(g, "--seed", default=0, help="seeds routing and drawn arrivals (default 0)")
     g.add_argument("--no-loo", action="store_true",
                    help="skip the leave-one-out refits (one fit per run)")
-    add_mtp_args(g)
+    # the deployment's own flags (epsim/options.py); --bench-client reads the files without a
+    # format marker as that client's
+    add_fields(p, PlanSpec, only=("gpus_per_node", "redundant_experts"))
+    add_fields(p, ExecutionSpec, only=("loads", "dbo", "eplb", "graph", "mtp", "mtp_acceptance"))
+    add_bench_client_arg(g, default=None)
+    add_field(g, *field_option(WorkloadSpec, "seed"))
     add_engine_args(p)
+    add_config_arg(p)
 
 
 def _scenario(args: argparse.Namespace):

@@ -16,9 +16,18 @@ import re
 from typing import Any
 
 from epsim.model.errors import EpsimError
+from epsim.sim.spec import ExecutionSpec, PlanSpec
 
 from .common import emit_json, print_table
 from .inputs import add_flag, spec_for
+from .options import (
+    add_field,
+    add_fields,
+    add_hardware_arg,
+    add_kernels_arg,
+    add_model_arg,
+    field_option,
+)
 
 
 def add_trace_args(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
@@ -37,9 +46,8 @@ def add_trace_args(p: argparse.ArgumentParser, *, positional: bool = False) -> N
              help="CPU annotations whose launched kernels are in scope (default: DualPipe's "
              "forward attn(F),mlp(F),dispatch(F),combine(F) where the trace has them, else "
              "every kernel; all: every kernel)")
-    add_flag(g, "--batch", default=1, help="sequences per rank in the traced pass (default 1)")
-    add_flag(g, "--context", default=None,
-             help="tokens per sequence (default: the trace name's seqlen)")
+    add_flag(g, "--batch", default=1)
+    add_flag(g, "--context", default=None)
     add_flag(g, "--layers", default=None,
              help="MoE layers the scope holds (default: how often its most frequent "
              "annotation occurs)")
@@ -48,22 +56,16 @@ def add_trace_args(p: argparse.ArgumentParser, *, positional: bool = False) -> N
 def add_deployment_args(p: argparse.ArgumentParser) -> None:
     """The deployment measured, shared by the trace and the benchmark fits: ``--model``,
     ``--hardware``, ``--kernels``, ``--nodes``, ``--dp``, ``--ep``, ``--tp``, ``--kv-dtype``."""
+    # the deployment's own flags (epsim/options.py), each with its one meaning; where a trace
+    # reads one differently the command's description says so (a trace does not name its
+    # model; its hardware defaults to the one its device name names, its plan to its world
+    # size, its --kv-dtype to bf16: the attention math of the traced run)
     g = p.add_argument_group("the deployment measured")
-    add_flag(g, "--model", default=None, metavar="M",
-             help="the model measured (a trace does not name it: without it, a trace's "
-             "mapping alone is reported)")
-    add_flag(g, "--hardware", default=None, metavar="H",
-             help="hardware profile (trace: default the one the trace's device name names)")
-    add_flag(g, "--kernels", default=None, metavar="SET",
-             help="the profile's kernel set (default: its default set)")
-    for flag, what in (("--nodes", "nodes (trace: default world size / GPUs per node)"),
-                       ("--dp", "data-parallel groups (trace: default its world size)"),
-                       ("--ep", "expert-parallel degree (trace: default its world size)"),
-                       ("--tp", "tensor-parallel degree (default 1)")):
-        add_flag(g, flag, default=None, help=what)
-    add_flag(g, "--kv-dtype", default=None,
-             help="trace: attention math dtype of the traced run (default bf16: training's "
-             "FlashAttention); benchmark runs: the KV-cache dtype (default fp8)")
+    add_model_arg(g, required=False)
+    add_hardware_arg(g, required=False)
+    add_kernels_arg(g)
+    add_fields(p, PlanSpec, only=("nodes", "dp", "ep", "tp"))
+    add_field(g, *field_option(ExecutionSpec, "kv_dtype"), default=None)
 
 
 def _hardware(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[str, str]:

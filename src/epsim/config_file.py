@@ -111,11 +111,15 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _value(action: argparse.Action, key: str, value: Any) -> Any:
-    """What the flag would have set had the value been given on the command line."""
+def _value(action: argparse.Action, key: str, value: Any, *, by_field: bool) -> Any:
+    """What the flag would have set had the value been given on the command line
+    (``by_field``: the key names the field, so a switch's value is the field's own:
+    ``eplb: false``; by the flag's name it says whether the flag is given: ``no-eplb: true``)."""
     if isinstance(action, argparse._StoreConstAction | argparse._StoreTrueAction):
         if not isinstance(value, bool):
-            raise EpsimError(f"{key!r} is a switch: true or false, got {value!r}")
+            raise EpsimError(f"{key} is a switch: true or false, got {value!r}")
+        if by_field and not isinstance(action, argparse._StoreTrueAction):
+            return value
         on = action.const if not isinstance(action, argparse._StoreTrueAction) else True
         return on if value else action.default
     if action.nargs == "+":
@@ -126,18 +130,36 @@ def _value(action: argparse.Action, key: str, value: Any) -> Any:
     return _text(value)
 
 
+def _deployment_names() -> set[str]:
+    """Every field of a scenario's groups, by field name and by flag: what a deployment file
+    may hold whichever command reads it."""
+    from epsim.model.fields import options_of
+
+    names: set[str] = set()
+    for cls, _ in GROUPS.values():
+        for f, opt in options_of(cls):
+            names.add(f.name)
+            names.update(s.lstrip("-").replace("-", "_") for s in (opt.flag, *opt.aliases))
+    return names | {"percentiles", "metric_percentiles", "percentile_metrics", "goodput",
+                    "length_scale"}
+
+
 def apply_config(parser: argparse.ArgumentParser, path: str) -> None:
     """The file's values as ``parser``'s defaults (so the command line still wins); a flag the
-    file gives is no longer required on the command line."""
+    file gives is no longer required on the command line. A field of a deployment this command
+    does not take (a benchmark's for ``step``) is passed over, so one file serves them all."""
     actions = _actions(parser)
     defaults: dict[str, Any] = {}
+    known = _deployment_names()
     for key, (where, value) in _flat(read_config(path)).items():
         action = actions.get(key)
+        if action is None and key in known:
+            continue
         if action is None:
             raise EpsimError(f"--config {path}: unknown key {where!r} (no such flag of "
                              f"{parser.prog}; see {parser.prog} --help)")
         try:
-            defaults[action.dest] = _value(action, where, value)
+            defaults[action.dest] = _value(action, where, value, by_field=key == action.dest)
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
             raise EpsimError(f"--config {path}: {where}: {' '.join(str(exc).split())}") from None
         except EpsimError as exc:
@@ -155,7 +177,7 @@ def print_group_help(parser: argparse.ArgumentParser, group: str) -> None:
         raise EpsimError(f"--help={group}: no such group of {parser.prog} (one of "
                          f"{', '.join(names) or 'none'})")
     formatter = parser._get_formatter()
-    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups)
+    formatter.add_text(f"{parser.prog}: the {group} flags ({parser.prog} --help lists all)")
     for g in groups:
         formatter.start_section(g.title)
         formatter.add_arguments(g._group_actions)

@@ -26,16 +26,12 @@ CARRIED = ("hardware", "engine", "concurrency", "nodes", "gpus", "dp", "tp", "ep
 def add_frontier_args(parser: argparse.ArgumentParser, *, prices: bool = True) -> None:
     """``--plot``, ``--frontier-csv`` and (``prices``; plan has its own) ``--gpu-hour-usd``."""
     g = parser.add_argument_group("the frontier chart (docs/serving.md)")
-    add_flag(g, "--plot", metavar="OUT.png", default=None,
-             help="draw output tok/s per GPU against tok/s per user, one Pareto line per "
-             "hardware/engine (needs matplotlib)")
+    add_flag(g, "--plot", metavar="OUT.png", default=None)
     add_flag(g, "--frontier-csv", metavar="OUT", default=None,
              help="write every point on the chart's axes as CSV, on_frontier marking the "
              "Pareto points of its series")
     if prices:
-        add_flag(g, "--gpu-hour-usd", default=None,
-                 help="price per GPU-hour for the chart's $/M tokens: one number, or per "
-                 "hardware (mi300x=2.1,h200=3.7)")
+        add_flag(g, "--gpu-hour-usd", default=None)
 
 
 def check_prices(prices: Mapping[str, float] | None, hardware: Sequence[str]) -> None:

@@ -280,6 +280,34 @@ FLAGS: dict[str, Spec] = {
     "--config": InputFile("deployment file"),
 }
 
+#: the help of the flags several commands share that are no field of a deployment (those carry
+#: their help on their field: epsim/options.py): one text each, so a flag has one meaning
+#: wherever it appears; ``add_flag`` takes it from here and refuses a second text
+HELP: dict[str, str] = {
+    "--batch": "sequences per dp rank in the step (run: per rank, each rank its own dp rank; "
+               "calibrate trace: in the traced pass)",
+    "--context": "tokens each sequence attends to, the new one included (a decode step's cached "
+                 "context; prefill: the prompt length; calibrate trace: default the trace "
+                 "name's seqlen)",
+    "--steps": "decode steps; the first is a warm-up, not timed when there are more "
+               "(validate grid: per case and pass)",
+    "--device": "where the runtime runs: cpu, or cuda (one GPU; calibrate micro: world size 1, "
+                "the communication figures then from --base)",
+    "--trace": "write a Chrome trace JSON (Perfetto): predict the serving timeline (a track per "
+               "rank, running and queued requests, KV-cache use, a slice per request), step "
+               "every rank's simulated ops, run every rank's executed ops",
+    "--out": "write the command's result here, whole or not at all (balance: the placement; "
+             "calibrate: the fitted profile, micro's tables beside it, trace's with --model)",
+    "--plot": "draw a chart (PNG, needs matplotlib): sweep, tune and plan the frontier of output "
+              "tok/s per GPU against tok/s per user, one Pareto line per hardware/engine; "
+              "validate grid measured against predicted",
+    "--gpu-hour-usd": "price per GPU-hour, for plan's cost and the charts' $/M tokens: one "
+                      "number, or per hardware (mi300x=2.1,h200=3.7)",
+    "--force": "run even past the work budget (10,000 points, 4,000,000 simulated requests, "
+               "50% of memory; balance: 2^16 experts a layer, 2^22 loads in all; "
+               "docs/performance.md, docs/placement.md)",
+}
+
 #: where one command reads a flag with another range
 COMMAND_FLAGS: dict[tuple[str, str], Spec] = {
     ("validate", "--steps"): Integer(2, 10**4, why="the first step is a warm-up"),
@@ -300,6 +328,12 @@ def add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: st
              lists: bool = False, **kwargs: Any) -> argparse.Action:
     """``parser.add_argument(flag, *aliases, type=<the table's spec>, **kwargs)``; ``lists``:
     a comma list of it; ``spec``: a command-specific spec (must be a :class:`Spec`)."""
+    if flag in HELP:
+        if "help" in kwargs:
+            raise ValueError(f"{flag}'s help is defined once, in epsim.inputs.HELP")
+        default = kwargs.get("default")
+        kwargs["help"] = HELP[flag].replace("%", "%%") + (
+            f" (default {default})" if default not in (None, False) else "")
     base = spec if spec is not None else spec_for(flag, command)
     kind = Items(base) if lists else base
     if isinstance(base, Choice) and "metavar" not in kwargs:

@@ -71,11 +71,10 @@ class WorkEstimate:
 
 
 def add_force_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    parser.add_argument("--force", action="store_true",
-                        help=f"run even past the work budget ({BUDGET.points:,} points, "
-                        f"{BUDGET.requests:,} simulated requests, "
-                        f"{BUDGET.memory_fraction:.0%} of memory; docs/performance.md)"
-                        .replace("%", "%%"))  # argparse formats help with %
+    from .inputs import HELP
+
+    # the budget's figures are stated in the one help text (epsim.inputs.HELP)
+    parser.add_argument("--force", action="store_true", help=HELP["--force"].replace("%", "%%"))
 
 
 def physical_memory() -> int:

@@ -11,10 +11,12 @@ from epsim.model.errors import EpsimError
 from epsim.model.loads import read_loads
 from epsim.model.placement import read_placement
 from epsim.model.trace import write_json_atomic
+from epsim.sim.spec import ExecutionSpec, PlanSpec
 
 from ..common import add_json_arg, emit_json, loads_help, print_table
 from ..inputs import add_flag
-from ..work import check_balance
+from ..options import add_field, field_option
+from ..work import add_force_arg, check_balance
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,19 +26,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "each, so the GPUs carry equal loads; report the imbalance (max GPU load / mean GPU "
         "load) before and after, and optionally on another load file.",
     )
-    add_flag(p, "--loads", required=True, metavar="NAME|FILE[,...]", lists=True,
-                   help=loads_help("load statistics to balance (SGLang's format); several "
-                                   "(comma list, or a dump's windows) are snapshots, each "
-                                   "weighed the same"))
+    add_field(p, *field_option(ExecutionSpec, "loads"), listed=True, required=True)
     add_flag(p, "--gpus", required=True, metavar="G", help="GPUs (EP size)")
-    add_flag(p, "--nodes", default=1, metavar="N",
-                   help="nodes: place experts on nodes first, then on each node's GPUs")
+    # with several nodes, experts are placed on nodes first, then on each node's GPUs
+    add_field(p, *field_option(PlanSpec, "nodes"), default=1)
     add_flag(p, "--expert-groups", default=None, metavar="K",
                    help="with --nodes: keep the model's K routing groups whole on one node "
                         "(DeepSeek-V3: 8)")
-    add_flag(p, "--redundant-experts", "--redundant", dest="redundant", default=0, metavar="R",
-                   help="extra slots per layer for replicas of the hottest experts "
-                   "(--redundant: the same)")
+    add_field(p, *field_option(PlanSpec, "redundant_experts"))
     add_flag(p, "--previous", metavar="PLACEMENT",
                    help="the placement in use: number GPUs to move the fewest experts")
     add_flag(p, "--max-moves", default=None, metavar="K",
@@ -47,11 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         f"several)")
     add_flag(p, "--eval", metavar="NAME|FILE",
                    help=loads_help("also measure the placement on these loads (held out)"))
-    add_flag(p, "--out", metavar="PLACEMENT", help="write the placement JSON here")
+    add_flag(p, "--out", metavar="PLACEMENT")
     add_json_arg(p)
-    p.add_argument("--force", action="store_true",
-                   help="balance even past the work budget (2^16 experts a layer, 2^22 loads "
-                   "in all; docs/placement.md)")
+    add_force_arg(p)
     p.set_defaults(run=run)
 
 
@@ -74,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     previous = (read_placement(args.previous, num_layers=loads.shape[-2],
                                num_experts=loads.shape[-1]) if args.previous else None)
     placement, report = balance_report(
-        loads, args.gpus, args.method, redundant=args.redundant, nodes=args.nodes,
+        loads, args.gpus, args.method, redundant=args.redundant_experts, nodes=args.nodes,
         expert_groups=args.expert_groups, previous=previous, max_moves=args.max_moves,
         eval_loads=eval_loads)
     if args.out:

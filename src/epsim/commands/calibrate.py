@@ -40,12 +40,9 @@ _MICRO = ("Time every op kind through the runtime's own implementations (single-
 
 
 def _add_micro_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    add_flag(p, "--device", default="cpu",
-             help="cpu (default), or cuda: one GPU, world size 1 (the communication "
-             "figures then come from --base)")
+    add_flag(p, "--device", default="cpu")
     add_flag(p, "--out", metavar="PROFILE.json", required=required,
-             **({} if required else {"default": None}),
-             help="where to write the fitted profile (tables go beside it)")
+             **({} if required else {"default": None}))
     p.add_argument("--quick", action="store_true", help="a small subset of every sweep (seconds; "
                    "for tests, not for a profile you rely on)")
     add_flag(p, "--base", metavar="HW", default=None,
@@ -63,16 +60,14 @@ def _add_micro_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
 def _add_trace_mode(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
     add_trace_args(p, positional=positional)
     add_deployment_args(p)
-    add_flag(p, "--out", metavar="PROFILE.json", default=None,
-             help="with --model: write the profile with the trace's per-kind factors")
+    add_flag(p, "--out", metavar="PROFILE.json", default=None)
 
 
 def _add_bench_mode(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
     add_bench_args(p, positional=positional)
     add_deployment_args(p)
     add_flag(p, "--out", metavar="PROFILE.json", required=positional,
-             **({} if positional else {"default": None}),
-             help="where to write the profile fitted to the runs")
+             **({} if positional else {"default": None}))
 
 
 def _add_legacy(p: argparse.ArgumentParser) -> None:

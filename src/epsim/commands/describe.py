@@ -20,7 +20,7 @@ from ..common import (
     human_count,
     print_table,
 )
-from ..options import add_fields
+from ..options import add_config_arg, add_fields
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_plan_args(p)
     add_hardware_arg(p, required=False)
     add_fields(p, ExecutionSpec, only=("kv_dtype", "mem_fraction"))
+    add_config_arg(p)
     add_json_arg(p)
     p.set_defaults(run=run)
 

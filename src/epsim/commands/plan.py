@@ -40,8 +40,7 @@ def _add_units(p: argparse.ArgumentParser) -> None:
              help="prefill:decode node splits to try as units (e.g. 1:1,1:2)")
     p.add_argument("--no-colocated", action="store_true",
                    help="do not try co-located units")
-    add_flag(p, "--gpu-hour-usd", default=None,
-             help="price per GPU-hour: one number, or per hardware (mi300x=2.1,h200=3.7)")
+    add_flag(p, "--gpu-hour-usd", default=None)
 
 
 def _layouts(args: argparse.Namespace) -> list[tuple[int, int] | None]:

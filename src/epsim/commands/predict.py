@@ -121,9 +121,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "continuous batching per dp rank, KV-cache admission, chunked or disaggregated prefill, "
         "step times from the step simulator. Prints vLLM's metrics plus decode-only throughput.")
     add_scenario_args(p)
-    add_flag(p, "--trace", metavar="OUT", default=None,
-                   help="write the serving timeline as Chrome trace JSON: a track per rank, "
-                   "running/queued requests and KV-cache use, a slice per request")
+    add_flag(p, "--trace", metavar="OUT", default=None)
     add_flag(p, "--save-result", metavar="OUT.json", default=None,
              help="write the result as vllm bench serve --save-result does (every key vLLM "
              "writes; epsim's own figures under \"epsim\"): epsim validate --bench reads it")

@@ -17,7 +17,14 @@ from epsim.sim.workload.spec import WorkloadSpec
 
 from ..common import emit_json, print_table
 from ..inputs import add_flag
-from ..options import add_field, add_fields, add_json_arg, add_model_arg, field_option
+from ..options import (
+    add_config_arg,
+    add_field,
+    add_fields,
+    add_json_arg,
+    add_model_arg,
+    field_option,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,11 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="ranks (default 1; under torchrun its WORLD_SIZE)")
     # the runtime runs DP attention over every rank (dp = world) and tp = 1
     add_fields(p, PlanSpec, only=("dp", "tp", "ep", "redundant_experts"))
-    add_flag(p, "--batch", required=True, help="sequences per rank")
-    add_flag(p, "--context", required=True,
-                   help="tokens each sequence attends to in the first step, the new one included")
-    add_flag(p, "--steps", default=4, help="decode steps (default 4; the "
-                   "first is a warm-up and not timed when there are more)")
+    add_flag(p, "--batch", required=True)
+    add_flag(p, "--context", required=True)
+    add_flag(p, "--steps", default=4)
     add_fields(p, ExecutionSpec, only=("dbo", "kv_dtype", "mtp", "mtp_acceptance"))
     p.add_argument("--static", action="store_true",
                    help="static-shape dispatch/combine and MoE (padded to a fixed capacity)")
@@ -50,7 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_field(where, *field_option(ExecutionSpec, "loads"))
     add_flag(p, "--dtype", default="fp32",
                    help="compute dtype (default fp32)")
-    add_flag(p, "--device", default="cpu", help="default cpu")
+    add_flag(p, "--device", default="cpu")
     p.add_argument("--unfused", action="store_true",
                    help="unfused graph: separate RoPE, shared gate/up and routed-expert ops")
     p.add_argument("--shared-expert-in-moe", action="store_true",
@@ -61,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "context - 1 tokens (timed and checked) instead of drawn cache entries")
     p.add_argument("--check", action="store_true",
                    help="compare with the dense single-process reference (fp32)")
-    add_flag(p, "--trace", metavar="OUT", help="write every rank's per-op Chrome trace")
+    add_flag(p, "--trace", metavar="OUT")
     add_field(p, *field_option(WorkloadSpec, "seed"))  # here: the weights and inputs
     add_flag(p, "--timeout", default=120, metavar="S",
                    help="seconds a collective may wait before the run fails (default 120)")
@@ -70,6 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
              "the run is hung and ends naming the rank that progressed last longest ago, "
              "whether or not its heartbeat beats (default 40: named within 60 s)")
     add_json_arg(p)
+    add_config_arg(p)
     p.set_defaults(run=run)
 
 

@@ -21,6 +21,7 @@ from ..common import emit_json, print_table
 from ..fidelity import STEP_HEADLINE, band_text, regime_of, stamp
 from ..inputs import add_flag
 from ..options import (
+    add_config_arg,
     add_field,
     add_fields,
     add_hardware_arg,
@@ -43,10 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model_arg(p)
     add_hardware_arg(p)
     add_plan_args(p)
-    add_flag(p, "--batch", required=True, help="sequences per dp rank")
-    add_flag(p, "--context", required=True,
-                   help="decode: cached tokens per sequence (the new one included); "
-                   "prefill: prompt length")
+    add_flag(p, "--batch", required=True)
+    add_flag(p, "--context", required=True)
     add_flag(p, "--phase", default="decode", help="the step's phase (default decode)")
     # a step has no scheduler: DBO is off unless asked, as vLLM and SGLang run without it
     x = add_fields(p, ExecutionSpec, only=("dbo", "eplb", "graph", "kv_dtype", "mem_fraction",
@@ -61,7 +60,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="show where each op kind's time comes from: the kernel-table points "
                    "(and their sources) or the roofline used, and the shapes outside every table")
     add_field(p, *field_option(WorkloadSpec, "seed"))
-    add_flag(p, "--trace", metavar="OUT", help="write a Chrome trace JSON of every rank")
+    add_config_arg(p)
+    add_flag(p, "--trace", metavar="OUT")
     add_json_arg(p)
     add_force_arg(p)
     p.set_defaults(run=run)

@@ -24,6 +24,7 @@ from typing import Any
 
 from epsim.calibrate.validate import DEFAULT_GRID, shipped_grids
 from epsim.model.errors import EpsimError
+from epsim.sim.workload.spec import WorkloadSpec
 
 from ..common import (
     add_bench_client_arg,
@@ -39,6 +40,7 @@ from ..common import (
 )
 from ..inputs import add_flag, spec_for
 from ..modes import add_modes, legacy_flags
+from ..options import add_config_arg, add_field, field_option
 
 _GRID = ("Run every configuration of a grid on local runtime ranks, simulate the same "
          "configurations with the profile (sim.step.simulate.simulate_step), and report measured "
@@ -74,17 +76,15 @@ def _add_grid_args(p: argparse.ArgumentParser, *, required: bool = True) -> None
     add_flag(p, "--grid", metavar="NAME|FILE", default=DEFAULT_GRID,
              help="the configurations: a shipped grid (" + ", ".join(shipped_grids())
              + f") or a JSON list of them (default: the shipped {DEFAULT_GRID!r})")
-    add_flag(p, "--steps", command="validate", default=6,
-             help="decode steps per case and pass, the first a warm-up (default 6)")
+    add_flag(p, "--steps", command="validate", default=6)
     add_flag(p, "--repeats", default=3,
              help="passes over the grid, alternating world sizes; a case is the median of its "
              "passes' medians (default 3)")
-    add_flag(p, "--device", default="cpu", help="default cpu")
+    add_flag(p, "--device", default="cpu")
     p.add_argument("--no-probe-scaling", action="store_true",
                    help="report the machine probe but do not scale the predictions by it "
                    "(docs/validation.md, 'How a case is judged')")
-    add_flag(p, "--plot", metavar="OUT.png", default=None,
-             help="write a measured-vs-predicted scatter plot (matplotlib)")
+    add_flag(p, "--plot", metavar="OUT.png", default=None)
 
 
 def _add_bench_args(p: argparse.ArgumentParser, *, positional: bool = True) -> None:
@@ -98,14 +98,13 @@ def _add_bench_args(p: argparse.ArgumentParser, *, positional: bool = True) -> N
     add_model_arg(g, required=False)
     add_hardware_arg(g, required=False)
     add_bench_client_arg(g, default=None)
-    add_flag(g, "--seed", default=None,
-             help="seeds routing and drawn arrivals (default: the seed an epsim-written file "
-             "records, else 0)")
+    add_field(g, *field_option(WorkloadSpec, "seed"), default=None)
     add_goodput_arg(g)
     add_plan_args(p)
     p.set_defaults(nodes=None)
     add_execution_args(p)
     add_engine_args(p)
+    add_config_arg(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -60,7 +60,7 @@ class PlanSpec:
     redundant_experts: int = option(
         0, "--redundant-experts", "replica slots per MoE layer for the hottest experts "
         "(balanced from the loads): experts + R slots, ep must divide them (default 0)",
-        metavar="R")
+        aliases=("--redundant",), metavar="R")
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,11 @@ class ExecutionSpec:
                          "--no-graph: eager launches); tune and plan try a comma list (default "
                          "on)", aliases=("--no-graph",), metavar="on|off", swept="search")
     kv_dtype: str = option("fp8", "--kv-dtype", "KV-cache dtype", swept="sweep")
-    loads: str | None = option(None, "--loads", "expert load statistics for routing (default: "
-                               "synthetic)", metavar="NAME|FILE")
+    loads: str | None = option(
+        None, "--loads", "expert load statistics in SGLang's expert-distribution format: a "
+        "simulation routes by them (default: synthetic skewed loads), balance and run place "
+        "the experts from them; balance takes several (a comma list, or a dump's windows) as "
+        "snapshots, each weighed the same", metavar="NAME|FILE")
     kernels: str | None = option(
         None, "--kernels", "the hardware profile's kernel set: measured kernel tables of one "
         "library (e.g. aiter, no-aiter on mi300x; default: the profile's own default set; none: "

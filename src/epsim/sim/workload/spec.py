@@ -156,7 +156,9 @@ class WorkloadSpec:
     decode_scale: float = option(1.0, "--decode-scale", "--dataset trace: output lengths x F "
                                  "(Vidur's decode_scale_factor; times --length-scale)",
                                  metavar="F")
-    seed: int = option(0, "--seed", "seeds requests and routing")
+    seed: int = option(0, "--seed", "seeds every random choice: the requests, the routing, the "
+                       "runtime's weights and inputs (validate bench: default the seed an "
+                       "epsim-written file records, else 0)")
     bench_client: str = option(
         DEFAULT_BENCH_CLIENT, "--bench-client", "read the benchmark flags as this client does: "
         "vllm (vllm bench serve) or sglang (python -m sglang.bench_serving)")
