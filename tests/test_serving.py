@@ -113,7 +113,7 @@ def test_disaggregated_ttft_includes_the_kv_transfer():
     # prefill 0.2 s, then 100 tokens x 0.1 ms of KV over the NIC
     assert (run.first_token_s - run.send_s).tolist() == pytest.approx([0.21, 0.21])
     assert run.done_s.tolist() == pytest.approx([0.23, 0.23])
-    assert {s.engine for s in run.steps} == {"prefill", "decode"}
+    assert {s.role for s in run.steps} == {"prefill", "decode"}
     m = compute_metrics(run)
     assert m["decode_throughput"] == pytest.approx(4 / 0.02)
 

@@ -1,6 +1,6 @@
 """The serving loop's machinery: the sides' steps, and the instances behind the routers.
 
-    StepRecord      one step of one engine (one instance of one side)
+    StepRecord      one step of one side (one instance of it)
     Side            one side of one instance: its queues, KV pool, scheduler and step costs
     Server          starts, costs and ends every side's steps the same way, in one event loop
     colocated_instances / disaggregated
@@ -25,7 +25,7 @@ from .config import ServingConfig
 from .kv_pools import KVPool
 from .loop_kernels import off_ranks, rank_batches, rank_counts
 from .router import Router, make_router
-from .schedulers import Counters, Scheduler, StepPlan, scheduler_class
+from .schedulers import Counters, Scheduler, StepBatch, scheduler_class
 from .speculation import DraftAcceptance
 from .state import Client, EventLoop, RequestState, SideQueues, rank_mask
 from .step_time import EngineStepTime, StepCost
@@ -34,9 +34,9 @@ from .tally import StepTally
 
 @dataclass
 class StepRecord:
-    """One step of one engine.
+    """One step of one side (an instance of it).
 
-    engine: ``"colocated"``, ``"prefill"`` or ``"decode"``.
+    role: the side that stepped, ``"colocated"``, ``"prefill"`` or ``"decode"``.
     start_s / seconds: when it started and how long it took.
     kind: ``"decode"`` (every active rank decodes), ``"prefill"`` (every active rank prefills)
         or ``"mixed"`` (some ranks prefill while the others decode, or, under ``decode_first``,
@@ -46,19 +46,19 @@ class StepRecord:
     cost: the decode part's :class:`StepCost` (``None`` without decode).
     kv_usage: reserved KV share of the step's ranks at its start, after admission, in [0, 1]
         (the decode ranks', or the prefill ranks' for a disaggregated prefill step).
-    rank_prefill_tokens / rank_decode_seqs: ``[ranks]`` of the engine, the prompt tokens each
+    rank_prefill_tokens / rank_decode_seqs: ``[ranks]`` of the side, the prompt tokens each
         rank prefilled / the sequences it decoded in this step (one or the other, except in a
         mixed batch).
     running / queued: requests admitted and not finished (holding KV) / sent and waiting for
-        admission, all engines, at the step's start after admission.
-    instance: the instance of its engine's role that stepped (0 with one instance).
-    rank_kv_usage / rank_running / rank_queued: ``[ranks]`` of the engine at the step's start
+        admission, all sides, at the step's start after admission.
+    instance: the instance of its role that stepped (0 with one instance).
+    rank_kv_usage / rank_running / rank_queued: ``[ranks]`` of the side at the step's start
         after admission, kept only when asked (``simulate_serving(rank_counts=True)``: a serving
         trace's per-rank counters): each rank's held KV share, the requests holding KV on it,
         and those waiting in its queue.
     """
 
-    engine: str
+    role: str
     start_s: float
     seconds: float
     kind: str
@@ -184,7 +184,7 @@ class Server:
             self.steps.append(record)
         self.loop.at(t + record.seconds, lambda t_end: self.end(side, plan, t_end, counts))
 
-    def record(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray | None
+    def record(self, side: Side, plan: StepBatch, t: float, counts: np.ndarray | None
                ) -> tuple[StepRecord, int]:
         """Cost ``plan``: every prefilling rank's chunk (with its decodes in a mixed batch) and
         the busiest decode-only rank; the step lasts as long as the slowest. -> the step and
@@ -222,7 +222,7 @@ class Server:
                           max_seqs, ctx, dec, side.kv.usage(), prompt, seqs, **self.counts(),
                           instance=side.instance), peak
 
-    def _chunk_cost(self, side: Side, plan: StepPlan, r: int, chunk: list[tuple[int, int]]
+    def _chunk_cost(self, side: Side, plan: StepBatch, r: int, chunk: list[tuple[int, int]]
                     ) -> StepCost:
         shape = _chunk_shape(self.st, chunk)
         if plan.mixed and len(plan.decode):
@@ -232,7 +232,7 @@ class Server:
                 return side.prefill.mixed(*shape, len(mine), ctx)
         return side.prefill.prefill(*shape)
 
-    def end(self, side: Side, plan: StepPlan, t: float, counts: np.ndarray | None) -> None:
+    def end(self, side: Side, plan: StepBatch, t: float, counts: np.ndarray | None) -> None:
         st, q = self.st, side.queues
         done = st.emit(plan.decode, t, counts, side.instance) if len(plan.decode) \
             else plan.decode

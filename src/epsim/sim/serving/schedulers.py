@@ -3,7 +3,7 @@
 Modelled on Vidur's replica schedulers (microsoft/vidur, ``vidur/scheduler/replica_scheduler/``:
 one class per engine behind a registry, each with ``_get_next_batch``). Here a scheduler owns
 one side's dp ranks (the co-located engine, or one side of a disaggregated deployment);
-:meth:`Scheduler.next_step` admits, preempts and returns a :class:`StepPlan`: per rank the
+:meth:`Scheduler.next_step` admits, preempts and returns a :class:`StepBatch`: per rank the
 prompt chunk it prefills and the requests it decodes. The loop (``sim/serving/simulate.py``) costs the
 plan, and when the step ends advances the chunks and emits the tokens, the same for every
 policy. With DP attention and EP every rank steps together (the MoE all-to-all synchronises
@@ -51,7 +51,7 @@ Chunk = list[tuple[int, int]]
 
 
 @dataclass
-class StepPlan:
+class StepBatch:
     """What runs in one step of a side.
 
     prefill: rank -> its chunk (only ranks that prefill).
@@ -92,7 +92,7 @@ class Scheduler:
         """This policy's KV pool for a side of ``ranks`` ranks."""
         return cls.kv_pool(ranks, capacity, st, rank)
 
-    def next_step(self) -> StepPlan | None:
+    def next_step(self) -> StepBatch | None:
         """Admit, preempt and say what every rank runs next (``None``: nothing to run)."""
         raise NotImplementedError
 
@@ -208,13 +208,13 @@ class PrefillFirst(Scheduler):
     def mixed(self) -> bool:
         return False
 
-    def next_step(self) -> StepPlan | None:
+    def next_step(self) -> StepBatch | None:
         self.side.running.flush()
         chunks = self.chunks()
         ids = self.decodes(chunks)
         if not chunks and not len(ids):
             return None
-        return StepPlan(chunks, ids, self.mixed())
+        return StepBatch(chunks, ids, self.mixed())
 
 
 @register
@@ -302,7 +302,7 @@ class DecodeFirst(_VllmKV):
                "chunk), then waiting ones, under max_num_batched_tokens and max_num_seqs per "
                "rank; chunks and decodes in one batch; newest preempted when KV runs out")
 
-    def next_step(self) -> StepPlan | None:
+    def next_step(self) -> StepBatch | None:
         side = self.side
         side.running.flush()
         chunks: dict[int, Chunk] = {}
@@ -328,7 +328,7 @@ class DecodeFirst(_VllmKV):
         ids = np.concatenate(decode) if decode else np.zeros(0, dtype=np.int64)
         if not chunks and not len(ids):
             return None
-        return StepPlan(chunks, ids, mixed=True)
+        return StepBatch(chunks, ids, mixed=True)
 
     def _continue_partial(self, r: int, budget: int) -> Chunk:
         p = self.side.partial[r]
@@ -348,17 +348,17 @@ class Split(_VllmKV):
                "step prefills on every rank holding prompts, or else decodes on every rank; "
                "vLLM's caps and KV allocation")
 
-    def next_step(self) -> StepPlan | None:
+    def next_step(self) -> StepBatch | None:
         side, st = self.side, self.st
         side.running.flush()
         count = side.running.count(st)
         chunks = {r: c for r in range(side.ranks) if side.has_prompts(r)
                   for c in [self.form_chunk(r, self.budget(), int(count[r]))] if c}
         if chunks:
-            return StepPlan(chunks, np.zeros(0, dtype=np.int64))
+            return StepBatch(chunks, np.zeros(0, dtype=np.int64))
         ids = [self.grow_or_preempt(r) for r in range(side.ranks)]
         ids = np.concatenate(ids)
-        return StepPlan({}, ids) if len(ids) else None
+        return StepBatch({}, ids) if len(ids) else None
 
 
 @register
@@ -390,11 +390,11 @@ class DisaggPrefill(Scheduler):
         self.counters.admitted += 1
         return True
 
-    def next_step(self) -> StepPlan | None:
+    def next_step(self) -> StepBatch | None:
         side = self.side
         chunks = {r: c for r in range(side.ranks) if side.has_prompts(r)
                   for c in [self.form_chunk(r, side.chunk)] if c}
-        return StepPlan(chunks, np.zeros(0, dtype=np.int64)) if chunks else None
+        return StepBatch(chunks, np.zeros(0, dtype=np.int64)) if chunks else None
 
     def running_cap(self) -> int | None:
         return None  # the decode side's cap is its KV
@@ -405,7 +405,7 @@ class DisaggDecode(Scheduler):
     name = "disagg_decode"
     summary = "the decode side of a disaggregated deployment: every request whose KV arrived"
 
-    def next_step(self) -> StepPlan | None:
+    def next_step(self) -> StepBatch | None:
         self.side.running.flush()
         ids = self.side.running.ids
-        return StepPlan({}, ids) if len(ids) else None
+        return StepBatch({}, ids) if len(ids) else None

@@ -10,7 +10,7 @@
     Gaps       the finished log: every gap's value and multiplicity and its instance, the
                outputs emitted per instant (vLLM's peak output rate), and the raw lists if kept
     StepTally  the step figures the metrics take (decode-only throughput, breakdown, KV use,
-               counts), accumulated per step in step order, for the run and per (engine,
+               counts), accumulated per step in step order, for the run and per (role,
                instance)
 
 Why exact and small: one step emits one gap per decoding request, and every request that also
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-#: the engines whose steps decode (a disaggregated prefill side's do not)
+#: the sides whose steps decode (a disaggregated prefill side's do not)
 DECODING_ENGINES = ("colocated", "decode")
 
 
@@ -301,8 +301,8 @@ class StepFigures:
 
 class StepTally:
     """The step figures of a run, per step as it ends (:meth:`add`): over every step
-    (``run``), over the decoding engines' steps (``decoding``: KV use) and per
-    ``(engine, instance)`` (``of``)."""
+    (``run``), over the decoding sides' steps (``decoding``: KV use) and per
+    ``(role, instance)`` (``of``)."""
 
     DECODING = DECODING_ENGINES
 
@@ -319,9 +319,9 @@ class StepTally:
             seqs = s.rank_decode_seqs
             peak = max(seqs.tolist()) if seqs is not None and len(seqs) else 0
         self.run.add(s, decode, peak, True)  # the run's breakdown and imbalance: its metrics'
-        if s.engine in self.DECODING:
+        if s.role in self.DECODING:
             self.decoding.add(s, decode, peak, False)
-        key = (s.engine, s.instance)
+        key = (s.role, s.instance)
         part = self.parts.get(key)
         if part is None:
             part = self.parts[key] = StepFigures()
@@ -334,5 +334,5 @@ class StepTally:
             tally.add(s)
         return tally
 
-    def of(self, engine: str, instance: int) -> StepFigures:
-        return self.parts.get((engine, instance)) or StepFigures()
+    def of(self, role: str, instance: int) -> StepFigures:
+        return self.parts.get((role, instance)) or StepFigures()

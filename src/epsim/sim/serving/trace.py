@@ -3,13 +3,13 @@
     ranks      one track per dp rank (process "ranks"; "prefill ranks" and "decode ranks" when
                prefill is disaggregated): a slice per step the rank worked in, named "prefill"
                (args: its chunk's prompt tokens) or "decode" (args: its sequences). A rank's slice
-               lasts the whole engine step: ranks step together behind the MoE all-to-all.
+               lasts the whole step: ranks step together behind the MoE all-to-all.
     counters   on the "requests" process, sampled at every step's start (after admission) and
                once at the end: "requests" with series "running" (admitted, holding KV, not
                finished) and "queued" (sent, waiting for admission), and "KV cache" with series
                "use" (the decode ranks' reserved share, 0..1; "prefill use" for the prefill
-               ranks when disaggregated). Per rank, on its engine's ranks process, at each of
-               that engine's steps and once at the end: "rank R requests" with series "running"
+               ranks when disaggregated). Per rank, on its side's ranks process, at each of
+               that side's steps and once at the end: "rank R requests" with series "running"
                (requests holding KV on the rank) and "queued" (waiting in its queue), and "rank R
                KV cache" with series "use" (its held share, 0..1).
     requests   one slice per request from its send (the client's clock start) to its last
@@ -31,15 +31,15 @@ from .simulate import ServingRun, StepRecord
 
 REQUESTS = "requests"
 
-#: engine -> the process its ranks are drawn in, when prefill is co-located / disaggregated
+#: side -> the process its ranks are drawn in, when prefill is co-located / disaggregated
 RANK_PROCESS = {"colocated": "ranks", "prefill": "prefill ranks", "decode": "decode ranks"}
 
-#: engine -> the "KV cache" series its steps' kv_usage feeds
+#: side -> the "KV cache" series its steps' kv_usage feeds
 KV_SERIES = {"colocated": "use", "decode": "use", "prefill": "prefill use"}
 
 
 def rank_slices(steps: list[StepRecord]) -> list[TrackSlice]:
-    """A slice per (step, rank that worked in it), on one track per rank of each engine."""
+    """A slice per (step, rank that worked in it), on one track per rank of each side."""
     out = []
     for n, s in enumerate(steps):
         process = rank_process(s)
@@ -66,21 +66,21 @@ def counter_samples(steps: list[StepRecord], end_s: float) -> list[CounterSample
         ts = s.start_s * 1e6
         out.append(CounterSample("requests", REQUESTS, ts,
                                  {"running": s.running, "queued": s.queued}))
-        out.append(CounterSample("KV cache", REQUESTS, ts, {KV_SERIES[s.engine]: s.kv_usage}))
+        out.append(CounterSample("KV cache", REQUESTS, ts, {KV_SERIES[s.role]: s.kv_usage}))
     out.append(CounterSample("requests", REQUESTS, end_s * 1e6, {"running": 0, "queued": 0}))
     out.append(CounterSample("KV cache", REQUESTS, end_s * 1e6,
-                             {KV_SERIES[e]: 0.0 for e in dict.fromkeys(s.engine for s in steps)}))
+                             {KV_SERIES[e]: 0.0 for e in dict.fromkeys(s.role for s in steps)}))
     return out
 
 
 def rank_process(s: StepRecord) -> str:
     """The process a step's ranks are drawn in: instances past the first get their own."""
-    process = RANK_PROCESS[s.engine]
+    process = RANK_PROCESS[s.role]
     return f"{process}, instance {s.instance}" if s.instance else process
 
 
 def rank_counters(steps: list[StepRecord], end_s: float) -> list[CounterSample]:
-    """Each rank's running / queued requests and KV use at its engine's steps (those that kept
+    """Each rank's running / queued requests and KV use at its side's steps (those that kept
     them), all back to 0 at ``end_s``."""
     out, processes = [], {}
     for s in sorted(steps, key=lambda s: s.start_s):
