@@ -31,9 +31,9 @@ ALLOWED = {
     "calibrate": {"model", "sim", "runtime", "calibrate"},
     "epsim": {"model", "sim", "runtime", "calibrate", "epsim"},
 }
-#: sim/'s parts and what each may import besides itself and epsim.model: ``"root"`` is
-#: sim/scenario.py and sim/replay.py (the composition); a ``part.module`` entry allows that
-#: module alone
+#: sim/'s parts and what each may import besides itself and epsim.model: ``"root"`` is the
+#: files directly in sim/ (spec.py, deployment.py, scenario.py, replay.py: the composition); a
+#: ``part.module`` entry allows that module alone
 SIM_PARTS = {
     "hardware": set(),
     "workload": set(),

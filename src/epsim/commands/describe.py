@@ -7,7 +7,7 @@ from typing import Any
 
 from epsim.model import ModelConfig, accounting, load_model, make_plan
 from epsim.model.plan import KV_DTYPES
-from epsim.sim.hardware.profile import load_profile
+from epsim.sim.deployment import resolve_deployment
 from epsim.sim.spec import ExecutionSpec
 
 from ..common import (
@@ -20,7 +20,7 @@ from ..common import (
     human_count,
     print_table,
 )
-from ..options import add_config_arg, add_fields
+from ..options import add_config_arg, add_fields, deployment_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -102,11 +102,15 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
     wants_plan = any(getattr(args, k) is not None for k in ("dp", "tp", "ep")) or args.hardware
     if not wants_plan:
         return out
-    profile = load_profile(args.hardware) if args.hardware else None
-    gpus_per_node = args.gpus_per_node or (profile.gpus_per_node if profile else 8)
-    plan = make_plan(model, nodes=args.nodes or 1, gpus_per_node=gpus_per_node, dp=args.dp,
-                     tp=args.tp, ep=args.ep, kv_dtype=args.kv_dtype,
-                     mem_fraction=args.mem_fraction, redundant_experts=args.redundant_experts)
+    if args.hardware:  # a deployment: its plan as every command resolves it
+        resolved = resolve_deployment(deployment_from_args(args))
+        profile, plan = resolved.profile, resolved.plan
+    else:  # the model under a plan alone, on 8 GPUs a node
+        profile = None
+        plan = make_plan(model, nodes=args.nodes or 1, gpus_per_node=args.gpus_per_node or 8,
+                         dp=args.dp, tp=args.tp, ep=args.ep, kv_dtype=args.kv_dtype,
+                         mem_fraction=args.mem_fraction,
+                         redundant_experts=args.redundant_experts)
     weights = accounting.weight_bytes_per_rank(model, plan)
     out["plan"] = {"nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node,
                    "world_size": plan.world_size, "dp": plan.dp, "tp": plan.tp, "ep": plan.ep,
