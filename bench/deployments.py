@@ -9,7 +9,7 @@ expresses it. This writes each as a deployment file that ``--config`` reads (``e
 --config bench/deployments/NAME.yaml``; ``tune``, ``validate bench`` and ``calibrate bench``
 take the same file): the command's flags under the groups of a scenario (``--help=GROUP``),
 with the check's source, published figures and the command itself as comment keys (``_...``).
-``tests/test_deployments.py`` holds every file against its command: the same scenario.
+``tests/cli/test_deployments.py`` holds every file against its command: the same scenario.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cannot drift.
 A generated block sits between ``<!-- BEGIN generated: NAME -->`` and ``<!-- END generated: NAME
 -->``; everything else in the doc is written by hand. Blocks: ``specs`` (peak figures),
 ``efficiency`` (the achievable-efficiency constants) and ``kernels`` (each profile's kernel
-sets: tables, op kinds, dtypes, point counts, feature ranges, sources). ``tests/test_docs.py``
+sets: tables, op kinds, dtypes, point counts, feature ranges, sources). ``tests/project/test_docs.py``
 runs ``--check``.
 """
 

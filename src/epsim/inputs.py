@@ -4,7 +4,7 @@ Every option that takes a value is declared in :data:`FLAGS` (or, where one comm
 differently, :data:`COMMAND_FLAGS`) with a *spec* (``epsim/specs.py``: an argparse ``type`` that
 parses the text and enforces the flag's stated range), so an absurd or malformed value is one
 line and exit status 2 before any work starts. Commands add their flags through
-:func:`add_flag`, which takes the spec from the table; ``tests/test_inputs.py`` walks every
+:func:`add_flag`, which takes the spec from the table; ``tests/cli/test_inputs.py`` walks every
 command's parser and fails for an option whose type is not the table's spec (a new flag cannot
 skip its check). The domain parsers here (``parse_prices``, ``parse_dp_x_tp``, ...) read the
 values of the flags no other package owns.
@@ -257,7 +257,7 @@ FLAGS: dict[str, Spec] = {
     # execution and search switches
     "--phase": Choice(("decode", "prefill")),
     # calibrate/devices.py's DEVICES (its fits pull in pandas, which no other command needs;
-    # tests/test_inputs.py checks the two agree)
+    # tests/cli/test_inputs.py checks the two agree)
     "--device": Choice(("cpu", "cuda")),
     "--dtype": Choice(("fp32", "bf16")),
     "--dbo": Parsed(parse_on_off, "on or off", max_len=8),

@@ -12,7 +12,7 @@ The model fitted is the simulator's own (``sim/step/cost/roofline.py``: the same
 ``fit_compute`` searches F and B on a log grid (then a finer one around the best) and, for each
 (F, B), solves every kind's non-negative (overhead, scale) by weighted least squares on relative
 errors; ``fit_rank_slowdown`` compares the same ops on W ranks and on one;
-``fit_comm_slowdown`` reads the contention rows. ``tests/test_calibrate_fit.py`` checks that each
+``fit_comm_slowdown`` reads the contention rows. ``tests/calibrate/test_calibrate_fit.py`` checks that each
 recovers known parameters from synthetic tables.
 """
 from __future__ import annotations

@@ -73,7 +73,7 @@ def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
 
 def read_tables(out: str | Path) -> dict[str, pd.DataFrame]:
     """The raw tables saved beside profile ``out``. No command reads them back (``epsim
-    calibrate`` always measures): this exists for tests (``tests/test_calibrate_fit.py``: the
+    calibrate`` always measures): this exists for tests (``tests/calibrate/test_calibrate_fit.py``: the
     tables round-trip through CSV and refit to the same profile)."""
     tables = {}
     for name, path in table_paths(out).items():

@@ -16,7 +16,7 @@ Disjointness: a fitted profile lists the configurations its microbenchmarks ran
 (``calibration.configs``: model shape, world size, batch, context, DBO). ``check_disjoint``
 refuses a grid case whose model shape, world size, batch, context and DBO equal one of them, and
 the shipped calibration shapes are none of the shipped models, so the default grid never
-overlaps (``tests/test_validate.py``).
+overlaps (``tests/calibrate/test_validate.py``).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def representative_layers(model: ModelConfig) -> tuple[int, ...]:
 #: the op kinds whose ops read a batch's context (and a prefill's prefix): the attention cores
 #: and DSA's indexer.
 #: Every other op of a step is a function of the plan, the phase, the sequences of each
-#: microbatch and the new tokens per sequence alone (``tests/test_graph_context.py`` checks it
+#: microbatch and the new tokens per sequence alone (``tests/model/test_graph_context.py`` checks it
 #: over the shipped models), so batches differing in context alone differ in these ops alone.
 CONTEXT_KINDS = frozenset({"attention_decode", "attention_prefill", "indexer"})
 

@@ -17,5 +17,5 @@ an arrow is "imports":
 
 The root holds the composition: ``scenario.py`` (one deployment under one benchmark, what
 ``predict`` and ``sweep`` run) and ``replay.py`` (a measured benchmark replayed and compared),
-which use hardware/, serving/ and workload/. ``tests/test_layering.py`` holds these arrows.
+which use hardware/, serving/ and workload/. ``tests/project/test_layering.py`` holds these arrows.
 """

@@ -6,7 +6,7 @@ on arrays of a few dozen items, so its time goes to numpy's cost per call. These
 same algorithm one layer at a time (layers never interact; a layer stops here exactly when it
 leaves the vectorised loop): same rounds, candidates, float operations in the same order,
 first-index choices among equal values and stable sorts, so the placements are bit-identical
-(tests/test_eplb_kernels.py). Without numba the numpy code runs (``ENABLED`` False). The
+(tests/model/test_eplb_kernels.py). Without numba the numpy code runs (``ENABLED`` False). The
 first call after an install compiles them (docs/performance.md); then numba's cache loads.
 
 Arrays (rows = layers, k groups of s items): ``w`` ``[rows, k, s]`` item weights, ``mem``

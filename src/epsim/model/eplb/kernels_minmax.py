@@ -1,7 +1,7 @@
 """The minmax refinement (snapshots.refine_minmax) as loops that numba compiles: the same
 rounds one layer at a time, the same float32 search and float64 gain, the same first choice
 among equal values (see :mod:`epsim.model.eplb.kernels`; bit-identical placements, tested in
-tests/test_eplb_kernels.py).
+tests/model/test_eplb_kernels.py).
 
 ``_round`` mirrors kernels._swap_round (as swaps.swap_round serves both states in
 the numpy path): numba would share it only through first-class functions, which compile slowly.

@@ -6,7 +6,7 @@ does each of those as a few whole-array operations with a temporary apiece, and 
 elements the calls, not the arithmetic, are the cost. Each function here is one loop over the
 request ids doing a pass's work in place, with the arithmetic numpy's would do element for
 element (sums in the ids' order, as ``np.bincount`` sums its weights), so the run's numbers do not
-change (``tests/test_loop_kernels.py`` checks every kernel against the numpy expression it
+change (``tests/sim/serving/test_loop_kernels.py`` checks every kernel against the numpy expression it
 replaces). Without numba the same source runs as Python (``model/compiled.py``).
 
     emit_tokens      one more output for each request of a step: its gap since its last

@@ -8,7 +8,7 @@ every family is costed as a streaming op (the elementwise family's entry).
 
 Table features' names and order stay in ``epsim.sim.hardware.kernel_tables.FEATURES``: the
 profile parser (hardware/, which step/ may import but not the reverse) reads a table's columns
-by them; ``tests/test_op_cost.py`` checks each family's ``features`` give exactly those names.
+by them; ``tests/sim/step/test_op_cost.py`` checks each family's ``features`` give exactly those names.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The step's program and its fast executor: every rank's compute stream and communication queue, walking the schedule.
 
-Semantics (both executors implement exactly these; ``tests/test_sim_executor.py`` checks they agree):
+Semantics (both executors implement exactly these; ``tests/sim/step/test_sim_executor.py`` checks they agree):
 
 * The host issues the ops of ``OpGraph.schedule`` in order. Eager: every op (compute or comm)
   costs the host ``Program.launch_s`` (each of its kernels' ``kernel_launch_s`` plus the

@@ -8,7 +8,7 @@ from epsim.model import EpsimError, load_model, model_from_hf_config, param_coun
 from epsim.model.accounting import kv_bytes_for_sequence, kv_bytes_per_token
 from epsim.model.config import check_context_length
 
-KIMI_K2 = Path(__file__).parent / "data" / "kimi-k2-config.json"
+KIMI_K2 = Path(__file__).resolve().parents[1] / "data" / "kimi-k2-config.json"
 
 
 def test_shipped_models_include_the_named_ones():

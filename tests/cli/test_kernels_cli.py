@@ -10,7 +10,7 @@ from epsim.cli import main
 from epsim.model import Fusion, load_model, make_plan
 from epsim.model.plan import with_implied_fusions
 
-PROFILE = str(Path(__file__).parent / "data" / "mi300x-kernels-test.json")
+PROFILE = str(Path(__file__).resolve().parents[1] / "data" / "mi300x-kernels-test.json")
 STEP = ["step", "--model", "deepseek-r1", "--hardware", PROFILE, "--dp", "8", "--ep", "8",
         "--batch", "256", "--context", "2100", "--uniform", "--no-dbo"]
 

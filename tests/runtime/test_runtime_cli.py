@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from test_without_torch import run_without_torch
+from cli.test_without_torch import run_without_torch
 
 from epsim.model.placement import contiguous_placement
 
@@ -83,7 +83,7 @@ def test_bad_input_is_one_line_and_exit_2(epsim, args, message):
 
 
 def test_without_torch_run_says_so_and_other_commands_work():
-    # torch blocked the way tests/test_without_torch.py blocks it (an import hook)
+    # torch blocked the way tests/cli/test_without_torch.py blocks it (an import hook)
     out = run_without_torch(*RUN)
     assert out.returncode == 2
     assert out.stderr.strip() == ("epsim run: error: epsim run needs torch: pip install "

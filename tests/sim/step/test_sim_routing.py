@@ -1,5 +1,5 @@
 """Per-step routing: sampling, placement, token de-duplication (the synthetic load statistics
-are tested with the other loads, tests/test_loads_and_placement_basics.py)."""
+are tested with the other loads, tests/model/test_loads_and_placement_basics.py)."""
 
 import numpy as np
 import pytest

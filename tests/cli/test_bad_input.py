@@ -152,7 +152,7 @@ def test_a_bad_value_from_a_fresh_process_is_one_line_without_traceback():
 def test_sigterm_during_a_command_leaves_no_output_and_no_temp_file(tmp_path):
     """The output is checked before the work and held in memory during it (no temp file on
     disk, which a kill would leave): SIGTERM then ends the command in one line (exit 143) and
-    the target never appears. tests/test_signals.py covers every signal and the pool."""
+    the target never appears. tests/cli/test_signals.py covers every signal and the pool."""
     import signal
     import time
 

@@ -124,7 +124,7 @@ def test_shipped_prefill_tables():
 
 def test_the_builder_derives_aiter_times_from_tflops():
     spec = importlib.util.spec_from_file_location(
-        "build_kernel_tables", Path(__file__).parents[1] / "tools" / "build_kernel_tables.py")
+        "build_kernel_tables", Path(__file__).parents[3] / "tools" / "build_kernel_tables.py")
     bkt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bkt)
 

@@ -43,14 +43,14 @@ SKIPPED: dict[str, str] = {
     "epsim balance --loads my_decode.json,prefill_in4096 --gpus 8 --redundant-experts 32 "
     "--out p.json": "your own load file",
     "epsim calibrate micro --out cpu.json": "calibration: about 2 minutes on 2 cores "
-                                      "(tests/test_validate.py runs --quick)",
+                                      "(tests/calibrate/test_validate.py runs --quick)",
     "epsim validate grid --profile cpu.json --grid cpu": "needs the calibrated cpu.json (minutes)",
     "epsim calibrate micro --out cpu.json --quick": "torch ranks measuring this machine "
-                                              "(tests/test_validate.py runs it)",
+                                              "(tests/calibrate/test_validate.py runs it)",
     "epsim step --model tiny-deepseek --hardware cpu.json --gpus-per-node 2 --dp 2 --ep 2 "
     "--batch 8 --context 256 --no-graph": "needs the calibrated cpu.json",
     "epsim calibrate micro --device cuda --out gpu.json": "a CUDA GPU",
-    "python bench/fidelity.py": "a benchmark: minutes (tests/test_error_band.py checks its bands)",
+    "python bench/fidelity.py": "a benchmark: minutes (tests/cli/test_error_band.py checks its bands)",
     "python bench/fidelity.py --write-bands": "rewrites the shipped error bands",
     "python bench/bench_predict.py --reproduce": "a benchmark: minutes",
     "python bench/kernel_report.py": "a benchmark: minutes",

@@ -19,7 +19,7 @@ import pytest
 
 from epsim.cli import build_parser, parse
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "epsim"
 R1 = ["--model", "deepseek-r1", "--hardware", "mi300x"]
 

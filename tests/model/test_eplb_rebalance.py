@@ -16,7 +16,7 @@ from epsim.sim.hardware.profile import load_profile
 
 def _load_study():
     """bench/rebalance_study.py, loaded by its path (bench/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "rebalance_study.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "rebalance_study.py"
     spec = importlib.util.spec_from_file_location("rebalance_study", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses resolve their module by name

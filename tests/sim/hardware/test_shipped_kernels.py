@@ -26,7 +26,7 @@ from epsim.sim.hardware.profile import load_profile, shipped_profiles
 from epsim.sim.step.cost import timing
 from epsim.sim.step.simulate import simulate_step
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PROFILES = REPO / "src" / "epsim" / "sim" / "hardware" / "profiles"
 R1 = load_model("deepseek-r1")
 SETS = {"mi300x": ("aiter", "no-aiter"), "mi325x": ("aiter",), "mi355x": ("aiter",),

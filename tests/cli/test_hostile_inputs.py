@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_bench_results import VLLM
+from sim.workload.test_bench_results import VLLM
 
 from epsim.calibrate.validate import GRID_BOUNDS
 from epsim.cli import main

@@ -141,7 +141,7 @@ def test_the_regex_finds_each_form_of_a_compared_engine_name():
 
 
 def test_no_engine_name_is_compared_as_a_string_outside_the_registry():
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[3] / "src"
     found = []
     for path in sorted(src.rglob("*.py")):
         if path.relative_to(src).as_posix() == "epsim/sim/serving/presets.py":

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_sim_executor import both, program
 
 from epsim.model import Batch, build_step_graph, load_model, make_plan
 from epsim.model.errors import EpsimError
@@ -16,7 +17,6 @@ from epsim.sim.step.cost import comm
 from epsim.sim.step.executor import run_exact, run_fast
 from epsim.sim.step.routing import RoutingSample, node_tokens, once_per_destination
 from epsim.sim.step.simulate import simulate_step
-from tests.test_sim_executor import both, program
 
 R1 = load_model("deepseek-r1")
 LL, NORMAL = a2a.A2A_MODES["low_latency"], a2a.A2A_MODES["normal"]

@@ -13,7 +13,7 @@ import yaml
 from epsim.cli import parse
 from epsim.options import scenario_from_args
 
-FILES = sorted((Path(__file__).resolve().parents[1] / "bench" / "deployments").glob("*.yaml"))
+FILES = sorted((Path(__file__).resolve().parents[2] / "bench" / "deployments").glob("*.yaml"))
 
 
 def _args(argv: list[str]) -> dict:

@@ -17,7 +17,7 @@ from epsim.model.config import shipped_models
 from epsim.model.loads import read_loads, shipped_loads
 from epsim.sim.hardware.profile import shipped_profiles
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAYERS = ("model", "sim", "runtime", "calibrate")
 
 

@@ -22,7 +22,7 @@ from epsim.sim.step.cost import gemm, registry, timing
 from epsim.sim.step.cost.registry import COST_MODELS, KIND_COSTING, costing
 from epsim.sim.step.simulate import simulate_step
 
-DATA = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
+DATA = Path(__file__).resolve().parents[2] / "data" / "mi300x-kernels-test.json"
 RAW = json.loads(DATA.read_text())
 PROF = load_profile(DATA)
 # the shipped mi300x profile without its kernels section (the roofline, bit for bit)
@@ -322,7 +322,7 @@ def test_step_json_and_explain():
 
 def test_feature_names_are_documented_per_kind():
     assert FEATURES["grouped_gemm"][-1][0] == "tokens" and FEATURES["gemm"][-1][0] == "m"
-    doc = (Path(__file__).parents[1] / "docs" / "hardware.md").read_text()
+    doc = (Path(__file__).parents[3] / "docs" / "hardware.md").read_text()
     for kind, feats in FEATURES.items():
         assert kind in doc
         for name, _ in feats:

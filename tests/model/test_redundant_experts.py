@@ -199,7 +199,7 @@ def test_balance_redundant_is_an_alias_and_ep72_balances(capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# The runtime's options (the runs themselves: tests/test_runtime_ep.py, test_runtime_cli.py)
+# The runtime's options (the runs themselves: tests/runtime/test_runtime_ep.py, test_runtime_cli.py)
 # --------------------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from epsim.sim.hardware import table_guard
 from epsim.sim.hardware.kernel_sets import parse_kernels
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
 
-PROFILE = Path(__file__).parent / "data" / "mi300x-kernels-test.json"
+PROFILE = Path(__file__).resolve().parents[2] / "data" / "mi300x-kernels-test.json"
 #: round peaks: FP8 1 PFLOP/s, BF16 0.5, HBM 1 TB/s, fabric 100 GB/s, NIC 10 GB/s
 ROOF = table_guard.Roof({"fp8": 1e15, "bf16": 5e14}, 1e12, 100e9, 10e9)
 SOURCES = {"bench": {"repository": "example/kernels", "path": "bench.csv", "commit": "abc1234"}}

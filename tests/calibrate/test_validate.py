@@ -7,6 +7,7 @@ from importlib import resources
 
 import numpy as np
 import pytest
+from test_calibrate_fit import build, synthetic_tables
 
 from epsim.calibrate.micro import CALIBRATION_SHAPES, write_shape_config
 from epsim.calibrate.validate import (
@@ -20,7 +21,6 @@ from epsim.calibrate.validate import (
     shipped_grids,
 )
 from epsim.model import EpsimError, load_model
-from tests.test_calibrate_fit import build, synthetic_tables
 
 
 def test_default_grid_meets_the_acceptance_shape():
