@@ -8,6 +8,9 @@
     comm.py         dispatch, combine, all_reduce, all_gather: the busiest link
                     (``collective_time``)
     elementwise.py  norm, rope, router, elementwise, embedding, sample: a streaming roofline
+    context.py      ``CostContext``: what costing an op reads besides the op (the profile, the
+                    model's top-k, captured, the step's exchange mode and MoE layout, the
+                    ranks' nodes), built once per compiled step
     registry.py     op kind -> its family's entry (``KIND_COSTING``, ``FAMILIES``), the roofline
                     of an op (``roofline_op_time``), what the timers ask of a kind
     timing.py       the selected kernel set's table, else the roofline (``op_time``), and how it
@@ -17,8 +20,9 @@ How to add an op kind: README.md beside this file. Uses ``epsim.sim.hardware`` a
 ``epsim.model``.
 """
 
+from .context import CostContext
 from .registry import FAMILIES, KIND_COSTING, roofline_op_time
 from .roofline import roof
 from .timing import op_time
 
-__all__ = ["FAMILIES", "KIND_COSTING", "op_time", "roof", "roofline_op_time"]
+__all__ = ["FAMILIES", "KIND_COSTING", "CostContext", "op_time", "roof", "roofline_op_time"]
