@@ -1,8 +1,13 @@
-"""One op's seconds on one GPU: one home per op-kind family, one roofline.
+"""One op's seconds on one GPU: one home per op-kind family, one roofline, one context.
+
+Each family's ``times(ops, ctx)`` costs many ops of its kinds at once (arrays of FLOPs, bytes,
+rates, tile padding); an op's scalar cost is ``times`` at ``[op]`` (``KindCosting.seconds``), so
+each family has one formula. Every timer takes the op and the step's ``CostContext``.
 
     roofline.py     the roofline once (``roof``: arrays in, seconds out; ``roof_at`` on a
-                    profile's achievable figures), the calibrated profile's per-class figures
-                    (``calibrated``, ``final_scaled``, ``op_class``) and ``KindCosting``
+                    profile's achievable figures, ``roof_rows`` on each row's own), the
+                    calibrated profile's per-class figures (``calibrated``, ``final_scaled``,
+                    ``op_class``) and ``KindCosting``
     gemm.py         gemm, grouped_gemm (fused MoE), lm_head
     attention.py    attention_decode, attention_prefill, DSA's indexer
     comm.py         dispatch, combine, all_reduce, all_gather: the busiest link
