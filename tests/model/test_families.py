@@ -18,6 +18,7 @@ from epsim.model.graph import build_step_graph
 from epsim.model.opgraph import Batch
 from epsim.model.plan import Fusion, make_plan
 from epsim.sim.hardware.profile import load_profile
+from epsim.sim.step.cost import CostContext
 from epsim.sim.step.cost.registry import op_features
 from epsim.sim.step.cost.timing import answered_by_table, op_time
 
@@ -198,7 +199,7 @@ def test_the_sim_costs_sparse_and_chunked_attention_on_the_roofline():
     for ctx in (4096, 65536):
         core = _op(m, Batch.decode(8, ctx), "L3.attn.core.mb0", plan)
         index = _op(m, Batch.decode(8, ctx), "L3.attn.indexer.mb0", plan)
-        assert op_features(core) is None and not answered_by_table(core, profile)
+        assert op_features(core) is None and not answered_by_table(core, CostContext(profile))
         times[ctx] = (op_time(core, profile), op_time(index, profile))
     # the sparse core reads 2,048 keys at either context; the indexer scores all of them
     assert times[65536][0] == pytest.approx(times[4096][0], rel=0.35)

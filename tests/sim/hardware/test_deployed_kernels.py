@@ -10,7 +10,7 @@ from epsim.model import Batch, build_step_graph, load_model, make_plan
 from epsim.model.errors import EpsimError
 from epsim.sim.hardware.kernel_sets import parse_kernels
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
-from epsim.sim.step.cost import timing
+from epsim.sim.step.cost import CostContext, timing
 from epsim.sim.step.simulate import simulate_step
 
 R1 = load_model("deepseek-r1")
@@ -105,7 +105,7 @@ def test_a_tp_only_plan_reads_the_tp_rows():
     how = timing.describe(moe, _profile())
     assert how["table"].where == "kernels.sets.t.tables[0]"
     assert how["method"] == "table-extrapolated"
-    assert timing.op_time(moe, _profile(), layout="tp") == pytest.approx(50e-6)
+    assert timing.op_time(moe, CostContext(_profile(), layout="tp")) == pytest.approx(50e-6)
 
 
 def test_ep_prefill_pays_the_imbalance_of_its_loads():

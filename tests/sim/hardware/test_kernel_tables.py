@@ -18,7 +18,7 @@ from epsim.model import Batch, EpsimError, build_step_graph, load_model, make_pl
 from epsim.model.opgraph import OP_KINDS, Op
 from epsim.sim.hardware.kernel_sets import COLLECTIVE_TABLES, FEATURES, lookup, parse_kernels
 from epsim.sim.hardware.profile import load_profile, profile_from_dict
-from epsim.sim.step.cost import gemm, registry, timing
+from epsim.sim.step.cost import CostContext, gemm, registry, timing
 from epsim.sim.step.cost.registry import COST_MODELS, KIND_COSTING, costing
 from epsim.sim.step.simulate import simulate_step
 
@@ -137,12 +137,13 @@ def test_collective_tables_and_scope():
     ar = _op("all_reduce", {"tokens": 1, "width": 1, "group": "tp", "group_size": 8},
              read=4e6, dtype="bf16", peers=tuple([1e6] * 8))
     fallback = 1.0
-    assert timing.op_seconds(ar, prof, lambda: fallback, nodes=np.zeros(8)) == 60e-6
+    assert timing.op_seconds(ar, CostContext(prof, nodes=(0,) * 8), lambda: fallback) == 60e-6
     far = _op("all_reduce", ar.dims, read=16e6, dtype="bf16", peers=tuple([4e6] * 8))
-    grown = timing.op_seconds(far, prof, lambda: fallback, nodes=np.zeros(8))
+    grown = timing.op_seconds(far, CostContext(prof, nodes=(0,) * 8), lambda: fallback)
     assert grown > 60e-6 and grown < 4 * 60e-6  # the latency part does not grow
     # an inter-node group finds no intra-node table: the roofline
-    assert timing.op_seconds(ar, prof, lambda: fallback, nodes=np.arange(8) // 4) == 1.0
+    assert timing.op_seconds(ar, CostContext(prof, nodes=(0, 0, 0, 0, 1, 1, 1, 1)),
+                              lambda: fallback) == 1.0
 
 
 # -- malformed tables ---------------------------------------------------------------------------
@@ -272,7 +273,7 @@ def test_dbo_microbatches_are_looked_up_at_their_own_shapes():
     graph = build_step_graph(R1, plan, Batch.decode(512, 2100))
     moe = [op for op in graph if op.kind == "grouped_gemm"]
     assert {registry.op_features(op, 8)["tokens"] for op in moe} == {256.0}
-    assert {timing.op_time(op, PROF, top_k=8) for op in moe} == {470.75e-6}
+    assert {timing.op_time(op, CostContext(PROF, top_k=8)) for op in moe} == {470.75e-6}
     r = _step(batch=512, dbo=True, explain=True)
     per_op_us = r.op_kinds_ms["grouped_gemm"] / (2 * len(R1.moe_layers)) * 1e3
     assert per_op_us == pytest.approx(470.75, rel=0.1)
@@ -408,16 +409,15 @@ def test_repeated_and_single_swept_values_give_the_array_lookups_results():
     g = build_step_graph(R1, make_plan(R1, dp=8, ep=8), Batch.decode(512, 2000))
     rng = np.random.default_rng(3)
     for name, top_k, nodes in (("L5.moe.experts.mb0", 8, None),
-                               ("L5.moe.dispatch.mb0", None, np.zeros(8, dtype=np.int64))):
+                               ("L5.moe.dispatch.mb0", None, (0,) * 8)):
         op = g.op(name)
         values = np.round(np.exp(rng.uniform(np.log(0.5), np.log(3e5), 80)) * 8) / 8
         values = rng.choice(values, size=(20, 31))  # 620 values, at most 80 distinct
         assert len(np.unique(values)) < values.size >= timing._DISTINCT_FROM
 
         def seconds(v, op=op, top_k=top_k, nodes=nodes):
-            return timing.routed_seconds(op, shipped, lambda: v,
-                                              lambda: np.full(v.shape, -1.0), top_k=top_k,
-                                              nodes=nodes, captured=True)
+            ctx = CostContext(shipped, top_k=top_k, captured=True, nodes=nodes)
+            return timing.routed_seconds(op, ctx, lambda: v, lambda: np.full(v.shape, -1.0))
 
         once = seconds(values)
         flat = values.reshape(-1)

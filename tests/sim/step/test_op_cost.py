@@ -2,10 +2,16 @@
 families own every op kind once.
 
 For every op of every shipped model's decode and prefill step (dp 8, ep 8) on two shipped
-profiles: (1) the one roofline function ``roof`` over every compute op's (FLOPs, bytes, rates)
-at once equals ``roof`` at each op alone; (2) an op's own time (``op_time``: one table value,
-the scalar lookup) equals the routed path's array lookup at that value (two copies of it),
-kernel tables and the roofline alike."""
+profiles (and the calibrated CPU one, whose roofline sums its terms): (1) the one roofline
+function ``roof`` over every compute op's (FLOPs, bytes, rates) at once equals ``roof`` at each
+op alone; (2) each family's vector form (``times(ops, ctx)``) over all ops of a kind, and over
+all of the family's ops mixed, equals element by element the scalar cost of each op
+(``KindCosting.seconds``, the roofline ``op_time`` reads), in a bare context and in a step's
+(two nodes, captured, hierarchical exchanges); (3) an op's own time (``op_time``: one table
+value, the scalar lookup) equals the routed path's array lookup at that value (two copies of
+it), kernel tables and the roofline alike."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,11 +19,13 @@ import pytest
 from epsim.model import Batch, build_step_graph, load_model, make_plan
 from epsim.model.config import shipped_models
 from epsim.model.opgraph import OP_KINDS
+from epsim.sim.hardware.a2a import A2A_MODES
 from epsim.sim.hardware.kernel_tables import FEATURES
 from epsim.sim.hardware.profile import load_profile
 from epsim.sim.step.cost import (
     FAMILIES,
     KIND_COSTING,
+    CostContext,
     attention,
     comm,
     elementwise,
@@ -29,6 +37,8 @@ from epsim.sim.step.cost import roofline as R
 from epsim.sim.step.cost.registry import op_features
 
 PROFILES = ("mi300x", "h800")
+#: a calibrated CPU profile: its roofline adds the two terms, each with its kind's factor
+CPU = str(Path(__file__).resolve().parents[1] / "src/epsim/calibrate/data/cpu-2core/cpu-fitted.json")
 _FAMILY_MODULES = {"gemm": gemm, "attention": attention, "comm": comm,
                    "elementwise": elementwise}
 
@@ -77,6 +87,39 @@ def test_the_roofline_over_every_op_equals_it_at_each_op(profile_name):
         assert many.tolist() == one
 
 
+def _contexts(profile, top_k):
+    """A bare context (an op on its own) and a step's: two nodes of four GPUs, captured, the
+    hierarchical exchange mode, the EP layout."""
+    yield CostContext(profile)
+    yield CostContext(profile, top_k, captured=True, mode=A2A_MODES["normal"], layout="ep",
+                      nodes=(0, 0, 0, 0, 1, 1, 1, 1), tp=1)
+
+
+@pytest.mark.parametrize("profile_name", (*PROFILES, CPU))
+def test_each_familys_vector_form_equals_its_scalar_cost_at_every_op(profile_name):
+    profile = load_profile(profile_name, "none")
+    met = set()
+    for name, model, graph in GRAPHS:
+        top_k = model.moe.top_k if model.moe else None
+        for ctx in _contexts(profile, top_k):
+            for family, module in _FAMILY_MODULES.items():
+                ops = [op for op in graph if FAMILIES[op.kind] == family]
+                if not ops:
+                    continue
+                one = [KIND_COSTING[op.kind].seconds(op, ctx) for op in ops]
+                assert all(isinstance(t, float) for t in one)
+                # the whole family's ops at once, then each kind's alone
+                assert module.times(ops, ctx).tolist() == one, (name, family)
+                for kind in module.KINDS:
+                    rows = [i for i, op in enumerate(ops) if op.kind == kind]
+                    if rows:
+                        many = module.times([ops[i] for i in rows], ctx)
+                        assert many.tolist() == [one[i] for i in rows], (name, kind)
+                        met.add(kind)
+    assert met >= {"gemm", "grouped_gemm", "lm_head", "attention_decode", "attention_prefill",
+                   "dispatch", "combine", "norm"}
+
+
 @pytest.mark.parametrize("profile_name", PROFILES)
 def test_an_ops_own_time_equals_the_array_path_at_its_value(profile_name):
     profile = load_profile(profile_name)
@@ -85,14 +128,15 @@ def test_an_ops_own_time_equals_the_array_path_at_its_value(profile_name):
     for name, model, graph in GRAPHS:
         top_k = model.moe.top_k if model.moe else None
         for op in graph:
-            nodes = np.zeros(op.dims["group_size"], dtype=np.int64) if op.is_collective else None
-            if not timing.answered_by_table(op, profile, top_k=top_k, nodes=nodes):
+            nodes = (0,) * op.dims["group_size"] if op.is_collective else None
+            ctx = CostContext(profile, top_k, nodes=nodes)
+            if not timing.answered_by_table(op, ctx):
                 continue
             value = op_features(op, top_k)
             swept = [n for n, _ in FEATURES[op.kind]][-1]
-            one = timing.op_seconds(op, profile, lambda: -1.0, top_k=top_k, nodes=nodes)
-            two = timing.routed_seconds(op, profile, lambda v=value[swept]: np.array([v, v]),
-                                        lambda: np.full(2, -1.0), top_k=top_k, nodes=nodes)
+            one = timing.op_seconds(op, ctx, lambda: -1.0)
+            two = timing.routed_seconds(op, ctx, lambda v=value[swept]: np.array([v, v]),
+                                        lambda: np.full(2, -1.0))
             assert two.tolist() == [one, one], (name, op.id)
             timed.add(op.kind)
     assert {"gemm", "dispatch"} <= timed

@@ -31,7 +31,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,8 +49,9 @@ from epsim.model.plan import ParallelPlan
 from epsim.sim.hardware import a2a
 from epsim.sim.hardware.profile import HardwareProfile
 
-from .cost import comm, timing
-from .cost.registry import DEPLOYED, moe_layout
+from .cost import timing
+from .cost.context import CostContext
+from .cost.registry import moe_layout
 from .cost.roofline import op_class
 from .executor import CATEGORIES, LaunchPlan, Program, plan_steps
 from .holds import EXCHANGES, dispatch_holds, host_holds, stragglers
@@ -72,8 +72,11 @@ class Compiled:
     routed: ``{"experts" | "dispatch" | "combine": [rows, mb]}`` issue index of the routed ops.
     mb_tokens: dispatch tokens per rank per microbatch (the main layers'). Example: ``(256, 256)``.
     share: the fused MoE's slowdown when ranks share a node's cores (CPU profiles; 1 on GPUs).
+    cost: what costing its ops reads besides the ops (``sim.step.cost.context``): the profile
+        it was compiled on, the model's top-k (fused-MoE table features; None without MoE
+        layers), ``captured``, the EP exchanges' mode (its phase's, so the structure's), the
+        plan's MoE layout and each rank's node.
     kind_index: ``[n]`` each op's index in ``OP_KINDS``.
-    top_k: the model's top-k (fused-MoE table features), None without MoE layers.
     row_tokens: ``[rows, mb]`` dispatch tokens per rank of each routed row (the MoE layers, then
         each MTP draft pass's MoE layer).
     draft_tokens: per draft pass, tokens per microbatch.
@@ -81,8 +84,6 @@ class Compiled:
     memo: values the routing step derives once per compiled batch (``sim.step.routed``: the
         exchanges' uniform-routing times, the routed ops' signature): functions of the routed
         ops alone, so the batches of a structure that differ in context alone share one.
-    exchange: the EP exchanges' mode in this step (``sim.hardware.a2a``; its phase's, so the
-        structure's).
     """
 
     graph: OpGraph
@@ -91,15 +92,14 @@ class Compiled:
     program: Program
     routed: dict[str, np.ndarray]
     mb_tokens: tuple[int, ...]
+    cost: CostContext
     share: float = 1.0
     kind_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    top_k: int | None = None
     row_tokens: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     draft_tokens: tuple[tuple[int, ...], ...] = ()
     draft_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     #: what the routing step works out once per compiled batch (its ops' uniform-routing times)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
-    exchange: a2a.A2AMode | None = None
     #: (MoE layout, exchange mode) of the step: which kernels the inventory lists for its ops
     deployment: tuple[str, str] = NO_DEPLOYMENT
     #: ``[n]`` seconds each EP exchange waits for its last rank beyond the average one (included
@@ -112,6 +112,16 @@ class Compiled:
     @property
     def captured(self) -> bool:
         return self.graph.captured
+
+    @property
+    def top_k(self) -> int | None:
+        """The model's top-k (fused-MoE table features), None without MoE layers."""
+        return self.cost.top_k
+
+    @property
+    def exchange(self) -> a2a.A2AMode | None:
+        """The EP exchanges' mode in this step (``sim.hardware.a2a``; its phase's)."""
+        return self.cost.mode
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,11 +173,12 @@ def compile_step(model: ModelConfig, plan: ParallelPlan, batch: Batch,
 # --------------------------------------------------------------------------------------------
 
 
-def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, captured: bool,
-             top_k: int | None, exchange: a2a.A2AMode | None, memo: StepMemo) -> np.ndarray:
-    """``[len(ops)]`` seconds each op occupies its stream: the cost model's time (ops of one
-    signature costed once: layers repeat), the graph-node gap, and on CPU runtimes the stretch
-    of ranks sharing a node's cores."""
+def _op_work(ops: Sequence[Op], plan: ParallelPlan, ctx: CostContext, memo: StepMemo
+             ) -> np.ndarray:
+    """``[len(ops)]`` seconds each op occupies its stream: the cost model's time in the step's
+    ``ctx`` (ops of one signature costed once: layers repeat), the graph-node gap, and on CPU
+    runtimes the stretch of ranks sharing a node's cores."""
+    profile = ctx.profile
     eff = profile.require_efficiency()
     ranks = plan.world_size
     node_s = eff.graph_node_s  # the GPU-side gap between kernels, graph or not
@@ -176,9 +187,9 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
     seen: dict[tuple, float] = {}
     shares: dict[str, float] = {}  # per op class: the same for every op of it
     # the MoE layout is in it: a DP plan without EP and one with EP have equal ranks and tp
-    context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, captured, top_k,
-               exchange, moe_layout(plan))
-    deployment = deployment_of(plan, exchange)
+    context = (profile.fingerprint, ranks, plan.tp, plan.gpus_per_node, ctx.captured,
+               ctx.top_k, ctx.mode, ctx.layout)
+    deployment = deployment_of(plan, ctx.mode)
     for op in ops:
         sig = (op.kind, op.name, op.flops, op.bytes_read, op.bytes_written, op.peer_bytes)
         seconds = seen.get(sig)
@@ -188,8 +199,7 @@ def _op_work(ops: Sequence[Op], plan: ParallelPlan, profile: HardwareProfile, ca
             key = (context, *op_cost_key(op))
             seconds = memo.op_seconds.get(key)
             if seconds is None:
-                seconds = remember(memo.op_seconds, key, _seconds_of(op, plan, profile, captured,
-                                                                     top_k, exchange),
+                seconds = remember(memo.op_seconds, key, timing.op_time(op, ctx),
                                    OP_CACHE_SIZE)
             if not op.is_collective:  # the kernels' floors: once per signature
                 seconds = floored(seconds, kernel_count(op, profile, deployment),
@@ -212,23 +222,6 @@ def op_cost_key(op: Op) -> tuple:
     return (op.kind, op.name, op.category, op.dtype, tuple(op.dims.items()), op.flops,
             op.bytes_read, op.bytes_written, op.weight_bytes, op.peer_bytes, op.routed,
             op.draft is None)
-
-
-def _seconds_of(op: Op, plan: ParallelPlan, profile: HardwareProfile, captured: bool,
-                top_k: int | None, exchange: a2a.A2AMode | None) -> float:
-    """One op's cost-model seconds (kernel tables, else the roofline; a fused MoE's table is
-    the one deployed with the step's exchange mode and the plan's MoE layout)."""
-    if op.is_collective:
-        size = plan.world_size if op.dims["group"] == "ep" else plan.tp
-        nodes = (np.arange(plan.world_size) // plan.gpus_per_node)[:size]
-        mode = exchange if op.kind in EXCHANGES else None
-        return timing.op_seconds(
-            op, profile, partial(comm.nominal_collective, op, profile, nodes, captured,
-                                 mode),
-            nodes=nodes, captured=captured, mode=mode)
-    if op.kind in DEPLOYED:
-        return timing.op_time(op, profile, top_k=top_k, mode=exchange, layout=moe_layout(plan))
-    return timing.op_time(op, profile, top_k=top_k)
 
 
 def _routed_tokens(ops: Sequence[Op], routed: dict[str, np.ndarray], model: ModelConfig
@@ -291,13 +284,12 @@ def _costed_reps(s: _Structure, model: ModelConfig, plan: ParallelPlan, batch: B
             rep_ops[j] = fresh[s.rep_ids[j]]
         rep_work = known.rep_work.copy()
         changed = list(known.context_reps)
-        rep_work[changed] = _op_work([rep_ops[j] for j in changed], plan, profile,
-                                     first.captured, first.top_k, first.exchange, memo)
+        rep_work[changed] = _op_work([rep_ops[j] for j in changed], plan,
+                                     first.cost.with_profile(profile), memo)
         return replace(known, rep_ops=tuple(rep_ops), rep_work=rep_work)
     reps = build_representative_ops(model, plan, batch)
     rep_ops = tuple(reps[r] for r in s.rep_ids)
-    rep_work = _op_work(rep_ops, plan, profile, first.captured, first.top_k, first.exchange,
-                        memo)
+    rep_work = _op_work(rep_ops, plan, first.cost.with_profile(profile), memo)
     row_tokens, mb_tokens, draft_tokens = np.zeros((0, 0)), (), ()
     if first.routed:  # each dispatch's tokens, read once per representative op it stands for
         reps_of_rows = s.rep_index[first.routed["dispatch"]]
@@ -414,7 +406,11 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     nodes_of = np.arange(ranks) // plan.gpus_per_node
     exchange = a2a.resolve(profile.a2a_mode, batch.phase, a2a.spans_nodes(nodes_of))
     deployment = deployment_of(plan, exchange)
-    work = _op_work(ops, plan, profile, captured, top_k, exchange, memo)
+    # what costing the step's ops reads besides them, built once (a fused MoE's table is the
+    # one deployed with the step's exchange mode and the plan's MoE layout)
+    cost = CostContext(profile, top_k, captured, exchange, moe_layout(plan),
+                       tuple(nodes_of.tolist()), plan.tp)
+    work = _op_work(ops, plan, cost, memo)
     late = stragglers(ops, work, profile, plan)
     hold = dispatch_holds(ops, work, profile, plan)
     if late is not None:
@@ -452,11 +448,11 @@ def _compile_graph(model: ModelConfig, plan: ParallelPlan, batch: Batch,
     ranks_on_node = min(ranks, plan.gpus_per_node)
     return Compiled(
         graph=graph, batch=batch, ops=ops, program=program, routed=routed, mb_tokens=mb_tokens,
-        share=eff.core_share(ranks_on_node, "grouped_gemm"),
+        cost=cost, share=eff.core_share(ranks_on_node, "grouped_gemm"),
         kind_index=np.array([OP_KINDS.index(op.kind) for op in ops], dtype=np.int64),
-        top_k=top_k, row_tokens=row_tokens, draft_tokens=draft_tokens,
+        row_tokens=row_tokens, draft_tokens=draft_tokens,
         draft_mask=np.array([op.draft is not None for op in ops], dtype=bool),
-        exchange=exchange, deployment=deployment, straggler=late)
+        deployment=deployment, straggler=late)
 
 
 def deployment_of(plan: ParallelPlan, exchange: a2a.A2AMode | None) -> tuple[str, str]:

@@ -229,6 +229,9 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
     """The routed ops' seconds under ``sampled``'s routing, and with ``explain`` the tokens
     each was looked up at."""
     routing = sampled.routing
+    # the step's costing context; routed ops exist only under EP: the fused MoE's table is
+    # the EP layout's in this step's exchange mode, the exchanges' groups every rank
+    ctx = comp.cost.with_profile(profile)
     ranks = plan.world_size
     gpus = routing.pairs.shape[-1]
     captured = comp.captured
@@ -253,20 +256,16 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
     by_value = comp.memo.get("experts_seconds")
     if by_value is None:  # worked out once per compiled batch: whether a table answers
         by_value = comp.memo["experts_seconds"] = (
-            SecondsByValue() if timing.answered_by_table(ex_op, profile, top_k=comp.top_k,
-                                                          mode=comp.exchange, layout="ep")
-            else False)
+            SecondsByValue() if timing.answered_by_table(ex_op, ctx) else False)
     if by_value is not False:
         # a function of the token count alone: kept per compiled batch across samples
         t_exp = by_value.get(expert_tokens(), lambda v: timing.routed_seconds(
-            ex_op, profile, lambda: v, lambda: _no_fallback(ex_op), top_k=comp.top_k,
-            mode=comp.exchange, layout="ep"))
+            ex_op, ctx, lambda: v, lambda: _no_fallback(ex_op)))
     else:
         t_exp = timing.routed_seconds(
-            ex_op, profile, expert_tokens,
-            lambda: calibrated(ex_op.kind, grouped_gemm_time(ex_op, profile,
-                                                                        per_expert), profile),
-            top_k=comp.top_k, mode=comp.exchange, layout="ep")
+            ex_op, ctx, expert_tokens,
+            lambda: calibrated(ex_op.kind, grouped_gemm_time(ex_op, profile, per_expert),
+                               profile))
     nodes = np.arange(ranks) // plan.gpus_per_node
     mode = comp.exchange
     times, swept = [], {}
@@ -289,8 +288,7 @@ def _routed_times(comp: Compiled, model: ModelConfig, plan: ParallelPlan,
             bw = nominal - lat
             return row_tokens * np.where(bw > 0, (t_roof - lat) / np.where(bw > 0, bw, 1.0), 1.0)
 
-        t = timing.routed_seconds(op, profile, tokens, lambda t_roof=t_roof: t_roof,
-                                       nodes=nodes, captured=captured, mode=mode)
+        t = timing.routed_seconds(op, ctx, tokens, lambda t_roof=t_roof: t_roof)
         times.append(t)
         if explain:
             swept[role] = tokens()

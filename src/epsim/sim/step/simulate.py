@@ -36,9 +36,8 @@ from epsim.model.plan import ParallelPlan
 from epsim.model.trace import TraceEvent
 from epsim.sim.hardware.profile import HardwareProfile
 
-from .compile import EXCHANGES, Compiled, compile_step
+from .compile import Compiled, compile_step
 from .cost import timing
-from .cost.registry import DEPLOYED, moe_layout
 from .executor import CATEGORIES, Program, Timeline, run_exact, run_fast
 from .kernels import inventory_json
 from .memo import StepMemo, remember
@@ -275,7 +274,7 @@ def _explain(comp: Compiled, plan: ParallelPlan, profile: HardwareProfile,
              swept: dict[str, np.ndarray], rank: int) -> dict[str, Any]:
     """``kernel_sources`` of the ops of ``rank`` (routed ops at this step's features)."""
     prog = comp.program
-    nodes_of = np.arange(plan.world_size) // plan.gpus_per_node
+    ctx = comp.cost.with_profile(profile)
     tokens: dict[int, float] = {}
     for role, values in swept.items():
         idx = comp.routed[role]
@@ -288,15 +287,9 @@ def _explain(comp: Compiled, plan: ParallelPlan, profile: HardwareProfile,
         op = comp.ops[i]
         if op.id != op_id:  # a representative op stands for it: list the op by its own id
             op = replace(op, id=op_id, layer=prog.layers[i])
-        size = int(prog.group_size[i])
         key = (op.kind, op.name, op.flops, op.bytes, op.peer_bytes, tokens.get(i))
         if key not in cache:
-            cache[key] = timing.describe(
-                op, profile, tokens=tokens.get(i), top_k=comp.top_k,
-                nodes=nodes_of[:size] if op.is_collective else None,
-                captured=comp.captured,
-                mode=comp.exchange if op.kind in EXCHANGES or op.kind in DEPLOYED else None,
-                layout=moe_layout(plan) if op.kind in DEPLOYED else "")
+            cache[key] = timing.describe(op, ctx, tokens=tokens.get(i))
         entries.append((op, cache[key]))
     return timing.explain(entries, profile)
 

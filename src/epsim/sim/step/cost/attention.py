@@ -19,13 +19,14 @@ features (the roofline times them); no table times the indexer.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from epsim.model.opgraph import Op
 from epsim.sim.hardware.profile import HardwareProfile
 
+from .context import CostContext
 from .roofline import (
     COMPUTE_KEYS,
     KindCosting,
@@ -33,18 +34,20 @@ from .roofline import (
     eff,
     roof,
     roof_at,
-    roofline,
+    roof_rows,
+    streaming_dtype,
 )
 
 KINDS = ("attention_decode", "attention_prefill", "indexer")
 
 
-def attention_occupancy(profile: HardwareProfile, seqs: int, context: int) -> float:
-    """Share of the CUs busy on average: ``items / (waves * CUs)`` for the split-KV work items."""
+def attention_occupancy(profile: HardwareProfile, seqs, context):
+    """Share of the CUs busy on average: ``items / (waves * CUs)`` for the split-KV work items
+    (``seqs``, ``context``: numbers or arrays, whole numbers)."""
     split = eff(profile).attention_split_tokens
-    items = seqs * math.ceil(context / split)
+    items = np.multiply(seqs, np.ceil(np.divide(context, split)))
     cus = profile.compute_units
-    return items / (math.ceil(items / cus) * cus)
+    return items / (np.ceil(items / cus) * cus)
 
 
 def attention_math_dtype(op: Op) -> str:
@@ -53,27 +56,60 @@ def attention_math_dtype(op: Op) -> str:
     return "fp8" if op.dims.get("kv_dtype") == "fp8" else "bf16"
 
 
-def attention_decode_time(op: Op, profile: HardwareProfile) -> float:
-    d = op.dims
+def times(ops: Sequence[Op], ctx: CostContext) -> np.ndarray:
+    """``[ops]`` seconds of each op's roofline (any mix of the family's kinds), before
+    ``calibrated``: the family's one formula, an op's scalar time its value at ``[op]``."""
+    out = np.zeros(len(ops))
+    for kind, form in _FORMS.items():
+        rows = [i for i, op in enumerate(ops) if op.kind == kind]
+        if rows:
+            out[rows] = form([ops[i] for i in rows], ctx.profile)
+    return out
+
+
+def _roof(ops: Sequence[Op], profile: HardwareProfile, dtypes: list[str]) -> np.ndarray:
+    return roof_rows(profile, [op.flops for op in ops], [op.bytes for op in ops], dtypes,
+                     [op.kind for op in ops])
+
+
+def _decode_times(ops: Sequence[Op], profile: HardwareProfile) -> np.ndarray:
+    """The roofline over the wave occupancy; its compute roof the published decode kernel's
+    achieved rate where the profile has one for the op's KV dtype."""
+    e = eff(profile)
     # DSA's sparse decode splits the keys it gathers (``keys``), not the whole context
-    occ = attention_occupancy(profile, int(d["seqs"]), int(d.get("keys", d["context"])))
-    kernel_rate = eff(profile).attention_decode_flops.get(str(d.get("kv_dtype")))
-    if kernel_rate is None:
-        return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind) / occ
+    seqs = np.array([int(op.dims["seqs"]) for op in ops], dtype=np.float64)
+    keys = np.array([int(op.dims.get("keys", op.dims["context"])) for op in ops],
+                    dtype=np.float64)
+    occ = attention_occupancy(profile, seqs, keys)
+    rates = [e.attention_decode_flops.get(str(op.dims.get("kv_dtype"))) for op in ops]
+    kernel = np.array([r is not None for r in rates])
+    plain = _roof(ops, profile, [attention_math_dtype(op) for op in ops])
     # a published decode kernel's achieved rate replaces the GEMM's as the compute roof
-    return float(roof(op.flops, op.bytes, kernel_rate, achievable_bandwidth(profile))) / occ
+    rate = np.array([r if r is not None else 1.0 for r in rates], dtype=np.float64)
+    fast = roof(np.array([op.flops for op in ops], dtype=np.float64),
+                np.array([op.bytes for op in ops], dtype=np.float64), rate,
+                achievable_bandwidth(profile))
+    return np.where(kernel, fast, plain) / occ
 
 
-def attention_prefill_time(op: Op, profile: HardwareProfile) -> float:
-    return roofline(profile, op.flops, op.bytes, attention_math_dtype(op), op.kind)
+def _prefill_times(ops: Sequence[Op], profile: HardwareProfile) -> np.ndarray:
+    return _roof(ops, profile, [attention_math_dtype(op) for op in ops])
 
 
-def indexer_time(op: Op, profile: HardwareProfile) -> float:
+def _indexer_times(ops: Sequence[Op], profile: HardwareProfile) -> np.ndarray:
     """DSA's lightning indexer: no kernel table measures it, so a roofline on the FP8 matrix
     rate (DeepGEMM's ``fp8_mqa_logits`` scores in FP8) and HBM, its FLOPs and bytes the graph's
     (``epsim.model.attention_keys.indexer_cost``)."""
-    dtype = op.dtype if op.dtype in profile.peak_flops else "bf16"
-    return roofline(profile, op.flops, op.bytes, dtype, op.kind)
+    return _roof(ops, profile, [streaming_dtype(op, profile) for op in ops])
+
+
+_FORMS = {"attention_decode": _decode_times, "attention_prefill": _prefill_times,
+          "indexer": _indexer_times}
+
+
+def attention_prefill_time(op: Op, profile: HardwareProfile) -> float:
+    """One prefill attention op's roofline seconds (``times`` at ``[op]``)."""
+    return float(times([op], CostContext(profile))[0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,14 +149,14 @@ def _prefill_features(op: Op, top_k: int | None) -> dict[str, float] | None:
             "heads": d["heads"], "qk_dim": d["qk_dim"], "v_dim": d["v_dim"]}
 
 
-def _decode_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray], inter: bool,
-                     captured: bool) -> np.ndarray:
+def _decode_roofline(op: Op, ctx: CostContext, f: dict[str, np.ndarray]) -> np.ndarray:
+    profile = ctx.profile
     d, e = op.dims, eff(profile)
-    seqs, ctx, heads = d["seqs"], d["context"], d["heads"]
+    seqs, context, heads = d["seqs"], d["context"], d["heads"]
     q0 = d.get("query_tokens", 1)
-    kv_row = (op.bytes_read - seqs * q0 * heads * d["qk_dim"] * 2.0) / (seqs * ctx)
-    per_query = (op.bytes - seqs * ctx * kv_row) / (seqs * q0 * heads)
-    flop_u = op.flops / (seqs * q0 * heads * ctx)
+    kv_row = (op.bytes_read - seqs * q0 * heads * d["qk_dim"] * 2.0) / (seqs * context)
+    per_query = (op.bytes - seqs * context * kv_row) / (seqs * q0 * heads)
+    flop_u = op.flops / (seqs * q0 * heads * context)
     b, c, h, q = f["batch"], f["context"], f["heads"], f["query_tokens"]
     width = (f["qk_dim"] + f["v_dim"]) / (d["qk_dim"] + d["v_dim"])
     flops = flop_u * b * q * h * c * width
@@ -135,8 +171,7 @@ def _decode_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray],
     return roof(flops, moved, rate, achievable_bandwidth(profile)) / occ
 
 
-def _prefill_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray], inter: bool,
-                      captured: bool) -> np.ndarray:
+def _prefill_roofline(op: Op, ctx: CostContext, f: dict[str, np.ndarray]) -> np.ndarray:
     """Causal attention of ``tokens`` new queries per sequence after ``context - tokens``
     cached ones (``p``):
     ``2 heads batch (tokens p + tokens (tokens + 1) / 2) (qk + v)`` FLOPs (the graph's
@@ -150,17 +185,17 @@ def _prefill_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray]
     width = f["qk_dim"] + f["v_dim"]
     flops = 2.0 * h * b * (s * p + s * (s + 1.0) / 2.0) * width
     moved = op.bytes / rows0 * b * s * h * width / width0
-    return roof_at(profile, flops, moved, attention_math_dtype(op), op.kind)
+    return roof_at(ctx.profile, flops, moved, attention_math_dtype(op), op.kind)
 
 
 #: op kind -> how it is costed
 COSTING: dict[str, KindCosting] = {
     "attention_decode": KindCosting(
-        "attention", attention_decode_time,
+        "attention", times,
         (*COMPUTE_KEYS, "efficiency.attention_decode_flops", "efficiency.attention_split_tokens"),
         features=_decode_features, roofline_at=_decode_roofline, table_dtype=_kv_cache_dtype),
-    "attention_prefill": KindCosting("attention", attention_prefill_time, COMPUTE_KEYS,
+    "attention_prefill": KindCosting("attention", times, COMPUTE_KEYS,
                                      features=_prefill_features,
                                      roofline_at=_prefill_roofline),
-    "indexer": KindCosting("attention", indexer_time, COMPUTE_KEYS),
+    "indexer": KindCosting("attention", times, COMPUTE_KEYS),
 }

@@ -12,11 +12,15 @@ would load the busiest link as much as this step's routing does. A table naming 
 ``mode`` (``sim.hardware.a2a``) times only the steps that run in that mode. ``all_reduce`` /
 ``all_gather``: ``bytes`` (the buffer), ``ranks``. A collective's table is chosen by whether its
 group spans nodes (its scope: ``intra`` / ``inter``).
+
+``times(ops, ctx)`` costs many collectives at once under their nominal traffic (one
+``collective_time`` call per kind and group); one op's time is ``times`` at ``[op]``
+(``KindCosting.seconds``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -26,6 +30,7 @@ from epsim.sim.hardware import a2a
 from epsim.sim.hardware.a2a import A2AMode
 from epsim.sim.hardware.profile import HardwareProfile
 
+from .context import CostContext
 from .roofline import KindCosting, eff
 
 KINDS = ("dispatch", "combine", "all_reduce", "all_gather")
@@ -34,6 +39,12 @@ EXCHANGE_KEYS = ("fabric", "nic_bandwidth_per_gpu", "efficiency.link_bandwidth_u
                  "efficiency.nic_bandwidth_usable", "efficiency.a2a_latency_s")
 COLLECTIVE_KEYS = ("fabric", "efficiency.link_bandwidth_usable",
                    "efficiency.collective_latency_s", "efficiency.collective_latency_graph_s")
+
+
+def scope_of(nodes: np.ndarray | None) -> str:
+    """A group's scope: ``"inter"`` where its members (their nodes) span nodes, else
+    ``"intra"`` (None: one node)."""
+    return "inter" if nodes is not None and len(set(np.asarray(nodes).tolist())) > 1 else "intra"
 
 
 def collective_latency(kind: str, profile: HardwareProfile, captured: bool,
@@ -81,34 +92,47 @@ def collective_time(kind: str, traffic: np.ndarray, profile: HardwareProfile,
     return collective_latency(kind, profile, captured, n) + np.maximum(t_intra, t_inter)
 
 
-def collective_nominal(op: Op, profile: HardwareProfile) -> float:
-    """A collective under the graph's nominal per-peer bytes (uniform routing), eager latency,
-    one node."""
+def times(ops: Sequence[Op], ctx: CostContext) -> np.ndarray:
+    """``[ops]`` seconds of each collective under its nominal (uniform) per-peer bytes: its
+    group on ``ctx.members(op)`` (one node without), ``ctx.captured``'s latency, an EP exchange
+    in ``ctx.mode`` (node-then-GPU traffic under a hierarchical one). Ops of one kind and group
+    size are stacked into one ``collective_time`` call; one op's time is ``times`` at ``[op]``."""
+    out = np.zeros(len(ops))
+    stacks: dict[tuple, tuple[np.ndarray, list[int], list[np.ndarray]]] = {}
+    for i, op in enumerate(ops):
+        members = ctx.members(op)
+        if members is None:
+            members = np.zeros(len(op.peer_bytes), dtype=np.int64)
+        members = members[:len(op.peer_bytes)]
+        _, rows, traffic = stacks.setdefault((op.kind, members.tobytes()), (members, [], []))
+        rows.append(i)
+        traffic.append(_nominal_traffic(op, members, ctx.mode))
+    for (kind, _), (members, rows, traffic) in stacks.items():
+        out[rows] = collective_time(kind, np.stack(traffic), ctx.profile, members, ctx.captured)
+    return out
+
+
+def _nominal_traffic(op: Op, members: np.ndarray, mode: A2AMode | None) -> np.ndarray:
+    """``[n, n]`` bytes between the members of ``op``'s group under uniform routing."""
     peers = np.asarray(op.peer_bytes, dtype=np.float64)
-    n = len(peers)
-    traffic = np.tile(peers, (n, 1))
-    return float(collective_time(op.kind, traffic, profile, np.zeros(n, dtype=np.int64),
-                                 captured=False))
+    layout = a2a.node_layout(members) if mode is not None and mode.hierarchical else None
+    if layout is not None and op.kind in COSTING and COSTING[op.kind].exchange:
+        d = op.dims
+        tokens, node_tokens = a2a.uniform_tokens(d["expected_tokens_per_peer"], d["tokens"],
+                                                 d["top_k"], len(peers), layout[1])
+        return a2a.link_traffic(op.kind, mode, tokens, members,
+                                lambda: node_tokens) * d["bytes_per_token"]
+    return np.tile(peers, (len(peers), 1))
 
 
 def nominal_collective(op: Op, profile: HardwareProfile, nodes: np.ndarray,
                        captured: bool, mode: A2AMode | None = None) -> float:
-    """The roofline of a collective under its nominal (uniform) per-peer bytes; ``nodes``: the
-    node of each member (the first ``group_size`` entries are used); ``mode``: an EP exchange's
-    (``sim.hardware.a2a``; node-then-GPU traffic under a hierarchical one)."""
-    peers = np.asarray(op.peer_bytes, dtype=np.float64)
-    members = np.asarray(nodes)[:len(peers)]
-    layout = a2a.node_layout(members) if mode is not None and mode.hierarchical else None
-    exchange = op.kind in COSTING and COSTING[op.kind].exchange
-    if layout is not None and exchange:
-        d = op.dims
-        tokens, node_tokens = a2a.uniform_tokens(d["expected_tokens_per_peer"], d["tokens"],
-                                                 d["top_k"], len(peers), layout[1])
-        traffic = a2a.link_traffic(op.kind, mode, tokens, members,
-                                   lambda: node_tokens) * d["bytes_per_token"]
-    else:
-        traffic = np.tile(peers, (len(peers), 1))
-    return float(collective_time(op.kind, traffic, profile, members, captured))
+    """The roofline of one collective under its nominal (uniform) per-peer bytes (``times`` at
+    ``[op]``); ``nodes``: the node of each member (the first ``group_size`` entries are used);
+    ``mode``: an EP exchange's (``sim.hardware.a2a``)."""
+    ctx = CostContext(profile, captured=captured, mode=mode,
+                      nodes=tuple(np.asarray(nodes).tolist()))
+    return float(times([op], ctx)[0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,10 +187,12 @@ def _all_gather_peer_bytes(op: Op, f: dict[str, np.ndarray], rows: np.ndarray,
 
 def _collective_roofline(peer_bytes: Callable[[Op, dict[str, np.ndarray], np.ndarray, int],
                                               np.ndarray],
-                         op: Op, profile: HardwareProfile, f: dict[str, np.ndarray], inter: bool,
-                         captured: bool) -> np.ndarray:
+                         op: Op, ctx: CostContext, f: dict[str, np.ndarray]) -> np.ndarray:
     """A collective's roofline, uniform traffic of ``peer_bytes(op, f, rows, ranks)`` per peer;
-    rows grouped by their ``ranks`` (the group's layout, latency and busiest link follow it)."""
+    rows grouped by their ``ranks`` (the group's layout, latency and busiest link follow it;
+    its nodes: spread over nodes where ``op``'s group spans them in ``ctx``)."""
+    profile, captured = ctx.profile, ctx.captured
+    inter = scope_of(ctx.members(op)) == "inter"
     out = np.zeros(len(f["ranks"]))
     for r in np.unique(f["ranks"]):
         rows = f["ranks"] == r
@@ -176,7 +202,7 @@ def _collective_roofline(peer_bytes: Callable[[Op, dict[str, np.ndarray], np.nda
     return out
 
 
-_EXCHANGE = KindCosting("comm", collective_nominal, EXCHANGE_KEYS, features=_exchange_features,
+_EXCHANGE = KindCosting("comm", times, EXCHANGE_KEYS, features=_exchange_features,
                         roofline_at=partial(_collective_roofline, _exchange_peer_bytes),
                         scoped=True, exchange=True, collective=True)
 
@@ -184,11 +210,11 @@ _EXCHANGE = KindCosting("comm", collective_nominal, EXCHANGE_KEYS, features=_exc
 COSTING: dict[str, KindCosting] = {
     "dispatch": _EXCHANGE,
     "combine": _EXCHANGE,
-    "all_reduce": KindCosting("comm", collective_nominal, COLLECTIVE_KEYS,
+    "all_reduce": KindCosting("comm", times, COLLECTIVE_KEYS,
                               features=_collective_features,
                               roofline_at=partial(_collective_roofline, _all_reduce_peer_bytes),
                               scoped=True, collective=True),
-    "all_gather": KindCosting("comm", collective_nominal, COLLECTIVE_KEYS,
+    "all_gather": KindCosting("comm", times, COLLECTIVE_KEYS,
                               features=_collective_features,
                               roofline_at=partial(_collective_roofline, _all_gather_peer_bytes),
                               scoped=True, collective=True),

@@ -4,8 +4,12 @@
   rows (``gemm_tile_m``). At decode's skinny ``M`` the weight bytes dominate and the op is
   memory-bound at the achievable HBM bandwidth: no separate "small-M efficiency" constant.
 * A grouped (fused-MoE) GEMM reads the weights of the experts that received tokens and pays the
-  tile padding per expert (``grouped_gemm_time`` takes the per-expert counts of this step).
+  tile padding per expert (``grouped_gemm_time`` takes the per-expert counts of this step; the
+  nominal op one representative expert with the mean count).
 * The LM head is a plain roofline on the op's dtype, read on the GEMM's figures.
+
+``times(ops, ctx)`` costs many ops of these kinds at once from arrays of their FLOPs, bytes,
+rates and tile padding; one op's time is ``times`` at ``[op]`` (``KindCosting.seconds``).
 
 Table features (``kernel_tables.FEATURES``): ``gemm``: ``m, n, k, batch`` of its dims (a table
 without ``batch``: plain GEMMs only); ``grouped_gemm`` (fused MoE only; the unfused gate/up and
@@ -20,19 +24,21 @@ top-9), and each rank's own tokens join its routed pairs. Its table is the deplo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from epsim.model.opgraph import Op
 from epsim.sim.hardware.profile import HardwareProfile
 
+from .context import CostContext
 from .roofline import (
     COMPUTE_KEYS,
     KindCosting,
     eff,
     op_class,
-    padded_rows,
     roof_at,
-    roofline,
+    roof_rows,
     streaming_dtype,
 )
 
@@ -40,47 +46,93 @@ KINDS = ("gemm", "grouped_gemm", "lm_head")
 
 
 # --------------------------------------------------------------------------------------------
-# The roofline at the op
+# The roofline at the ops
 # --------------------------------------------------------------------------------------------
 
 
-def gemm_time(op: Op, profile: HardwareProfile) -> float:
-    d = op.dims
+def times(ops: Sequence[Op], ctx: CostContext) -> np.ndarray:
+    """``[ops]`` seconds of each op's roofline (any mix of the family's kinds; a grouped GEMM
+    under nominal routing), before ``calibrated``: the family's one formula, an op's scalar time
+    its value at ``[op]``."""
+    out = np.zeros(len(ops))
+    for kind, form in _FORMS.items():
+        rows = [i for i, op in enumerate(ops) if op.kind == kind]
+        if rows:
+            out[rows] = form([ops[i] for i in rows], ctx.profile)
+    return out
+
+
+def _gemm_times(ops: Sequence[Op], profile: HardwareProfile) -> np.ndarray:
+    """Whole ``gemm_tile_m``-row tiles: ``ceil(m / tile) * tile`` rows of FLOPs (none at
+    ``m = 0``)."""
     tile = eff(profile).gemm_tile_m
-    flops = op.flops * padded_rows(d["m"], tile) / d["m"] if d["m"] else 0.0
-    return roofline(profile, flops, op.bytes, op.dtype, op_class(op))
+    m = np.array([op.dims["m"] for op in ops], dtype=np.float64)
+    flops = np.array([op.flops for op in ops], dtype=np.float64)
+    padded = np.where(m > 0, np.ceil(m / tile) * tile, 0.0)
+    flops = np.where(m != 0, flops * padded / np.where(m != 0, m, 1.0), 0.0)
+    return roof_rows(profile, flops, [op.bytes for op in ops], [op.dtype for op in ops],
+                     [op_class(op) for op in ops])
 
 
-def lm_head_time(op: Op, profile: HardwareProfile) -> float:
-    return roofline(profile, op.flops, op.bytes, streaming_dtype(op, profile), op.kind)
+def _lm_head_times(ops: Sequence[Op], profile: HardwareProfile) -> np.ndarray:
+    return roof_rows(profile, [op.flops for op in ops], [op.bytes for op in ops],
+                     [streaming_dtype(op, profile) for op in ops], [op.kind for op in ops])
 
 
-def grouped_gemm_nominal(op: Op, profile: HardwareProfile) -> float:
-    """The fused-MoE op under the graph's nominal (uniform) routing."""
-    d = op.dims
-    experts = float(d["active_experts"])
-    # one representative expert with the mean count, counted ``experts`` times
-    per_expert = np.full(1, d["pairs"] / experts if experts else 0.0)
-    return float(grouped_gemm_time(op, profile, per_expert, scale_experts=experts))
+def _grouped_nominal_times(ops: Sequence[Op], profile: HardwareProfile) -> np.ndarray:
+    """The fused-MoE ops under the graph's nominal (uniform) routing: one representative
+    expert with the mean count, counted ``active_experts`` times."""
+    experts = np.array([float(op.dims["active_experts"]) for op in ops])
+    pairs = np.array([op.dims["pairs"] for op in ops], dtype=np.float64)
+    mean = np.where(experts != 0, pairs / np.where(experts != 0, experts, 1.0), 0.0)
+    return _grouped_times(ops, profile, mean[:, None], experts)
 
 
-def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray,
-                      scale_experts: float = 1.0) -> np.ndarray:
+def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray) -> np.ndarray:
     """A grouped GEMM (fused MoE) over this step's per-expert pair counts.
 
     Args:
         op: the graph's grouped_gemm op (its FLOPs and bytes per pair and per expert are used).
         profile: the hardware.
         expert_pairs: ``[..., experts]`` pairs each local expert received.
-        scale_experts: internal (nominal routing: one representative expert counted this often).
 
     Returns:
         ``[...]`` seconds.
     """
-    d = op.dims
+    counts = np.asarray(expert_pairs, dtype=np.float64)
+    return _grouped_times([op], profile, counts[None], np.ones(1))[0]
+
+
+def _grouped_times(ops: Sequence[Op], profile: HardwareProfile, counts: np.ndarray,
+                   scale_experts: np.ndarray) -> np.ndarray:
+    """``[ops, ...]`` seconds of grouped GEMM ``ops[i]`` over ``counts[i]`` (``[ops, ...,
+    experts]`` pairs per local expert), each expert's count ``scale_experts[i]`` times."""
     tile = eff(profile).gemm_tile_m
     # a shared expert run inside the kernel (Fusion.shared_expert_in_moe) is one more local
     # expert with the rank's own rows: its pairs do not depend on the routing
+    c = np.array([_grouped_constants(op) for op in ops], dtype=np.float64)
+    lead = (len(ops),) + (1,) * (counts.ndim - 2)  # each op's constants against its counts
+    flops_per_pair, weight_per_expert, act_per_pair, shared, shared_pairs = (
+        c[:, j].reshape(lead) for j in range(5))
+    scale = np.asarray(scale_experts, dtype=np.float64).reshape(lead)
+    padded = np.ceil(counts / tile) * tile
+    flops = flops_per_pair * padded.sum(axis=-1) * scale
+    active = (counts > 0).sum(axis=-1) * scale
+    moved = weight_per_expert * active + act_per_pair * counts.sum(axis=-1) * scale
+    has = (shared != 0) & (shared_pairs != 0)
+    per_shared = np.ceil(shared_pairs / np.where(has, shared, 1.0) / tile) * tile
+    flops = np.where(has, flops + flops_per_pair * per_shared * shared, flops)
+    moved = np.where(has, moved + weight_per_expert * shared + act_per_pair * shared_pairs,
+                     moved)
+    seconds = roof_rows(profile, flops.reshape(len(ops), -1).T, moved.reshape(len(ops), -1).T,
+                        [op.dtype for op in ops], [op.kind for op in ops])
+    return seconds.T.reshape(flops.shape)
+
+
+def _grouped_constants(op: Op) -> tuple[float, float, float, float, float]:
+    """``(FLOPs per pair, weight bytes per expert, activation bytes per pair, shared experts,
+    shared pairs)`` of a grouped GEMM op."""
+    d = op.dims
     shared = int(d.get("shared_experts", 0))
     shared_pairs = float(d.get("shared_pairs", 0.0))
     pairs_nominal = float(d["pairs"]) + shared_pairs
@@ -88,16 +140,11 @@ def grouped_gemm_time(op: Op, profile: HardwareProfile, expert_pairs: np.ndarray
     flops_per_pair = op.flops / pairs_nominal if pairs_nominal else 0.0
     weight_per_expert = op.weight_bytes / active_nominal if active_nominal else 0.0
     act_per_pair = (op.bytes - op.weight_bytes) / pairs_nominal if pairs_nominal else 0.0
-    counts = np.asarray(expert_pairs, dtype=np.float64)
-    padded = np.ceil(counts / tile) * tile
-    flops = flops_per_pair * padded.sum(axis=-1) * scale_experts
-    active = (counts > 0).sum(axis=-1) * scale_experts
-    moved = weight_per_expert * active + act_per_pair * counts.sum(axis=-1) * scale_experts
-    if shared and shared_pairs:
-        per_shared = np.ceil(shared_pairs / shared / tile) * tile
-        flops = flops + flops_per_pair * per_shared * shared
-        moved = moved + weight_per_expert * shared + act_per_pair * shared_pairs
-    return roof_at(profile, flops, moved, op.dtype, op.kind)
+    return flops_per_pair, weight_per_expert, act_per_pair, float(shared), shared_pairs
+
+
+_FORMS = {"gemm": _gemm_times, "grouped_gemm": _grouped_nominal_times,
+          "lm_head": _lm_head_times}
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,8 +175,8 @@ def _grouped_gemm_features(op: Op, top_k: int | None) -> dict[str, float] | None
             "hidden": d["hidden"], "inter": d["inter"]}
 
 
-def _gemm_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray], inter: bool,
-                   captured: bool) -> np.ndarray:
+def _gemm_roofline(op: Op, ctx: CostContext, f: dict[str, np.ndarray]) -> np.ndarray:
+    profile = ctx.profile
     d, tile = op.dims, eff(profile).gemm_tile_m
     wb = op.weight_bytes / max(d.get("batch", 1) * d["k"] * d["n"], 1)
     m, n, k, b = f["m"], f["n"], f["k"], f["batch"]
@@ -138,8 +185,9 @@ def _gemm_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray], i
                    op_class(op))
 
 
-def _grouped_gemm_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.ndarray],
-                           inter: bool, captured: bool) -> np.ndarray:
+def _grouped_gemm_roofline(op: Op, ctx: CostContext, f: dict[str, np.ndarray]
+                           ) -> np.ndarray:
+    profile = ctx.profile
     d, tile = op.dims, eff(profile).gemm_tile_m
     # per pair and per expert, the shared experts run inside the kernel counted among them
     pairs0 = max(d["pairs"] + d.get("shared_pairs", 0), 1e-30)
@@ -160,10 +208,9 @@ def _grouped_gemm_roofline(op: Op, profile: HardwareProfile, f: dict[str, np.nda
 
 #: op kind -> how it is costed
 COSTING: dict[str, KindCosting] = {
-    "gemm": KindCosting("gemm", gemm_time, COMPUTE_KEYS, features=_gemm_features,
+    "gemm": KindCosting("gemm", times, COMPUTE_KEYS, features=_gemm_features,
                         roofline_at=_gemm_roofline),
-    "grouped_gemm": KindCosting("gemm", grouped_gemm_nominal, COMPUTE_KEYS,
-                                features=_grouped_gemm_features,
+    "grouped_gemm": KindCosting("gemm", times, COMPUTE_KEYS, features=_grouped_gemm_features,
                                 roofline_at=_grouped_gemm_roofline),
-    "lm_head": KindCosting("gemm", lm_head_time, COMPUTE_KEYS),
+    "lm_head": KindCosting("gemm", times, COMPUTE_KEYS),
 }

@@ -24,6 +24,8 @@ from epsim.sim.hardware.kernel_sets import FEATURES, LAYOUT_KINDS
 from epsim.sim.hardware.profile import HardwareProfile
 
 from . import attention, comm, elementwise, gemm
+from .comm import scope_of
+from .context import CostContext, as_context
 from .roofline import KindCosting, calibrated, op_class
 
 _FAMILY_MODULES = (gemm, attention, comm, elementwise)
@@ -52,16 +54,17 @@ def costing(kind: str) -> KindCosting:
     return KIND_COSTING.get(kind, elementwise.STREAMING)
 
 
-def roofline_op_time(op: Op, profile: HardwareProfile) -> float:
-    """Seconds one op takes on its own under its family's roofline (a compute op's with the
-    profile's per-kind ``calibrated`` figures)."""
+def roofline_op_time(op: Op, where: CostContext | HardwareProfile) -> float:
+    """Seconds one op takes under its family's roofline (a compute op's with the profile's
+    per-kind ``calibrated`` figures; a collective's on its group in ``where``)."""
+    ctx = as_context(where)
     try:
         model = COST_MODELS[op.kind]
     except KeyError:
         raise EpsimError(f"no cost model for op kind {op.kind!r} ({op.id})") from None
     if op.is_collective:
-        return model(op, profile)
-    return float(calibrated(op_class(op), model(op, profile), profile))
+        return model(op, ctx)
+    return float(calibrated(op_class(op), model(op, ctx), ctx.profile))
 
 
 def kernel_dtype(op: Op) -> str:
@@ -70,13 +73,9 @@ def kernel_dtype(op: Op) -> str:
     return costing(op.kind).table_dtype(op)
 
 
-def scope_of(nodes: np.ndarray | None) -> str:
-    return "inter" if nodes is not None and len(set(np.asarray(nodes).tolist())) > 1 else "intra"
-
-
-def table_scope(op: Op, nodes: np.ndarray | None) -> str:
-    """The scope of the table that times ``op`` with its group on ``nodes`` (``[members]``)."""
-    return scope_of(nodes) if costing(op.kind).scoped else "intra"
+def table_scope(op: Op, ctx: CostContext) -> str:
+    """The scope of the table that times ``op`` with its group on ``ctx.members(op)``."""
+    return scope_of(ctx.members(op)) if costing(op.kind).scoped else "intra"
 
 
 def op_features(op: Op, top_k: int | None = None) -> dict[str, float] | None:
@@ -86,14 +85,13 @@ def op_features(op: Op, top_k: int | None = None) -> dict[str, float] | None:
     return features(op, top_k) if features is not None else None
 
 
-def feature_roofline(op: Op, profile: HardwareProfile, x: np.ndarray, *, top_k: int | None = None,
-                     inter: bool = False, captured: bool = False) -> np.ndarray:
+def feature_roofline(op: Op, ctx: CostContext, x: np.ndarray) -> np.ndarray:
     """Seconds of ``op.kind``'s roofline at each row of ``x`` (``[rows, features]`` in
     ``FEATURES[op.kind]`` order), the op's other constants (bytes per weight, head sizes, ...)
     taken from ``op``."""
     names = [n for n, _ in FEATURES[op.kind]]
     f = {n: x[:, j] for j, n in enumerate(names)}
-    return costing(op.kind).roofline_at(op, profile, f, inter, captured)
+    return costing(op.kind).roofline_at(op, ctx, f)
 
 
 def roofline_sources(kind: str, profile: HardwareProfile) -> dict[str, Any]:

@@ -20,8 +20,7 @@ op kind (``sim.step.cost.registry``).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,10 +29,14 @@ from epsim.model.dtypes import COMPUTE_DTYPE
 from epsim.model.opgraph import Op
 from epsim.sim.hardware.profile import Efficiency, HardwareProfile
 
+from .context import CostContext
+
+#: ``(ops, ctx) -> [ops]`` seconds of a family's roofline at each op
+TimesFn = Callable[[Sequence[Op], CostContext], np.ndarray]
 #: ``(op, top_k) -> {feature: value}``, None where no table can describe the op
 FeaturesFn = Callable[[Op, int | None], dict[str, float] | None]
-#: ``(op, profile, {feature: [rows]}, inter, captured) -> [rows]`` seconds
-RooflineAtFn = Callable[[Op, HardwareProfile, dict[str, np.ndarray], bool, bool], np.ndarray]
+#: ``(op, ctx, {feature: [rows]}) -> [rows]`` seconds
+RooflineAtFn = Callable[[Op, CostContext, dict[str, np.ndarray]], np.ndarray]
 
 
 def roof(flops, moved, flops_per_s, bytes_per_s, mode: str = "max", flops_scale=1.0,
@@ -74,15 +77,19 @@ def roof_at(profile: HardwareProfile, flops, moved, dtype: str, kind: str | None
     return roof(flops, moved, f, b)
 
 
-def roofline(profile: HardwareProfile, flops: float, bytes_moved: float, dtype: str,
-             kind: str | None = None) -> float:
-    """One op's :func:`roof_at`, a float."""
-    return float(roof_at(profile, flops, bytes_moved, dtype, kind))
-
-
-def padded_rows(m: float, tile: int) -> float:
-    """Rows a GEMM of ``m`` rows computes on ``tile``-row matrix-core tiles."""
-    return math.ceil(m / tile) * tile if m > 0 else 0.0
+def roof_rows(profile: HardwareProfile, flops, moved, dtypes: Sequence[str],
+              kinds: Sequence[str]) -> np.ndarray:
+    """:func:`roof_at` of many ops at once, row ``i`` on ``dtypes[i]``'s figures with
+    ``kinds[i]``'s factors (a family's ``times``): row by row the same float operations as
+    :func:`roof_at` of that row alone."""
+    e = eff(profile)
+    rate = {d: achievable_flops(profile, d) for d in set(dtypes)}
+    f = np.array([rate[d] for d in dtypes], dtype=np.float64)
+    b = achievable_bandwidth(profile)
+    if e.roofline == "sum":
+        return roof(flops, moved, f, b, "sum", np.array([e.scale(k) for k in kinds]),
+                    np.array([e.bytes_scale(k) for k in kinds]))
+    return roof(flops, moved, f, b)
 
 
 def op_class(op: Op) -> str:
@@ -134,17 +141,20 @@ class KindCosting:
     """How one op kind is costed (one entry of its family's ``COSTING``).
 
     family: the family module's name. Example: ``"gemm"``.
-    seconds: ``(op, profile) -> seconds`` of the kind's roofline (nominal routing for a
-        grouped GEMM and the collectives), before ``calibrated``.
+    times: ``(ops, ctx) -> [ops]`` seconds of the kind's roofline at each of ``ops`` (of the
+        family's kinds, any mix; nominal routing for a grouped GEMM and the collectives), before
+        ``calibrated``: the family's one formula, whose value at ``[op]`` is the op's scalar
+        time (``seconds``).
     sources: the profile keys the kind's roofline reads. Example: ``("peak_flops",
         "hbm_bandwidth", "efficiency.hbm_fraction")``.
     features: ``(op, top_k) -> {feature: value}`` a table is looked up at (None for an op no
         table can describe: an unfused grouped GEMM); None: no table times the kind. Example
         (gemm): ``{"m": 512, "n": 7168, "k": 2048, "batch": 1}``. Its names are the kind's
         ``kernel_tables.FEATURES`` (the table format the profile parser reads).
-    roofline_at: ``(op, profile, f, inter, captured) -> [rows]`` seconds of the kind's
-        roofline at ``f`` (``{feature: [rows] values}``, every ``FEATURES[kind]`` name);
-        ``inter``: the group spans nodes; ``captured``: inside a graph. Given with ``features``.
+    roofline_at: ``(op, ctx, f) -> [rows]`` seconds of the kind's roofline at ``f``
+        (``{feature: [rows] values}``, every ``FEATURES[kind]`` name), the op's other constants
+        taken from ``op`` (a collective's: whether its group spans nodes, ``ctx.captured``).
+        Given with ``features``.
     table_dtype: ``op -> dtype`` a table must have to time the op. Example: ``"fp8"``.
     scoped: tables of the kind are chosen per scope (the collectives: ``COLLECTIVE_TABLES``).
     exchange: an EP exchange, whose uniform traffic follows the step's exchange mode
@@ -154,7 +164,7 @@ class KindCosting:
     """
 
     family: str
-    seconds: Callable[[Op, HardwareProfile], float]
+    times: TimesFn
     sources: tuple[str, ...]
     features: FeaturesFn | None = None
     roofline_at: RooflineAtFn | None = None
@@ -162,3 +172,7 @@ class KindCosting:
     scoped: bool = False
     exchange: bool = False
     collective: bool = False
+
+    def seconds(self, op: Op, ctx: CostContext) -> float:
+        """One op's roofline seconds: ``times`` at ``[op]``."""
+        return float(self.times([op], ctx)[0])

@@ -4,7 +4,8 @@ Where the selected kernel set (``HardwareProfile.with_kernels``) has a table for
 dtype and scope, the op's time is the table's at the op's features (exact, interpolated, or the
 nearest point scaled by the kind's roofline ratio), divided by the speedups of the sets it was
 scaled through; elsewhere the roofline of the op's family (``sim.step.cost.registry``, times those
-speedups). Without a kernel set the roofline alone, bit for bit.
+speedups). Without a kernel set the roofline alone, bit for bit. Every timer takes the op and
+its step's ``CostContext`` (``sim.step.cost.context``: the profile, top-k, deployment, nodes).
 
 What a table of each op kind is looked up at (its features, dtype and scope), the kind's
 roofline at other features and the profile figures it reads are the kind's entry in
@@ -20,18 +21,17 @@ from typing import Any
 import numpy as np
 
 from epsim.model.opgraph import OP_KINDS, Op
-from epsim.sim.hardware.a2a import A2AMode
 from epsim.sim.hardware.kernel_sets import EXTRAPOLATED, METHODS, Table
 from epsim.sim.hardware.profile import HardwareProfile
 from epsim.sim.hardware.table_guard import point_efficiency
 
+from .context import CostContext, as_context
 from .registry import (
     feature_roofline,
     kernel_dtype,
     op_features,
     roofline_op_time,
     roofline_sources,
-    scope_of,
     table_scope,
 )
 from .roofline import final_scaled
@@ -42,18 +42,17 @@ _OUTSIDE_IDS = 8  # op ids listed per shape outside every table
 _DISTINCT_FROM = 256
 
 
-def _plan(op: Op, profile: HardwareProfile, top_k: int | None, nodes: np.ndarray | None,
-          mode: A2AMode | None = None, layout: str = ""):
-    """``(table or None, factor, chain, features)`` under the selected set; None: no set.
-    ``mode`` / ``layout``: the step's deployment (``kernel_sets``' selectors; None / ``""``:
-    not given)."""
+def _plan(op: Op, ctx: CostContext):
+    """``(table or None, factor, chain, features)`` under the selected set; None: no set. The
+    step's deployment (``ctx.mode`` / ``ctx.layout``) are ``kernel_sets``' selectors."""
+    profile = ctx.profile
     kernels = profile.kernels
     if kernels is None or profile.active_kernels is None:
         return None
+    mode = ctx.mode.name if ctx.mode is not None else ""
     table, factor, chain = kernels.resolve(profile.kernel_set, op.kind, kernel_dtype(op),
-                                           table_scope(op, nodes),
-                                           mode.name if mode is not None else "", layout)
-    features = op_features(op, top_k) if table is not None else None
+                                           table_scope(op, ctx), mode, ctx.layout)
+    features = op_features(op, ctx.top_k) if table is not None else None
     if features is None or not table.describes(features):
         table, features = None, None
     return table, factor, chain, features
@@ -64,103 +63,85 @@ def _plan(op: Op, profile: HardwareProfile, top_k: int | None, nodes: np.ndarray
 # --------------------------------------------------------------------------------------------
 
 
-def _table_seconds(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[float, ...],
-                   values: np.ndarray, top_k: int | None, inter: bool, captured: bool
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _table_seconds(op: Op, ctx: CostContext, table: Table, fixed: tuple[float, ...],
+                   values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(seconds, method, nearest)`` at each of ``values`` (``[n]``), extrapolations scaled by
     the roofline's ratio. Every step is elementwise (a value's answer does not depend on the
     others), so repeated values are looked up once, with equal results."""
     if len(values) >= _DISTINCT_FROM:
         distinct, where = np.unique(values, return_inverse=True)
         if len(distinct) < len(values):
-            secs, method, nearest = _table_seconds(op, profile, table, fixed, distinct, top_k,
-                                                   inter, captured)
+            secs, method, nearest = _table_seconds(op, ctx, table, fixed, distinct)
             return secs[where], method[where], nearest[where]
     if len(values) == 1:  # one op's own features: the scalar path, equal results
-        return _table_seconds_one(op, profile, table, fixed, float(values[0]), top_k, inter,
-                                  captured)
+        return _table_seconds_one(op, ctx, table, fixed, float(values[0]))
     method, secs, nearest = table.locate(fixed, values)
     out = method == EXTRAPOLATED
     if out.any():
         q = np.column_stack([np.tile(np.asarray(fixed, dtype=np.float64), (int(out.sum()), 1)),
                              values[out]])
         p = table.x[nearest[out]]
-        both = feature_roofline(op, profile, np.vstack([q, p]), top_k=top_k, inter=inter,
-                                captured=captured)
+        both = feature_roofline(op, ctx, np.vstack([q, p]))
         rq, rp = both[:len(q)], both[len(q):]
         secs[out] *= np.where(rp > 0, rq / np.where(rp > 0, rp, 1.0), 1.0)
     return secs, method, nearest
 
 
-def _table_seconds_one(op: Op, profile: HardwareProfile, table: Table, fixed: tuple[float, ...],
-                       value: float, top_k: int | None, inter: bool, captured: bool
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _table_seconds_one(op: Op, ctx: CostContext, table: Table, fixed: tuple[float, ...],
+                       value: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_table_seconds` of one value: the table's scalar lookup and, outside it, one
     roofline call for the query and its nearest point (the same float operations)."""
     how, secs, near = table.locate_one(fixed, value)
     if how == EXTRAPOLATED:
-        rq, rp = feature_roofline(op, profile, np.array([(*fixed, value), table.x[near]]),
-                                  top_k=top_k, inter=inter, captured=captured).tolist()
+        rq, rp = feature_roofline(op, ctx, np.array([(*fixed, value), table.x[near]])).tolist()
         secs = secs * (rq / rp if rp > 0 else 1.0)
     return np.array([secs]), np.array([how]), np.array([near])
 
 
-def op_seconds(op: Op, profile: HardwareProfile, fallback: Callable[[], float], *,
-               top_k: int | None = None, nodes: np.ndarray | None = None,
-               captured: bool = False, mode: A2AMode | None = None, layout: str = "") -> float:
-    """``op``'s seconds under the selected kernel set; ``fallback()`` is its roofline time
-    (returned as is where no table and no speedup applies); ``mode``: the step's EP exchange
-    mode, ``layout``: its MoE layout (``"ep"`` / ``"tp"``), which pick the table deployed."""
-    secs = _seconds(op, profile, None, fallback, top_k, nodes, captured, mode, layout)
+def op_seconds(op: Op, ctx: CostContext, fallback: Callable[[], float]) -> float:
+    """``op``'s seconds under the selected kernel set in ``ctx`` (its deployment picks the
+    table); ``fallback()`` is its roofline time (returned as is where no table and no speedup
+    applies)."""
+    secs = _seconds(op, ctx, None, fallback)
     return float(secs[0]) if isinstance(secs, np.ndarray) else float(secs)
 
 
-def op_time(op: Op, profile: HardwareProfile, top_k: int | None = None, *,
-            mode: A2AMode | None = None, layout: str = "") -> float:
-    """Seconds one op takes on its own (no launch cost, no interference): the selected kernel
-    set's table where it has one (``top_k``: the model's, for a fused MoE op whose dims lack
-    it; ``mode`` / ``layout``: the step's deployment, as :func:`op_seconds`), else the roofline
-    (``roofline_op_time``)."""
-    if profile.active_kernels is not None:
-        return op_seconds(op, profile, lambda: roofline_op_time(op, profile),
-                          top_k=top_k, mode=mode, layout=layout)
-    return final_scaled(op, profile, roofline_op_time(op, profile))
+def op_time(op: Op, where: CostContext | HardwareProfile) -> float:
+    """Seconds one op takes (no launch cost, no interference): the selected kernel set's table
+    where it has one, else the roofline (``roofline_op_time``). ``where``: the step's context
+    (``CostContext``: top-k, deployment, the group's nodes), or a profile alone for an op on its
+    own (no top-k, no deployment, one node, eager)."""
+    ctx = as_context(where)
+    return op_seconds(op, ctx, lambda: roofline_op_time(op, ctx))
 
 
-def answered_by_table(op: Op, profile: HardwareProfile, *, top_k: int | None = None,
-                      nodes: np.ndarray | None = None, mode: A2AMode | None = None,
-                      layout: str = "") -> bool:
+def answered_by_table(op: Op, ctx: CostContext) -> bool:
     """Whether a table of the selected set times ``op``: its routed seconds are then a function
     of the swept value alone (no fallback, whose time may read more: per-expert counts)."""
-    plan = _plan(op, profile, top_k, nodes, mode, layout)
+    plan = _plan(op, ctx)
     return plan is not None and plan[0] is not None
 
 
-def routed_seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray],
-                   fallback: Callable[[], np.ndarray], *, top_k: int | None = None,
-                   nodes: np.ndarray | None = None, captured: bool = False,
-                   mode: A2AMode | None = None, layout: str = "") -> np.ndarray:
+def routed_seconds(op: Op, ctx: CostContext, swept: Callable[[], np.ndarray],
+                   fallback: Callable[[], np.ndarray]) -> np.ndarray:
     """A routed op's seconds at many values of its swept feature (``tokens``: ``swept()``, any
     shape) under the selected kernel set; ``fallback()``: the roofline's, same shape."""
-    return _seconds(op, profile, swept, fallback, top_k, nodes, captured, mode, layout)
+    return _seconds(op, ctx, swept, fallback)
 
 
-def _seconds(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] | None,
-             fallback: Callable[[], Any], top_k: int | None, nodes: np.ndarray | None,
-             captured: bool, mode: A2AMode | None = None, layout: str = "") -> Any:
+def _seconds(op: Op, ctx: CostContext, swept: Callable[[], np.ndarray] | None,
+             fallback: Callable[[], Any]) -> Any:
     """The table's seconds at the op's own features (``swept`` None: ``[1]``) or at every value
     ``swept()`` gives its swept feature, times the set's speedups; ``fallback()`` (times them)
     where the set has no table for the op; then times the profile's fitted ``op_final_scale``
-    (``final_scaled``: every timed op passes here or through ``op_time`` once)."""
-    return final_scaled(op, profile, _unscaled(op, profile, swept, fallback, top_k, nodes,
-                                                    captured, mode, layout))
+    (``final_scaled``: every timed op passes here once)."""
+    return final_scaled(op, ctx.profile, _unscaled(op, ctx, swept, fallback))
 
 
-def _unscaled(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] | None,
-              fallback: Callable[[], Any], top_k: int | None, nodes: np.ndarray | None,
-              captured: bool, mode: A2AMode | None, layout: str = "") -> Any:
+def _unscaled(op: Op, ctx: CostContext, swept: Callable[[], np.ndarray] | None,
+              fallback: Callable[[], Any]) -> Any:
     """:func:`_seconds` before the profile's fitted ``op_final_scale``."""
-    plan = _plan(op, profile, top_k, nodes, mode, layout)
+    plan = _plan(op, ctx)
     if plan is None:
         return fallback()
     table, factor, _, features = plan
@@ -168,8 +149,7 @@ def _unscaled(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] 
         return fallback() if factor == 1.0 else fallback() * factor
     vec = table.vector(features)
     values = np.array([vec[-1]]) if swept is None else np.asarray(swept(), dtype=np.float64)
-    secs, _, _ = _table_seconds(op, profile, table, vec[:-1], values.reshape(-1), top_k,
-                                scope_of(nodes) == "inter", captured)
+    secs, _, _ = _table_seconds(op, ctx, table, vec[:-1], values.reshape(-1))
     return secs.reshape(values.shape) * factor
 
 
@@ -178,15 +158,14 @@ def _unscaled(op: Op, profile: HardwareProfile, swept: Callable[[], np.ndarray] 
 # --------------------------------------------------------------------------------------------
 
 
-def describe(op: Op, profile: HardwareProfile, *, tokens: float | None = None,
-             top_k: int | None = None, nodes: np.ndarray | None = None,
-             captured: bool = False, mode: A2AMode | None = None,
-             layout: str = "") -> dict[str, Any]:
-    """How ``op`` is timed: ``{"method", "features", "table", "points", "ratio", "scaled"}``
-    (``tokens``: the swept feature's value under this step's routing; ``mode`` / ``layout``:
-    the step's deployment, which picks the table)."""
-    plan = _plan(op, profile, top_k, nodes, mode, layout)
-    features = op_features(op, top_k)
+def describe(op: Op, where: CostContext | HardwareProfile, *, tokens: float | None = None
+             ) -> dict[str, Any]:
+    """How ``op`` is timed in ``where`` (as :func:`op_time`'s): ``{"method", "features",
+    "table", "points", "ratio", "scaled"}`` (``tokens``: the swept feature's value under this
+    step's routing)."""
+    ctx = as_context(where)
+    plan = _plan(op, ctx)
+    features = op_features(op, ctx.top_k)
     if features is not None and tokens is not None:
         features = {**features, "tokens": float(tokens)}
     out: dict[str, Any] = {"method": "roofline", "features": features}
@@ -198,8 +177,7 @@ def describe(op: Op, profile: HardwareProfile, *, tokens: float | None = None,
     if table is None:
         return out
     vec = table.vector(features)
-    secs, method, nearest = _table_seconds(op, profile, table, vec[:-1], np.array([vec[-1]]),
-                                           top_k, scope_of(nodes) == "inter", captured)
+    secs, method, nearest = _table_seconds(op, ctx, table, vec[:-1], np.array([vec[-1]]))
     out["method"] = METHODS[int(method[0])]
     out["table"] = table
     out["points"] = table.points_used(vec)
