@@ -82,8 +82,8 @@ def _hardware(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[str, str]
 
 
 def deployment(args: argparse.Namespace, meta: dict[str, Any], layers: int):
-    """The :class:`Deployment` to simulate, or None without ``--model``."""
-    from epsim.calibrate.trace_calibrate import Deployment
+    """The :class:`TracedStep` to simulate, or None without ``--model``."""
+    from epsim.calibrate.trace_calibrate import TracedStep
     from epsim.sim.hardware.profile import load_profile
 
     if args.model is None:
@@ -106,7 +106,7 @@ def deployment(args: argparse.Namespace, meta: dict[str, Any], layers: int):
     nodes = args.nodes or max(1, math.ceil(dp * tp / gpn))
     per_node = min(gpn, math.ceil(dp * tp / nodes))  # a world smaller than a node: part of one
     rank = meta.get("rank") if isinstance(meta.get("rank"), int) else 0
-    return Deployment(model=args.model, hardware=hardware, kernels=args.kernels, nodes=nodes,
+    return TracedStep(model=args.model, hardware=hardware, kernels=args.kernels, nodes=nodes,
                       gpus_per_node=per_node, dp=dp, ep=ep, tp=tp, batch=args.batch,
                       context=int(context), layers=args.layers or layers, rank=rank,
                       kv_dtype=args.kv_dtype or "bf16", origin=origin)

@@ -154,7 +154,7 @@ def _trace_at(capsys, tmp_path, factors):
     """_trace() with each mapped compute kernel's time set to what the roofline (which the fit
     scales) gives its kind under ``op_time_scale = factors``, in the deployment the CLI reads
     from the trace: a trace whose true factors are ``factors``."""
-    dep = tc.Deployment(model="tiny-deepseek", hardware="h800", kernels=None, nodes=1,
+    dep = tc.TracedStep(model="tiny-deepseek", hardware="h800", kernels=None, nodes=1,
                         gpus_per_node=2, dp=2, ep=2, tp=1, batch=1, context=256, layers=1,
                         rank=0)
     truth = tc.fit_profile(load_profile("h800").raw, factors, "test: known factors")

@@ -124,8 +124,9 @@ def layers_in(spans: Sequence[Span]) -> int:
 
 
 @dataclass(frozen=True)
-class Deployment:
-    """What the simulator runs for the comparison, and where each figure came from."""
+class TracedStep:
+    """The traced step as the simulator runs it for the comparison (a deployment at one batch,
+    context and layer scope, on one rank), and where each figure came from."""
 
     model: str
     hardware: str
@@ -151,7 +152,7 @@ class Deployment:
                 "routing": "uniform", "from": self.origin}
 
 
-def simulate_kinds(dep: Deployment, kernels: str | None = None,
+def simulate_kinds(dep: TracedStep, kernels: str | None = None,
                    profile: HardwareProfile | None = None) -> dict[str, float]:
     """``{kind: us}`` of ``dep.layers`` MoE layers of rank ``dep.rank`` in one prefill step of
     ``dep`` (one microbatch, uniform routing: the trace's balanced routing): each op's duration
@@ -203,7 +204,7 @@ def fit_factors(measured: Mapping[str, float], simulated: Mapping[str, float],
             and measured[kind] > 0 and simulated.get(kind, 0.0) > 0}
 
 
-def fit_trace(dep: Deployment, measured: Mapping[str, float], raw: Mapping[str, Any],
+def fit_trace(dep: TracedStep, measured: Mapping[str, float], raw: Mapping[str, Any],
               note: str, rounds: int = FIT_ROUNDS
               ) -> tuple[dict[str, Any], dict[str, float], list[dict[str, Any]]]:
     """Profile ``raw`` refitted to ``measured`` under the roofline (``--kernels none``, where

@@ -102,9 +102,10 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
     wants_plan = any(getattr(args, k) is not None for k in ("dp", "tp", "ep")) or args.hardware
     if not wants_plan:
         return out
-    if args.hardware:  # a deployment: its plan as every command resolves it
+    budget = None
+    if args.hardware:  # a deployment: its plan and budget as every command resolves them
         resolved = resolve_deployment(deployment_from_args(args))
-        profile, plan = resolved.profile, resolved.plan
+        profile, plan, budget = resolved.profile, resolved.plan, resolved.budget
     else:  # the model under a plan alone, on 8 GPUs a node
         profile = None
         plan = make_plan(model, nodes=args.nodes or 1, gpus_per_node=args.gpus_per_node or 8,
@@ -124,8 +125,7 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
         "weight_bytes_by_component": {k: v for k, v in weights.items() if k != "total"},
         "kv_bytes_per_token": accounting.kv_bytes_per_token(model, plan.kv_dtype, plan.tp),
     }
-    if profile is not None:
-        budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
+    if profile is not None and budget is not None:
         per_rank.update({
             "hardware": profile.name, "provenance": profile.provenance(),
             "hbm_bytes": profile.hbm_bytes,

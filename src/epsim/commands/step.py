@@ -72,13 +72,12 @@ def simulate(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     # a verify step's last draft sits mtp positions past the context
     check_context_length(model, args.context + args.mtp, f"--context {args.context}"
                          + (f" + --mtp {args.mtp}" if args.mtp else ""))
-    # the step's plan and DBO as every command resolves them (no KV sizing: checked below)
-    resolved = resolve_deployment(deployment_from_args(args), kv_capacity_tokens=1)
-    profile, plan = resolved.profile, resolved.plan
+    # the step's plan, DBO and memory budget as every command resolves them
+    resolved = resolve_deployment(deployment_from_args(args))
+    profile, plan, budget = resolved.profile, resolved.plan, resolved.budget
     check_step(plan.ep, plan.tp, args.force)  # before the collectives' rank x rank matrices
     batch = Batch(args.phase, args.batch, args.context)
     # the batch's KV cache must fit next to the weights
-    budget = accounting.memory_budget(model, plan, profile.hbm_bytes)
     need = accounting.kv_bytes_for_sequence(
         model, plan.kv_dtype, args.context + plan.mtp, plan.tp,
         accounting.draft_kv_layers(plan)) * args.batch
