@@ -157,7 +157,7 @@ def apply_config(parser: argparse.ArgumentParser, path: str) -> None:
             continue
         if action is None:
             raise EpsimError(f"--config {path}: unknown key {where!r} (no such flag of "
-                             f"{parser.prog}; see {parser.prog} --help)")
+                             f"{parser.prog})")
         try:
             defaults[action.dest] = _value(action, where, value, by_field=key == action.dest)
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
