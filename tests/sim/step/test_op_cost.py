@@ -38,7 +38,7 @@ from epsim.sim.step.cost.registry import op_features
 
 PROFILES = ("mi300x", "h800")
 #: a calibrated CPU profile: its roofline adds the two terms, each with its kind's factor
-CPU = str(Path(__file__).resolve().parents[1] / "src/epsim/calibrate/data/cpu-2core/cpu-fitted.json")
+CPU = str(Path(__file__).resolve().parents[3] / "src/epsim/calibrate/data/cpu-2core/cpu-fitted.json")
 _FAMILY_MODULES = {"gemm": gemm, "attention": attention, "comm": comm,
                    "elementwise": elementwise}
 
