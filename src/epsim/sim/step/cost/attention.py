@@ -32,6 +32,7 @@ from .roofline import (
     KindCosting,
     achievable_bandwidth,
     eff,
+    per_kind,
     roof,
     roof_at,
     roof_rows,
@@ -59,12 +60,7 @@ def attention_math_dtype(op: Op) -> str:
 def times(ops: Sequence[Op], ctx: CostContext) -> np.ndarray:
     """``[ops]`` seconds of each op's roofline (any mix of the family's kinds), before
     ``calibrated``: the family's one formula, an op's scalar time its value at ``[op]``."""
-    out = np.zeros(len(ops))
-    for kind, form in _FORMS.items():
-        rows = [i for i, op in enumerate(ops) if op.kind == kind]
-        if rows:
-            out[rows] = form([ops[i] for i in rows], ctx.profile)
-    return out
+    return per_kind(ops, ctx, _FORMS)
 
 
 def _roof(ops: Sequence[Op], profile: HardwareProfile, dtypes: list[str]) -> np.ndarray:

@@ -37,6 +37,7 @@ from .roofline import (
     KindCosting,
     eff,
     op_class,
+    per_kind,
     roof_at,
     roof_rows,
     streaming_dtype,
@@ -54,12 +55,7 @@ def times(ops: Sequence[Op], ctx: CostContext) -> np.ndarray:
     """``[ops]`` seconds of each op's roofline (any mix of the family's kinds; a grouped GEMM
     under nominal routing), before ``calibrated``: the family's one formula, an op's scalar time
     its value at ``[op]``."""
-    out = np.zeros(len(ops))
-    for kind, form in _FORMS.items():
-        rows = [i for i, op in enumerate(ops) if op.kind == kind]
-        if rows:
-            out[rows] = form([ops[i] for i in rows], ctx.profile)
-    return out
+    return per_kind(ops, ctx, _FORMS)
 
 
 def _gemm_times(ops: Sequence[Op], profile: HardwareProfile) -> np.ndarray:

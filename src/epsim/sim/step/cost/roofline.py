@@ -176,3 +176,16 @@ class KindCosting:
     def seconds(self, op: Op, ctx: CostContext) -> float:
         """One op's roofline seconds: ``times`` at ``[op]``."""
         return float(self.times([op], ctx)[0])
+
+
+def per_kind(ops: Sequence[Op], ctx: CostContext,
+             forms: dict[str, Callable[[list[Op], HardwareProfile], np.ndarray]]
+             ) -> np.ndarray:
+    """``[ops]`` seconds, a family's ops of any mix of its kinds, each kind's ops through its
+    own vector form (``forms``: kind -> ``form(ops, profile) -> [ops]`` seconds)."""
+    out = np.zeros(len(ops))
+    for kind, form in forms.items():
+        rows = [i for i, op in enumerate(ops) if op.kind == kind]
+        if rows:
+            out[rows] = form([ops[i] for i in rows], ctx.profile)
+    return out
