@@ -61,9 +61,6 @@ def _help(opt: Option, default: Any, listed: bool) -> str:
     """The field's help text with the names it lists and its default."""
     text = opt.help.format(traces=", ".join(shipped_traces()),
                            loads=", ".join(shipped_loads()))
-    if opt.flag == "--loads":  # the shipped names, as every --loads-like flag shows them
-        text += (f": a shipped name ({', '.join(shipped_loads())}) or a file "
-                 '{"logical_count": [layers][experts]} (.json, or .pt with torch)')
     if listed:
         text += " (comma list)"
     if opt.switch is None and not opt.derived and default is not None and "default" not in text:

@@ -114,7 +114,8 @@ class ExecutionSpec:
         None, "--loads", "expert load statistics in SGLang's expert-distribution format: a "
         "simulation routes by them (default: synthetic skewed loads), balance and run place "
         "the experts from them; balance takes several (a comma list, or a dump's windows) as "
-        "snapshots, each weighed the same", metavar="NAME|FILE")
+        "snapshots, each weighed the same: a shipped name ({loads}) or a file "
+        '{{"logical_count": [layers][experts]}} (.json, or .pt with torch)', metavar="NAME|FILE")
     kernels: str | None = option(
         None, "--kernels", "the hardware profile's kernel set: measured kernel tables of one "
         "library (e.g. aiter, no-aiter on mi300x; default: the profile's own default set; none: "
