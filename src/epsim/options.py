@@ -108,7 +108,7 @@ def add_field(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
         kw["default"] = ",".join(map(str, default)) if isinstance(default, tuple) \
             else str(default)
     if opt.aliases and opt.aliases[0].startswith("--no-"):  # an on/off field and its negation
-        kw.update(action=OnOff, nargs="?", const=("on" if not listed else None))
+        kw.update(action=OnOff, nargs="?")
         action = add_flag(parser, opt.flag, *opt.aliases, lists=listed, **kw)
         action.const = action.type("on")  # --dbo alone: on (a one-item list in a search)
         return action
