@@ -1,6 +1,6 @@
 """A deployment resolved once: what every command that simulates reads.
 
-    resolve_deployment(scenario) -> ResolvedDeployment
+    resolve_deployment(deployment) -> ResolvedDeployment
         model, profile     the model config and the hardware profile (its kernel set selected)
         layout             how the nodes are cut (:class:`Layout`: per side, instance nodes and
                            count)
@@ -19,7 +19,8 @@ This module is the one place where the engine and DBO are decided:
   on a plan without EP is refused (:data:`DBO_NEEDS_EP`), a preset's default simply does
   not apply there.
 
-``step`` resolves the same way with the benchmark left out (:func:`resolve_step`).
+``step`` and ``describe`` resolve the same deployment without a benchmark; a check before any
+simulation (``check_scenario``) passes ``kv_capacity_tokens`` and leaves the budget out.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from epsim.sim.serving.presets import (
     engine_preset,
 )
 
-from .spec import Deployment, Scenario
+from .spec import Deployment
 
 #: vLLM's DBO and SGLang's TBO split the batch of a DP-attention + EP deployment around its
 #: dispatch and combine (vLLM: ``--enable-dbo`` with an all2all backend; SGLang:
@@ -213,7 +214,3 @@ def resolve_deployment(d: Deployment, *, kv_capacity_tokens: int | None = None
                              plan.microbatches == 2) if layout.prefill_instances else None)
     return ResolvedDeployment(d, model, profile, gpn, layout, plan, prefill, budget, settings)
 
-
-def resolve(sc: Scenario) -> ResolvedDeployment:
-    """:func:`resolve_deployment` of a scenario's deployment."""
-    return resolve_deployment(sc.deployment)
