@@ -216,12 +216,14 @@ def _flat_index() -> dict[str, tuple[str, ...]]:
     index: dict[str, tuple[str, ...]] = {"model": ("deployment", "model"),
                                          "hardware": ("deployment", "hardware"),
                                          "workload": ("workload",)}
-    for group, cls in DEPLOYMENT_GROUPS.items():
-        for f in dataclasses.fields(cls):
-            index[f.name] = ("deployment", group, f.name)
-    for group, cls in SCENARIO_GROUPS.items():
-        for f in dataclasses.fields(cls):
-            index[f.name] = (group, f.name)
+    paths = [(f.name, ("deployment", group, f.name)) for group, cls in DEPLOYMENT_GROUPS.items()
+             for f in dataclasses.fields(cls)]
+    paths += [(f.name, (group, f.name)) for group, cls in SCENARIO_GROUPS.items()
+              for f in dataclasses.fields(cls)]
+    for name, path in paths:
+        if name in index:  # one word, one meaning: a flat name names one field
+            raise AssertionError(f"field {name!r} is in two groups")
+        index[name] = path
     return index
 
 
