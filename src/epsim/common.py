@@ -3,9 +3,8 @@
     outputs     ``emit_json`` (one JSON object on stdout, its provenance first),
                 ``print_columns``, ``print_table``, ``write_csv`` (sweep's and the frontier's
                 CSV: one column per JSON key), ``Progress`` (a bar on a terminal)
-    flags       the deployment's flag groups and ``scenario_from_args`` are defined in
-                ``epsim/options.py`` (generated from the fields); their names are importable
-                here too, for the commands that read them from this module
+    flags       the deployment's flag groups and ``scenario_from_args`` are
+                ``epsim/options.py``'s (generated from the fields)
 """
 
 from __future__ import annotations
@@ -22,23 +21,6 @@ from epsim.model import jsonout
 from epsim.model.loads import shipped_loads
 from epsim.model.outputs import write_text_atomic
 
-from .options import (  # noqa: F401  (the flag groups, for the commands that import them here)
-    add_a2a_arg,
-    add_bench_client_arg,
-    add_engine_args,
-    add_execution_args,
-    add_goodput_arg,
-    add_hardware_arg,
-    add_instance_args,
-    add_json_arg,
-    add_kernels_arg,
-    add_model_arg,
-    add_mtp_args,
-    add_plan_args,
-    add_scenario_args,
-    add_workload_args,
-    scenario_from_args,
-)
 from .provenance import row_provenance, stamp_provenance
 
 

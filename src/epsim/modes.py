@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .common import add_json_arg
+from .options import add_json_arg
 
 #: a mode: its one-line help, the function adding its flags, the function running it, and
 #: optionally its description (default: the help)

@@ -13,8 +13,8 @@ from epsim.sim.search.samplers import DEFAULT_TRIALS, GRID_MAX_POINTS
 from epsim.sim.search.tune import OBJECTIVES, SearchOptions, SearchSpace
 from epsim.sim.spec import ExecutionSpec, Scenario
 
-from .common import add_scenario_args, scenario_from_args
 from .inputs import add_flag
+from .options import add_scenario_args, scenario_from_args
 from .work import add_force_arg
 
 # --------------------------------------------------------------------------------------------

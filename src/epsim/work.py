@@ -168,7 +168,7 @@ def check_search(command: str, args: argparse.Namespace, base: Scenario, space: 
 
 def check_grid(command: str, args: argparse.Namespace, lists: dict[str, list]) -> None:
     """sweep's work: every combination of ``lists`` (``concurrency`` among them)."""
-    from .common import scenario_from_args
+    from .options import scenario_from_args
 
     points = math.prod(len(v) for v in lists.values())
     each = points // max(1, len(lists["concurrency"]))

@@ -4,7 +4,7 @@ defaults build is the library's own default scenario and search space."""
 import math
 
 from epsim.cli import build_parser
-from epsim.common import scenario_from_args
+from epsim.options import scenario_from_args
 from epsim.search_args import search_base_from_args, search_space_from_args
 from epsim.sim.search.tune import SearchSpace
 from epsim.sim.spec import Scenario

@@ -13,9 +13,9 @@ from epsim.model.placement import read_placement
 from epsim.model.trace import write_json_atomic
 from epsim.sim.spec import ExecutionSpec, PlanSpec
 
-from ..common import add_json_arg, emit_json, loads_help, print_table
+from ..common import emit_json, loads_help, print_table
 from ..inputs import add_flag
-from ..options import add_field, field_option
+from ..options import add_field, add_json_arg, field_option
 from ..work import add_force_arg, check_balance
 
 

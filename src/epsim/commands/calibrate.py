@@ -23,9 +23,10 @@ from epsim.model.errors import EpsimError
 
 from ..calibrate_bench import add_bench_args, run_bench_fit
 from ..calibrate_trace import add_deployment_args, add_trace_args, run_trace
-from ..common import add_json_arg, emit_json, print_table
+from ..common import emit_json, print_table
 from ..inputs import add_flag
 from ..modes import add_modes, legacy_flags
+from ..options import add_json_arg
 from ..provenance import stamp_provenance
 
 _EXCHANGE_FIT_SCOPE = ("--exchange-fit chooses how a CPU calibration fits the all-to-all "

@@ -10,17 +10,16 @@ from epsim.model.plan import KV_DTYPES
 from epsim.sim.deployment import resolve_deployment
 from epsim.sim.spec import ExecutionSpec
 
-from ..common import (
+from ..common import emit_json, human_bytes, human_count, print_table
+from ..options import (
+    add_config_arg,
+    add_fields,
     add_hardware_arg,
     add_json_arg,
     add_model_arg,
     add_plan_args,
-    emit_json,
-    human_bytes,
-    human_count,
-    print_table,
+    deployment_from_args,
 )
-from ..options import add_config_arg, add_fields, deployment_from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -15,16 +15,10 @@ from epsim.sim.serving.presets import engine_preset
 from epsim.sim.serving.simulate import ServingRun
 from epsim.sim.serving.trace import write_serving_trace
 
-from ..common import (
-    Progress,
-    _jsonable,
-    add_scenario_args,
-    emit_json,
-    print_columns,
-    scenario_from_args,
-)
+from ..common import Progress, _jsonable, emit_json, print_columns
 from ..fidelity import SERVING_HEADLINE, band_text, regime_of, stamp
 from ..inputs import add_flag
+from ..options import add_scenario_args, scenario_from_args
 from ..provenance import stamp_provenance
 from ..work import add_force_arg, estimate, point_requests
 from ..work import check as check_work

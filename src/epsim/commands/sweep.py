@@ -11,14 +11,7 @@ from typing import Any
 from epsim.sim.scenario import check_scenario
 from epsim.sim.search.executors import Executor, run_scenario_task, split_diagnostics
 
-from ..common import (
-    Progress,
-    add_scenario_args,
-    emit_json,
-    print_columns,
-    scenario_from_args,
-    write_csv,
-)
+from ..common import Progress, emit_json, print_columns, write_csv
 from ..frontier_chart import (
     add_frontier_args,
     chart_title,
@@ -29,6 +22,7 @@ from ..frontier_chart import (
     write_frontier_plot,
 )
 from ..inputs import add_flag, as_list
+from ..options import add_scenario_args, scenario_from_args
 from ..search_args import (
     add_executor_args,
     executor_from_args,

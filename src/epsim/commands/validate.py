@@ -26,21 +26,23 @@ from epsim.calibrate.validate import DEFAULT_GRID, shipped_grids
 from epsim.model.errors import EpsimError
 from epsim.sim.workload.spec import WorkloadSpec
 
-from ..common import (
+from ..common import emit_json
+from ..inputs import add_flag, spec_for
+from ..modes import add_modes, legacy_flags
+from ..options import (
     add_bench_client_arg,
+    add_config_arg,
     add_engine_args,
     add_execution_args,
+    add_field,
     add_goodput_arg,
     add_hardware_arg,
     add_json_arg,
     add_model_arg,
     add_plan_args,
-    emit_json,
+    field_option,
     scenario_from_args,
 )
-from ..inputs import add_flag, spec_for
-from ..modes import add_modes, legacy_flags
-from ..options import add_config_arg, add_field, field_option
 
 _GRID = ("Run every configuration of a grid on local runtime ranks, simulate the same "
          "configurations with the profile (sim.step.simulate.simulate_step), and report measured "

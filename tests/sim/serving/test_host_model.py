@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from serving_models import Affine
 
-from epsim.common import add_scenario_args, scenario_from_args
+from epsim.options import add_scenario_args, scenario_from_args
 from epsim.sim.serving import ServingConfig, simulate_serving
 from epsim.sim.serving.presets import EngineContext, EngineOverrides, engine_settings
 from epsim.sim.serving.step_time import EngineStepTime, StepPolicy
