@@ -22,6 +22,7 @@ naming the key, and exit status 2. ``_source`` and keys starting with ``_`` are 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 
 from epsim.model.errors import EpsimError
 
-from .options import GROUPS, OnOff
+from .options import GROUPS, add_scenario_args
 
 #: a deployment file is small: this bounds what is read before it is parsed
 MAX_CONFIG_BYTES = 1 << 20
@@ -80,14 +81,14 @@ def _flat(data: Mapping[str, Any], where: str = "") -> dict[str, tuple[str, Any]
         if key.startswith("_"):
             continue
         name = f"{where}{key}"
-        if key in GROUPS and key not in ("engine",) and isinstance(value, Mapping):
-            out.update(_flat(value, f"{name}."))
-        elif key == "engine" and isinstance(value, Mapping):  # the group, not --engine
-            out.update(_flat(value, f"{name}."))
+        if key in GROUPS and isinstance(value, Mapping):  # a group (``engine: vllm`` is a flag)
+            found = _flat(value, f"{name}.")
         else:
-            if key in out:
-                raise EpsimError(f"key {name!r} is given twice")
-            out[key.lstrip("-").replace("-", "_")] = (name, value)
+            found = {key.lstrip("-").replace("-", "_"): (name, value)}
+        for flat, (first, _) in found.items():
+            if flat in out:
+                raise EpsimError(f"{out[flat][0]!r} and {first!r} are the same flag")
+        out.update(found)
     return out
 
 
@@ -125,23 +126,18 @@ def _value(action: argparse.Action, key: str, value: Any, *, by_field: bool) -> 
     if action.nargs == "+":
         items = value if isinstance(value, list) else [value]
         return [action.type(_text(v)) if action.type else _text(v) for v in items]
-    if isinstance(action, OnOff) or action.type is not None:
+    if action.type is not None:  # the flag's own parser and range (an OnOff's: on/off)
         return action.type(_text(value))
     return _text(value)
 
 
-def _deployment_names() -> set[str]:
-    """Every field of a scenario's groups, by field name and by flag: what a deployment file
-    may hold whichever command reads it."""
-    from epsim.model.fields import options_of
-
-    names: set[str] = set()
-    for cls, _ in GROUPS.values():
-        for f, opt in options_of(cls):
-            names.add(f.name)
-            names.update(s.lstrip("-").replace("-", "_") for s in (opt.flag, *opt.aliases))
-    return names | {"percentiles", "metric_percentiles", "percentile_metrics", "goodput",
-                    "length_scale"}
+@functools.cache
+def _deployment_names() -> frozenset[str]:
+    """Every name a scenario's flags go by (``epsim.options.add_scenario_args``): what a
+    deployment file may hold whichever command reads it."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_scenario_args(parser)
+    return frozenset(_actions(parser))
 
 
 def apply_config(parser: argparse.ArgumentParser, path: str) -> None:
@@ -151,13 +147,21 @@ def apply_config(parser: argparse.ArgumentParser, path: str) -> None:
     actions = _actions(parser)
     defaults: dict[str, Any] = {}
     known = _deployment_names()
-    for key, (where, value) in _flat(read_config(path)).items():
+    try:
+        given = _flat(read_config(path))
+    except EpsimError as exc:
+        if str(exc).startswith("--config"):
+            raise
+        raise EpsimError(f"--config {path}: {exc}") from None
+    for key, (where, value) in given.items():
         action = actions.get(key)
         if action is None and key in known:
             continue
         if action is None:
             raise EpsimError(f"--config {path}: unknown key {where!r} (no such flag of "
                              f"{parser.prog})")
+        if action.dest in defaults:  # two spellings of one flag (eplb: false, no-eplb: true)
+            raise EpsimError(f"--config {path}: {where} gives {action.option_strings[0]} again")
         try:
             defaults[action.dest] = _value(action, where, value, by_field=key == action.dest)
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:

@@ -180,6 +180,9 @@ def test_a_flag_wins_over_the_file(tmp_path):
     ("model: deepseek-r1\nworkload: {isl: -3}\n", "workload.isl: expected an integer"),
     ("model: deepseek-r1\nexecution: {eplb: maybe}\n", "execution.eplb is a switch"),
     ("- a list\n", "mapping"),
+    ("model: deepseek-r1\ndp: 4\nplan: {dp: 8}\n", "'dp' and 'plan.dp' are the same flag"),
+    ("model: deepseek-r1\nmax-num-seqs: 4\nmax_num_seqs: 8\n", "the same flag"),
+    ("model: deepseek-r1\neplb: false\nno-eplb: true\n", "gives --no-eplb again"),
     ("model: [unclosed\n", "not valid YAML"),
 ])
 def test_a_bad_file_is_one_line_naming_the_key(tmp_path, capsys, text, says):
