@@ -23,23 +23,18 @@ from typing import Any
 import yaml
 
 from epsim.cli import build_parser
-from epsim.model.fields import options_of
-from epsim.options import GROUPS
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKS = REPO.parent / "shared" / "data" / "published-checks"
 OUT = REPO / "bench" / "deployments"
 
 
-def _group_of() -> dict[str, str]:
-    """field name -> the group a deployment file nests it under (model and hardware at the top)."""
-    out = {}
-    for group, (cls, _) in GROUPS.items():
-        for f, _ in options_of(cls):
-            out[f.name] = "" if group == "deployment" else group
-    out.update(percentiles="measurement", percentile_metrics="measurement",
-               goodput="measurement", length_scale="workload")
-    return out
+def _group_of(command: argparse.ArgumentParser) -> dict[str, str]:
+    """dest -> the group a deployment file nests it under (the ``--help=GROUP`` name of the
+    argument group that holds its flag; top level for the rest: model, hardware, a step's
+    batch)."""
+    return {a.dest: getattr(g, "epsim_group", "") for g in command._action_groups
+            for a in g._group_actions}
 
 
 def _scalar(text: str) -> Any:
@@ -56,7 +51,7 @@ def deployment_file(argv: list[str]) -> dict[str, Any]:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     command = sub.choices[argv[0]]
-    groups = _group_of()
+    groups = _group_of(command)
     out: dict[str, Any] = {}
     i = 1
     while i < len(argv):
