@@ -302,9 +302,6 @@ def scenario_from_args(args: argparse.Namespace, **override: Any) -> Scenario:
     for name in ("dbo", "graph"):  # a search's lists: each point sets its own
         if isinstance(v.get(name), tuple):
             v[name] = ExecutionSpec.dbo if name == "dbo" else ExecutionSpec.graph
-    v.setdefault("router", None)
-    v["router"] = v["router"] or InstanceSpec.router
-    v["a2a_mode"] = v.get("a2a_mode") or ExecutionSpec.a2a_mode
     prefill = [v.get(f"prefill_{s}") for s in ("tp", "dp", "ep")]
     if any(x is not None for x in prefill) and not (
             v.get("disagg") or vars(args).get("disagg") or v.get("disagg_splits")):
